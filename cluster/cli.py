@@ -1,0 +1,70 @@
+"""The ``pdserve`` command line: one typer app; each subcommand imports its heavy deps lazily."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+from rich.console import Console
+
+from core.errors import PdserveError
+
+app = typer.Typer(
+    name="pdserve",
+    help="Disaggregated prefill/decode LLM serving on Ray.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print ``message`` to stderr in red and exit non-zero (no traceback)."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def generate(
+    prompt: list[str] = typer.Option(..., "--prompt", help="Prompt text; repeat for a batch."),
+    model: str = typer.Option("builtin:tiny-llama", "--model", help="Built-in name or HF dir."),
+    max_tokens: int = typer.Option(32, "--max-tokens", help="New tokens per prompt."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k"),
+    seed: int | None = typer.Option(None, "--seed", help="Per-request sampling seed."),
+    dtype: str = typer.Option("auto", "--dtype", help="float32 | bfloat16 | float16 | auto."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len"),
+) -> None:
+    """Offline generation on the local engine (no server)."""
+    from engine import LLM, SamplingParams
+
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
+        )
+        llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len)
+        outputs = llm.generate(prompt, sampling_params=params)
+    except PdserveError as e:
+        fail(e.message)
+        return
+    for text, out in zip(prompt, outputs, strict=True):
+        typer.echo(f"prompt: {text!r}")
+        typer.echo(f"output: {out.text!r}")
+        typer.echo(f"tokens: {len(out.token_ids)} ({out.finish_reason})")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except PdserveError as e:  # pragma: no cover - defensive: commands catch their own
+        err_console.print(f"error: {e.message}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

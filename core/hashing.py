@@ -1,0 +1,54 @@
+"""Chained block hashes shared by the engine's prefix cache and the cluster's KV index.
+
+``hash_block(parent, token_ids, extra_keys)`` is a deterministic 64-bit digest (blake2b over a
+fixed little-endian encoding), identical across processes, machines and Python versions; it never
+uses Python's salted ``hash``. The hash of block *i* covers every token of blocks 0..i through the
+parent chain, so two prompts share a block hash exactly when they share the whole prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+BlockHash = int
+
+_ROOT_TAG = b"pdserve-block-hash-v1"
+
+
+def root_hash(seed: int = 0) -> BlockHash:
+    """The parent of the first block; ``seed`` separates incompatible caches (model, layout)."""
+    digest = hashlib.blake2b(_ROOT_TAG + struct.pack("<q", seed), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def hash_block(
+    parent: BlockHash, token_ids: Sequence[int], extra_keys: Sequence[int | str] = ()
+) -> BlockHash:
+    """Hash one full block given its parent's hash, its token ids and optional extra keys."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(struct.pack("<Q", parent))
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    for key in extra_keys:
+        encoded = key.encode() if isinstance(key, str) else struct.pack("<q", key)
+        h.update(b"\x00" + encoded)
+    return int.from_bytes(h.digest(), "little")
+
+
+def hash_prompt_blocks(
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    seed: int = 0,
+    extra_keys: Sequence[int | str] = (),
+) -> list[BlockHash]:
+    """Chained hashes of every *full* block of ``token_ids`` (a partial tail block has none)."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    hashes: list[BlockHash] = []
+    parent = root_hash(seed)
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start : start + block_size], extra_keys)
+        hashes.append(parent)
+    return hashes

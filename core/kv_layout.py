@@ -1,0 +1,66 @@
+"""The KV-cache layout contract between engine, transfer, prefill and decode.
+
+KV storage is one tensor per worker, *block-major*::
+
+    kv[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]   # 2 = (K, V)
+
+so every block (all layers, K and V) is one contiguous byte span of ``block_bytes``: the
+transfer layer moves a block with one copy, and attention reads layer ``l`` through the strided
+view ``kv[:, l]``. A :class:`KVLayout` fingerprint travels with every transfer handle; prefill and
+decode refuse to exchange blocks whose fingerprints differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+
+from core.errors import LayoutMismatchError
+
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "int8": 1,
+}
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Everything that must match for one worker's KV blocks to be valid in another's."""
+
+    model_id: str
+    dtype: str
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    hash_seed: int = 0
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of ``dtype``."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def bytes_per_token(self) -> int:
+        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block across all layers, K and V."""
+        return self.bytes_per_token * self.block_size
+
+    def fingerprint(self) -> str:
+        """A short stable digest of every field."""
+        text = "|".join(f"{k}={v}" for k, v in sorted(asdict(self).items()))
+        return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+    def check_compatible(self, other: KVLayout) -> None:
+        """Raise :class:`LayoutMismatchError` naming every field that differs."""
+        mine, theirs = asdict(self), asdict(other)
+        diffs = [f"{k}: {mine[k]!r} != {theirs[k]!r}" for k in mine if mine[k] != theirs[k]]
+        if diffs:
+            raise LayoutMismatchError("KV layouts differ: " + "; ".join(diffs))

@@ -1,0 +1,45 @@
+"""The attention backend contract: a Protocol plus a registry of implementations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    """Paged attention over the block-major KV cache of one layer."""
+
+    name: str
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        """Write the new ``k``/``v`` into ``kv_cache`` at ``meta.slot_mapping``, then return
+        causal attention of each new query over its sequence's whole context (cached + new).
+        GQA/MQA: query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``."""
+        ...
+
+
+_REGISTRY: dict[str, Callable[[], AttentionBackend]] = {}
+
+
+def register_backend(name: str, factory: Callable[[], AttentionBackend]) -> None:
+    """Make ``factory`` available as ``get_backend(name)``."""
+    _REGISTRY[name] = factory
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """Instantiate a registered backend by name (``torch`` or ``triton``)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]()
