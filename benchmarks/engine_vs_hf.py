@@ -1,0 +1,165 @@
+"""Our paged engine against HF transformers ``generate()`` on the same tiny Llama weights.
+
+One run, same weights, dtype fp32 and thread count; prints one JSON object with each measure and
+its ratio (ours / HF, or warm / cold):
+
+- batch 1, 512-token prompt, 128 new tokens: time per output token (target ratio <= 0.7);
+- batch 8, 512-token prompts, 128 new tokens: output tokens/s (target ratio >= 2);
+- a request whose 2048-token prefix is cached: TTFT warm / cold (target <= 0.25);
+- optionally (``--long``) a 32K-token prompt through chunked prefill: completes, seconds.
+
+Time per output token is ``(T(n) - T(1)) / (n - 1)`` for both sides, so prefill cost cancels.
+Usage: ``python benchmarks/engine_vs_hf.py [--threads 2] [--repeats 3] [--long]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from engine import LLM, SamplingParams
+from engine.builtin import resolve_model
+
+MODEL = "builtin:tiny-llama"
+
+
+def best_of(repeats: int, fn: Callable[[], object]) -> float:
+    """Median wall time of ``fn`` over ``repeats`` runs after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def random_prompts(num: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """``num`` random prompts of ``length`` byte tokens (no special tokens)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(num)]
+
+
+def hf_times(prompts: list[list[int]], new_tokens: int, repeats: int) -> tuple[float, float]:
+    """HF generate(): seconds for 1 new token and for ``new_tokens``, batch = len(prompts)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor(prompts)
+
+    def run(n: int) -> Callable[[], object]:
+        def go() -> object:
+            with torch.inference_mode():
+                return model.generate(
+                    ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+                )
+
+        return go
+
+    return best_of(repeats, run(1)), best_of(repeats, run(new_tokens))
+
+
+def ours_times(
+    llm: LLM, prompts: list[list[int]], new_tokens: int, repeats: int
+) -> tuple[float, float]:
+    """Our engine: seconds for 1 new token and for ``new_tokens``, batch = len(prompts)."""
+
+    def run(n: int) -> Callable[[], object]:
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        return lambda: llm.generate(prompt_token_ids=prompts, sampling_params=params)
+
+    return best_of(repeats, run(1)), best_of(repeats, run(new_tokens))
+
+
+def prefix_ttft(llm: LLM, vocab: int, repeats: int) -> tuple[float, float]:
+    """TTFT of a 2048-token-prefix request cold (fresh prefix each time) and warm (cached)."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    cold_times, warm_times = [], []
+    for i in range(repeats + 1):
+        prefix = random_prompts(1, 2048, vocab, seed=1000 + i)[0]
+        suffix = random_prompts(1, 32, vocab, seed=2000 + i)[0]
+        start = time.perf_counter()
+        llm.generate(prompt_token_ids=[prefix + suffix], sampling_params=params)
+        cold = time.perf_counter() - start
+        other = random_prompts(1, 32, vocab, seed=3000 + i)[0]
+        start = time.perf_counter()
+        llm.generate(prompt_token_ids=[prefix + other], sampling_params=params)
+        warm = time.perf_counter() - start
+        if i > 0:  # the first pair warms up the code paths
+            cold_times.append(cold)
+            warm_times.append(warm)
+    return statistics.median(cold_times), statistics.median(warm_times)
+
+
+def long_prompt(vocab: int, length: int) -> dict[str, float]:
+    """Prefill a ``length``-token prompt through chunked prefill and decode 4 tokens."""
+    llm = LLM(model=MODEL, max_model_len=length + 64, max_num_batched_tokens=2048)
+    prompt = random_prompts(1, length, vocab, seed=7)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    out = llm.generate(prompt_token_ids=prompt, sampling_params=params)[0]
+    return {
+        "prompt_tokens": length,
+        "seconds": time.perf_counter() - start,
+        "new_tokens": len(out.token_ids),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--long", action="store_true", help="also run the 32K-token prompt")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    llm = LLM(model=MODEL, dtype="float32", max_model_len=4096)
+    vocab = llm.tokenizer.vocab_size
+    n = args.new_tokens
+    result: dict[str, object] = {"model": MODEL, "threads": args.threads, "dtype": "float32"}
+
+    one = random_prompts(1, args.prompt_len, vocab, seed=1)
+    hf1, hfn = hf_times(one, n, args.repeats)
+    us1, usn = ours_times(llm, one, n, args.repeats)
+    hf_tpot, us_tpot = (hfn - hf1) / (n - 1), (usn - us1) / (n - 1)
+    result["batch1_tpot_ms"] = {
+        "ours": us_tpot * 1e3,
+        "hf": hf_tpot * 1e3,
+        "ratio": us_tpot / hf_tpot,
+        "target": "<= 0.7",
+    }
+
+    eight = random_prompts(8, args.prompt_len, vocab, seed=2)
+    _, hf8 = hf_times(eight, n, args.repeats)
+    _, us8 = ours_times(llm, eight, n, args.repeats)
+    hf_tps, us_tps = 8 * n / hf8, 8 * n / us8
+    result["batch8_output_tok_s"] = {
+        "ours": us_tps,
+        "hf": hf_tps,
+        "ratio": us_tps / hf_tps,
+        "target": ">= 2",
+    }
+
+    cold, warm = prefix_ttft(llm, vocab, args.repeats)
+    result["prefix2048_ttft_ms"] = {
+        "cold": cold * 1e3,
+        "warm": warm * 1e3,
+        "ratio": warm / cold,
+        "target": "<= 0.25",
+    }
+    if args.long:
+        result["long_prompt"] = long_prompt(vocab, 32768)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

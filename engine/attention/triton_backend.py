@@ -1,0 +1,67 @@
+"""Paged attention through Triton kernels: the default backend on CUDA.
+
+Each step runs the cache-write kernel, then either the paged decode kernel (every sequence has one
+new token) or the varlen prefill kernel (prefill chunks, prefix hits and any decodes mixed in). On
+CPU the kernels only run in Triton's interpreter (``TRITON_INTERPRET=1`` set before triton is
+first imported), which is for testing, not serving.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.errors import ConfigError
+from engine.attention.backend import register_backend
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.triton_kernels import (
+    interpreter_active,
+    paged_decode_attention,
+    paged_prefill_attention,
+    write_kv_cache,
+)
+
+
+class TritonAttentionBackend:
+    """Paged attention with Triton kernels; needs CUDA, or the interpreter on CPU."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        if not torch.cuda.is_available() and not interpreter_active():
+            raise ConfigError(
+                "attention backend 'triton' needs CUDA (or TRITON_INTERPRET=1 set before triton "
+                "is imported, for testing); use 'torch' on CPU",
+                param="attention_backend",
+            )
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        """Write the new K/V at ``meta.slot_mapping``, then attend causally over each context."""
+        write_kv_cache(kv_cache, k, v, meta.slot_mapping)
+        out = torch.empty_like(q)
+        if meta.num_seqs == 0:
+            return out
+        if meta.decode_only:
+            paged_decode_attention(out, q, kv_cache, meta.block_tables, meta.seq_lens, scale)
+        else:
+            paged_prefill_attention(
+                out,
+                q,
+                kv_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                meta.query_start_loc,
+                meta.max_query_len,
+                scale,
+            )
+        return out
+
+
+register_backend("triton", TritonAttentionBackend)

@@ -1,0 +1,14 @@
+"""Triton kernels for paged attention: cache write, paged decode, varlen prefill over a prefix."""
+
+from engine.attention.triton_kernels.cache_write import write_kv_cache
+from engine.attention.triton_kernels.common import interpreter_active, is_interpreted
+from engine.attention.triton_kernels.decode import paged_decode_attention
+from engine.attention.triton_kernels.prefill import paged_prefill_attention
+
+__all__ = [
+    "interpreter_active",
+    "is_interpreted",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "write_kv_cache",
+]

@@ -1,0 +1,59 @@
+"""Constants and launch-time helpers shared by the Triton attention kernels.
+
+Triton decides at *import* time whether ``@triton.jit`` compiles or interprets (``TRITON_INTERPRET``
+must be set before triton is first imported); :func:`is_interpreted` reads that decision back from
+a kernel object, so launchers and tests never guess from the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+from triton.runtime.interpreter import InterpretedFunction
+
+LOG2_E = 1.4426950408889634  # softmax runs in base 2: exp(x) == exp2(x * LOG2_E)
+MIN_DOT_SIZE = 16  # tl.dot needs every tile dimension >= 16 on GPUs
+
+
+def is_interpreted(kernel: Any) -> bool:
+    """True when ``kernel`` runs in Triton's CPU interpreter rather than compiled for a GPU."""
+    return isinstance(kernel, InterpretedFunction)
+
+
+@triton.jit
+def _mode_probe():
+    # An empty kernel decorated with the kernels of this package: it shares their mode.
+    pass
+
+
+def interpreter_active() -> bool:
+    """True when this package's kernels were built for the CPU interpreter."""
+    return is_interpreted(_mode_probe)
+
+
+def needs_fp32_dot(kernel: Any, dtype: torch.dtype) -> bool:
+    """True when ``tl.dot`` operands must be upcast to fp32 before the dot.
+
+    NOTE: the interpreter keeps bfloat16 tiles as raw int16 bits (numpy has no bfloat16) and its
+    ``tl.dot`` multiplies those integers; upcasting first gives the exact products a GPU's fp32
+    accumulation gives. Compiled kernels keep native bf16 tensor-core dots.
+    """
+    return is_interpreted(kernel) and dtype == torch.bfloat16
+
+
+def check_launchable(kernel: Any, tensor: torch.Tensor) -> None:
+    """Refuse CPU tensors for a compiled kernel with a message that says what to do."""
+    if tensor.device.type != "cuda" and not is_interpreted(kernel):
+        raise ValueError(
+            "Triton attention kernels need CUDA tensors, or TRITON_INTERPRET=1 set before "
+            f"triton is first imported (got tensors on {tensor.device})"
+        )
+
+
+def check_last_dim_contiguous(**tensors: torch.Tensor) -> None:
+    """The kernels address ``head_dim`` with unit stride; refuse tensors that are not."""
+    for name, tensor in tensors.items():
+        if tensor.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension")

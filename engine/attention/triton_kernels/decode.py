@@ -1,0 +1,141 @@
+"""Triton kernel: paged decode attention (one new query token per sequence).
+
+One program per (sequence, kv head) handles that kv head's whole query group at once, so each
+K/V tile is read once for all ``num_heads // num_kv_heads`` query heads (GQA/MQA for free). The
+program walks the context in tiles of ``BLOCK_N`` tokens; each token's block id comes from the
+block table (any ``block_size`` works, tiles may span blocks), and an online softmax in fp32 folds
+the tiles together.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.attention.triton_kernels.common import (
+    LOG2_E,
+    MIN_DOT_SIZE,
+    check_last_dim_contiguous,
+    check_launchable,
+    needs_fp32_dot,
+)
+
+
+@triton.jit
+def _paged_decode_kernel(
+    out_ptr,
+    q_ptr,
+    kv_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qk_scale,
+    stride_q_token,
+    stride_q_head,
+    stride_out_token,
+    stride_out_head,
+    stride_cache_block,
+    stride_cache_kind,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_table_seq,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    groups = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, BLOCK_D)
+    heads = kv_head * GROUP + groups  # [G]
+    q_mask = (groups[:, None] < GROUP) & (dims[None, :] < HEAD_DIM)
+    q = tl.load(
+        q_ptr + seq * stride_q_token + heads[:, None] * stride_q_head + dims[None, :],
+        mask=q_mask,
+        other=0.0,
+    )  # [G, D]
+    if FP32_DOT:
+        q = q.to(tl.float32)
+    k_base = kv_ptr + kv_head * stride_cache_head
+    v_base = k_base + stride_cache_kind
+    table = block_tables_ptr + seq * stride_table_seq
+
+    row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(0, seq_len, BLOCK_N):
+        tokens = start + tl.arange(0, BLOCK_N)  # [N]
+        in_seq = tokens < seq_len
+        block_ids = tl.load(table + tokens // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
+        token_offsets = block_ids * stride_cache_block + (tokens % BLOCK_SIZE) * stride_cache_slot
+        kv_mask = in_seq[:, None] & (dims[None, :] < HEAD_DIM)
+        k = tl.load(k_base + token_offsets[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        if FP32_DOT:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [G, N], log2 units
+        scores = tl.where(in_seq[None, :], scores, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        rescale = tl.exp2(row_max - new_max)
+        probs = tl.exp2(scores - new_max[:, None])  # [G, N]
+        row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+        v = tl.load(v_base + token_offsets[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        if FP32_DOT:
+            v = v.to(tl.float32)
+        acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
+        row_max = new_max
+    out = acc / row_sum[:, None]
+    tl.store(
+        out_ptr + seq * stride_out_token + heads[:, None] * stride_out_head + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=q_mask,
+    )
+
+
+def paged_decode_attention(
+    out: torch.Tensor,  # [B, num_heads, head_dim]
+    q: torch.Tensor,  # [B, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    scale: float,
+    block_n: int = 64,
+) -> None:
+    """Attend each sequence's single new query over its whole paged context, into ``out``."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[3]
+    if num_seqs == 0:
+        return
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    group = num_heads // num_kv_heads
+    check_launchable(_paged_decode_kernel, q)
+    check_last_dim_contiguous(out=out, kv_cache=kv_cache)
+    _paged_decode_kernel[(num_seqs, num_kv_heads)](
+        out,
+        q,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        scale * LOG2_E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_G=max(MIN_DOT_SIZE, triton.next_power_of_2(group)),
+        BLOCK_D=max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim)),
+        BLOCK_N=triton.next_power_of_2(max(MIN_DOT_SIZE, block_n)),
+        FP32_DOT=needs_fp32_dot(_paged_decode_kernel, kv_cache.dtype),
+    )

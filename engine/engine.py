@@ -1,0 +1,166 @@
+"""The engine step loop both roles run: schedule -> forward -> sample -> update -> outputs.
+
+Plain Python, no Ray: ``add_request`` / ``step()`` / ``abort`` / ``has_unfinished``. The prefill
+and decode roles drive it through the same calls plus the scheduler's disaggregation hooks
+(prefill-only requests that pin their KV, import requests whose KV arrives from outside).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from core.sampling import SamplingParams
+from engine.model_runner import ModelRunner
+from engine.output_processor import OutputProcessor, RequestState
+from engine.outputs import RequestOutput, TokenLogprob
+from engine.request import FinishReason, Request
+from engine.sampling import Sampler, SamplingRow, make_generator
+from engine.scheduler import Scheduler
+from engine.scheduler.output import ImportAllocation, PinnedBlocks, ScheduledRequest
+from engine.setup import EngineParts
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """One model, one KV cache, one continuous batch."""
+
+    def __init__(self, parts: EngineParts) -> None:
+        self.parts = parts
+        self.tokenizer = parts.tokenizer
+        self.scheduler: Scheduler = parts.scheduler
+        self.runner = ModelRunner(parts.model, parts.storage)
+        self.sampler = Sampler(seed=parts.seed)
+        self.outputs = OutputProcessor(parts.tokenizer)
+        self._states: dict[str, RequestState] = {}
+        self._generators: dict[str, torch.Generator] = {}
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + output, in tokens."""
+        return self.scheduler.max_model_len
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        prompt: str | None = None,
+        prefill_only: bool = False,
+    ) -> None:
+        """Queue a request; raises ``PromptTooLongError`` / ``InvalidRequestError``."""
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            eos_token_ids=self.parts.eos_token_ids,
+            prefill_only=prefill_only,
+        )
+        self.scheduler.add_request(request)
+        self._states[request_id] = self.outputs.new_state(
+            request_id, prompt_token_ids, params, prompt
+        )
+        if params.seed is not None:
+            self._generators[request_id] = make_generator(params.seed)
+
+    # -- disaggregation hooks (prefill role: pin and release; decode role: import) -----------
+
+    def get_pinned_blocks(self, request_id: str) -> PinnedBlocks | None:
+        """The KV blocks a finished prefill-only request holds until :meth:`release`."""
+        return self.scheduler.get_pinned_blocks(request_id)
+
+    def release(self, request_id: str) -> bool:
+        """Unpin a prefill-only request's blocks; False when nothing was pinned."""
+        return self.scheduler.release(request_id)
+
+    def add_import_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        first_token_id: int,
+    ) -> ImportAllocation:
+        """Reserve blocks for a prompt whose KV will be written from outside (reusing local
+        prefix-cache hits); the request decodes after :meth:`mark_kv_ready`. Its outputs
+        continue after ``first_token_id``, which the prefill side already returned."""
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            eos_token_ids=self.parts.eos_token_ids,
+        )
+        allocation = self.scheduler.add_import_request(request, first_token_id)
+        state = self.outputs.new_state(request_id, [*prompt_token_ids, first_token_id], params)
+        state.prompt_token_ids = tuple(prompt_token_ids)
+        state.token_ids.append(first_token_id)
+        self._states[request_id] = state
+        if params.seed is not None:
+            generator = make_generator(params.seed)
+            generator_draws = 0 if params.greedy else 1  # the first token's draw happened remotely
+            if generator_draws:
+                torch.rand(1, generator=generator, dtype=torch.float64)
+            self._generators[request_id] = generator
+        return allocation
+
+    def mark_kv_ready(self, request_id: str) -> bool:
+        """The imported KV is in place: the request joins the batch."""
+        return self.scheduler.mark_kv_ready(request_id)
+
+    def mark_kv_failed(self, request_id: str, *, recompute: bool) -> bool:
+        """The import failed: recompute the prompt locally (identical output) or end it."""
+        if not recompute:
+            self._forget(request_id)
+        return self.scheduler.mark_kv_failed(request_id, recompute=recompute)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; False when it is unknown or done."""
+        self._forget(request_id)
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        """True while any request is queued, running, or waiting for imported KV."""
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; returns an output for every request it advanced or ended."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        logits = self.runner.execute(plan.scheduled)
+        tokens: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprob | None] = {}
+        if logits.request_ids:
+            by_id = {item.request_id: item for item in plan.scheduled}
+            rows = [self._sampling_row(by_id[rid]) for rid in logits.request_ids]
+            sampled = self.sampler.sample(logits.logits, rows)
+            tokens = dict(zip(logits.request_ids, sampled.token_ids, strict=True))
+            logprobs = dict(zip(logits.request_ids, sampled.logprobs, strict=True))
+        results: list[RequestOutput] = []
+        for update in self.scheduler.update_from_output(plan, tokens):
+            state = self._states.get(update.request_id)
+            if state is None:
+                continue
+            processed = self.outputs.process(state, update, logprobs.get(update.request_id))
+            if processed.stop_string is not None:
+                self.scheduler.finish(update.request_id, FinishReason.STOP, processed.stop_string)
+            if processed.output.finished:
+                self._forget(update.request_id)
+            results.append(processed.output)
+        return results
+
+    def _sampling_row(self, item: ScheduledRequest) -> SamplingRow:
+        params = item.sampling_params
+        generator = self._generators.get(item.request_id)
+        return SamplingRow(
+            params=params,
+            num_generated_tokens=item.num_output_tokens,
+            eos_token_ids=() if params.ignore_eos else self.parts.eos_token_ids,
+            generator=generator,
+        )
+
+    def _forget(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+        self._generators.pop(request_id, None)

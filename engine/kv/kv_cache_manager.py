@@ -1,0 +1,217 @@
+"""Per-request block tables and prefix-cache lookups on top of the :class:`BlockPool`.
+
+A request's table lists its block ids in token order: token ``p`` lives in block
+``table[p // block_size]`` at offset ``p % block_size``. A block joins the prefix cache, under
+the chained hash of ``core.hashing`` (the function the cluster router uses, so its predictions
+are real hits), once every token in it is *computed* — prompt blocks during prefill, later ones
+during decode — and a later request whose tokens start with the same blocks shares those ids.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from core.errors import KVCacheError
+from core.hashing import BlockHash, hash_block, root_hash
+from core.kv_events import BlockStored
+from engine.kv.block_pool import BlockPool
+from engine.kv.event_publisher import KVEventPublisher
+from engine.request import Request
+
+
+@dataclass(frozen=True)
+class ComputedBlocks:
+    """A prefix-cache hit: cached block ids covering the first ``num_tokens`` tokens."""
+
+    block_ids: list[int]
+    num_tokens: int
+
+
+NO_HIT = ComputedBlocks(block_ids=[], num_tokens=0)
+
+
+class KVCacheManager:
+    """Owns every request's block table; allocates, caches and frees through the pool."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        hash_seed: int = 0,
+        publisher: KVEventPublisher | None = None,
+    ) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hash_seed = hash_seed
+        self._publisher = publisher or KVEventPublisher()
+        self.pool = BlockPool(num_blocks, self._publisher)
+        self._tables: dict[str, list[int]] = {}
+        self._num_offered_blocks: dict[str, int] = {}  # leading blocks already offered to cache
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now (free plus evictable cached)."""
+        return self.pool.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache, held or not."""
+        return self.pool.num_cached_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests."""
+        return self.pool.usage
+
+    def block_ids(self, request_id: str) -> list[int]:
+        """A copy of the request's block table (empty when it holds none)."""
+        return list(self._tables.get(request_id, ()))
+
+    def block_tables(self) -> dict[str, list[int]]:
+        """Copies of every table, by request id."""
+        return {request_id: list(table) for request_id, table in self._tables.items()}
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    # -- hashing and lookup -------------------------------------------------------------------
+
+    def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """Chained hashes of the request's first ``num_blocks`` full token blocks (fewer if it
+        has fewer full blocks); extends ``request.block_hashes`` incrementally."""
+        hashes = request.block_hashes
+        target = min(num_blocks, request.num_tokens // self.block_size)
+        parent = hashes[-1] if hashes else root_hash(self.hash_seed)
+        tokens = request.all_token_ids
+        for index in range(len(hashes), target):
+            start = index * self.block_size
+            parent = hash_block(parent, tokens[start : start + self.block_size])
+            hashes.append(parent)
+        return hashes[:target]
+
+    def get_computed_blocks(self, request: Request, max_tokens: int) -> ComputedBlocks:
+        """The longest cached prefix of the request covering at most ``max_tokens`` tokens.
+
+        The scheduler passes ``num_tokens - 1`` for requests it computes (the last token must
+        run so its logits exist) and the prompt length for imports. Nothing is touched.
+        """
+        if not self.enable_prefix_caching or max_tokens < self.block_size:
+            return NO_HIT
+        block_ids: list[int] = []
+        for block_hash in self.block_hashes(request, max_tokens // self.block_size):
+            block_id = self.pool.lookup(block_hash)
+            if block_id is None:
+                break
+            block_ids.append(block_id)
+        return ComputedBlocks(block_ids=block_ids, num_tokens=len(block_ids) * self.block_size)
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, computed: ComputedBlocks = NO_HIT
+    ) -> bool:
+        """True when :meth:`allocate_slots` with the same arguments would succeed."""
+        num_new_blocks, num_revived = self._blocks_to_take(request, num_new_tokens, computed)
+        return self.pool.can_allocate(num_new_blocks + num_revived)
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed: ComputedBlocks = NO_HIT
+    ) -> bool:
+        """Grow the table to hold ``num_computed_tokens + computed.num_tokens + num_new_tokens``
+        tokens, first adopting the ``computed`` prefix hit (which must be the table's start).
+        Returns False and changes nothing when the pool is short of blocks."""
+        table = self._tables.get(request.request_id, [])
+        if computed.block_ids and table:
+            raise KVCacheError(f"request {request.request_id}: prefix hit on a non-empty table")
+        num_new_blocks, num_revived = self._blocks_to_take(request, num_new_tokens, computed)
+        if not self.pool.can_allocate(num_new_blocks + num_revived):
+            return False
+        if request.request_id not in self._tables:
+            self._tables[request.request_id] = table
+            self._num_offered_blocks[request.request_id] = len(computed.block_ids)
+        self.pool.touch(computed.block_ids)
+        table.extend(computed.block_ids)
+        if num_new_blocks > 0:
+            table.extend(self.pool.allocate(num_new_blocks))
+        return True
+
+    def _blocks_to_take(
+        self, request: Request, num_new_tokens: int, computed: ComputedBlocks
+    ) -> tuple[int, int]:
+        """(new blocks to allocate, cached-free hit blocks to revive) for this growth."""
+        num_held = len(self._tables.get(request.request_id, ()))
+        total_tokens = request.num_computed_tokens + computed.num_tokens + num_new_tokens
+        num_new_blocks = self.blocks_for_tokens(total_tokens) - num_held - len(computed.block_ids)
+        num_revived = sum(1 for b in computed.block_ids if self.pool.blocks[b].ref_cnt == 0)
+        return max(num_new_blocks, 0), num_revived
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Offer the request's newly full, computed blocks to the prefix cache (in order) and
+        record one ``BlockStored`` event per run of blocks that were actually added."""
+        request_id = request.request_id
+        if not self.enable_prefix_caching or request_id not in self._tables:
+            return
+        table = self._tables[request_id]
+        num_full = min(request.num_computed_tokens // self.block_size, len(table))
+        start = self._num_offered_blocks[request_id]
+        if num_full <= start:
+            return
+        hashes = self.block_hashes(request, num_full)
+        run: list[int] = []
+        for index in range(start, num_full):
+            if self.pool.cache_block(table[index], hashes[index]):
+                run.append(index)
+                continue
+            self._record_stored(request, run)
+            run = []
+        self._record_stored(request, run)
+        self._num_offered_blocks[request_id] = num_full
+
+    def _record_stored(self, request: Request, indices: list[int]) -> None:
+        if not indices:
+            return
+        first, last = indices[0], indices[-1]
+        hashes = request.block_hashes
+        self._publisher.record(
+            BlockStored(
+                block_hashes=hashes[first : last + 1],
+                parent_hash=hashes[first - 1] if first > 0 else None,
+                token_ids=request.all_token_ids[
+                    first * self.block_size : (last + 1) * self.block_size
+                ],
+                block_size=self.block_size,
+            )
+        )
+
+    def free(self, request_id: str) -> None:
+        """Release the request's whole table, tail block first (the prefix stays cached
+        longest); a request without a table is a no-op."""
+        table = self._tables.pop(request_id, None)
+        self._num_offered_blocks.pop(request_id, None)
+        if table:
+            self.pool.free(table[::-1])
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached hash; held blocks are never offered again."""
+        self.pool.reset_prefix_cache()
+        for request_id, table in self._tables.items():
+            self._num_offered_blocks[request_id] = len(table)
+
+    # -- integrity ----------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Pool integrity plus: each block's ref count equals the tables holding it."""
+        self.pool.check_integrity()
+        holders = Counter(block_id for table in self._tables.values() for block_id in table)
+        for block in self.pool.blocks:
+            if block.ref_cnt != holders.get(block.block_id, 0):
+                raise KVCacheError(
+                    f"KV integrity: block {block.block_id} has ref {block.ref_cnt} but "
+                    f"{holders.get(block.block_id, 0)} tables hold it"
+                )

@@ -1,0 +1,106 @@
+"""KV storage: the block-major tensor one worker's attention layers read and write.
+
+``kv[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]`` (see ``core.kv_layout``).
+Bookkeeping (which block belongs to whom) lives in the block pool; this module only owns memory.
+Every block is one contiguous byte span, so :meth:`KVStorage.block_view` hands the transfer layer
+a writable ``memoryview`` of it — the storage satisfies the transfer layer's block-store protocol
+structurally, without the engine importing ``transfer``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from core.errors import KVCacheError
+from core.kv_layout import KVLayout
+
+logger = logging.getLogger(__name__)
+
+#: KV budget on CPU when neither ``kv_cache_memory_bytes`` is set nor a device reports memory.
+DEFAULT_CPU_KV_BYTES = 512 * 1024 * 1024
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def num_blocks_for_budget(layout: KVLayout, memory_bytes: int) -> int:
+    """How many whole blocks fit in ``memory_bytes``; at least two or a clear error."""
+    num_blocks = memory_bytes // layout.block_bytes
+    if num_blocks < 2:
+        raise KVCacheError(
+            f"KV budget of {memory_bytes} bytes holds {num_blocks} blocks of "
+            f"{layout.block_bytes} bytes (block_size={layout.block_size}); need at least 2",
+            param="kv_cache_memory_bytes",
+        )
+    return int(num_blocks)
+
+
+def kv_budget_bytes(
+    device: torch.device, memory_bytes: int | None, memory_fraction: float, weights_bytes: int
+) -> int:
+    """The KV budget: explicit bytes, else a fraction of free CUDA memory, else the CPU default."""
+    if memory_bytes is not None:
+        return memory_bytes
+    if device.type == "cuda":
+        free_bytes, total_bytes = torch.cuda.mem_get_info(device)
+        budget = int(total_bytes * memory_fraction) - (total_bytes - free_bytes)
+        if budget <= 0:
+            raise KVCacheError(
+                f"no GPU memory left for KV: {free_bytes} free of {total_bytes} bytes after "
+                f"{weights_bytes} bytes of weights at kv_cache_memory_fraction={memory_fraction}",
+                param="kv_cache_memory_fraction",
+            )
+        return budget
+    return DEFAULT_CPU_KV_BYTES
+
+
+class KVStorage:
+    """The KV tensor of one worker plus typed accessors; owns no bookkeeping."""
+
+    def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device) -> None:
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.device = device
+        self.kv = torch.zeros(  # [N, L, 2, bs, Hkv, D]
+            (
+                num_blocks,
+                layout.num_layers,
+                2,
+                layout.block_size,
+                layout.num_kv_heads,
+                layout.head_dim,
+            ),
+            dtype=TORCH_DTYPES[layout.dtype],
+            device=device,
+        )
+        self._bytes = self.kv.view(torch.uint8).view(num_blocks, layout.block_bytes)
+        logger.info(
+            "KV storage: %d blocks x %d tokens, %.1f MiB on %s",
+            num_blocks,
+            layout.block_size,
+            self.kv.numel() * self.kv.element_size() / 2**20,
+            device,
+        )
+
+    def layer(self, layer_idx: int) -> torch.Tensor:
+        """Layer ``layer_idx``'s strided view ``[N, 2, bs, Hkv, D]``."""
+        return self.kv[:, layer_idx]
+
+    def block_view(self, block_id: int) -> memoryview:
+        """A writable byte view of one block (all layers, K and V); CPU storage only."""
+        if self.device.type != "cpu":
+            raise KVCacheError("block_view needs host memory; stage GPU blocks through the host")
+        if not 0 <= block_id < self.num_blocks:
+            raise KVCacheError(f"block id {block_id} out of range [0, {self.num_blocks})")
+        return memoryview(self._bytes[block_id].numpy())
+
+    def copy_blocks(self, src_block_ids: list[int], dst_block_ids: list[int]) -> None:
+        """Copy whole blocks inside this storage (prefix reuse across forks, defragmentation)."""
+        src = torch.tensor(src_block_ids, dtype=torch.long, device=self.device)
+        dst = torch.tensor(dst_block_ids, dtype=torch.long, device=self.device)
+        self.kv.index_copy_(0, dst, self.kv.index_select(0, src))

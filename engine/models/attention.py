@@ -1,0 +1,79 @@
+"""The attention block of a decoder layer: fused QKV projection, optional per-head q/k RMSNorm
+(Qwen3), RoPE, paged attention through an :class:`AttentionBackend`, output projection."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.metadata import AttentionMetadata
+from engine.models.config import ModelArchConfig
+from engine.models.layers import Linear, RMSNorm
+from engine.models.rope import apply_rope
+
+
+class Attention(nn.Module):
+    """Multi-head attention with GQA/MQA over one layer's paged KV cache.
+
+    ``qkv_proj.weight`` stacks the checkpoint's q, k and v projections as rows
+    ``[q (num_heads * D); k (num_kv_heads * D); v (num_kv_heads * D)]``.
+    """
+
+    def __init__(
+        self,
+        config: ModelArchConfig,
+        backend: AttentionBackend,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        num_qkv_heads = config.num_heads + 2 * config.num_kv_heads
+        self.qkv_proj = Linear(
+            config.hidden_size,
+            num_qkv_heads * config.head_dim,
+            bias=config.qkv_bias,
+            dtype=dtype,
+            device=device,
+        )
+        self.o_proj = Linear(
+            config.num_heads * config.head_dim,
+            config.hidden_size,
+            bias=config.o_bias,
+            dtype=dtype,
+            device=device,
+        )
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm:
+            eps = config.rms_norm_eps
+            self.q_norm = RMSNorm(config.head_dim, eps, dtype=dtype, device=device)
+            self.k_norm = RMSNorm(config.head_dim, eps, dtype=dtype, device=device)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, H]
+        cos: torch.Tensor,  # [T, D/2]
+        sin: torch.Tensor,  # [T, D/2]
+        layer_kv: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H]
+        """Attend the step's tokens over their sequences' cached + new context."""
+        num_tokens = hidden.shape[0]
+        nh, nkv = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(hidden).view(num_tokens, nh + 2 * nkv, self.head_dim)  # [T, n, D]
+        v = qkv[:, nh + nkv :]  # [T, nkv, D]
+        if self.q_norm is None or self.k_norm is None:
+            qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # [T, nh + nkv, D]
+            q, k = qk[:, :nh], qk[:, nh:]
+        else:
+            q = apply_rope(self.q_norm(qkv[:, :nh]), cos, sin)  # [T, nh, D]
+            k = apply_rope(self.k_norm(qkv[:, nh : nh + nkv]), cos, sin)  # [T, nkv, D]
+        out = self.backend.forward(q, k, v, layer_kv, meta, self.scale)  # [T, nh, D]
+        return self.o_proj(out.reshape(num_tokens, nh * self.head_dim))

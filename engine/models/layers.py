@@ -1,0 +1,104 @@
+"""Small building blocks shared by every family: linear, embedding, RMSNorm, gated MLP.
+
+Parameters are allocated uninitialised (``torch.empty``, no grad): the loader fills every one of
+them from the checkpoint and refuses a checkpoint that lacks any, so random init would be waste.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    """An uninitialised, frozen parameter of ``shape``."""
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """``y = x @ W.T (+ b)`` with ``W`` [out, in]."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.weight = empty_param(out_features, in_features, dtype=dtype, device=device)
+        self.bias = empty_param(out_features, dtype=dtype, device=device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., in] -> [..., out]."""
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """Token id -> row of ``weight`` [vocab, hidden]."""
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.weight = empty_param(vocab_size, hidden_size, dtype=dtype, device=device)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] long -> [T, hidden]."""
+        return F.embedding(input_ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dim, computed in float32 like HF transformers.
+
+    float32 uses the fused ``F.rms_norm`` (bit-identical to HF's op sequence there, and one op
+    instead of eight); half precision replays HF's sequence, whose two roundings (normalised
+    value, then times weight) the fused op would not reproduce.
+    """
+
+    def __init__(
+        self, size: int, eps: float, *, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.eps = eps
+        self.shape = (size,)
+        self.fused = dtype == torch.float32
+        self.weight = empty_param(size, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., size] -> [..., size] in ``x``'s dtype."""
+        if self.fused:
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        h = x.float()
+        variance = h.pow(2).mean(-1, keepdim=True)  # [..., 1]
+        h = h * torch.rsqrt(variance + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one [2I, H] projection."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = Linear(
+            hidden_size, 2 * intermediate_size, bias=False, dtype=dtype, device=device
+        )
+        self.down_proj = Linear(
+            intermediate_size, hidden_size, bias=False, dtype=dtype, device=device
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, H] -> [T, H]."""
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)

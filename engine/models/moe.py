@@ -1,0 +1,123 @@
+"""The one MoE layer: top-k routing, per-expert compute and combine as separable steps.
+
+Experts are addressed by *global* id ``0..num_experts-1``; a layer is built with the ids it owns
+(default: all) and allocates only those. ``forward`` runs the three steps locally; an
+expert-parallel layer calls :meth:`MoELayer.route`, moves rows to the ranks owning their
+experts, runs :meth:`MoELayer.expert_forward` there, brings results back and calls
+:meth:`MoELayer.combine` (plus :meth:`MoELayer.shared_forward`) on the tokens' home rank.
+
+Routing is softmax (float32) -> top-k -> optional renormalisation (always for Mixtral,
+``norm_topk_prob`` for Qwen-MoE). Top-k weights stay float32 and the weighted sum of expert
+outputs is formed in float32, then cast to the model dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.errors import ConfigError
+from engine.models.config import ModelArchConfig
+from engine.models.layers import GatedMLP, Linear, empty_param
+
+
+class MoELayer(nn.Module):
+    """Routed experts (SiLU-gated MLPs) plus an optional sigmoid-gated shared expert."""
+
+    global_to_local: torch.Tensor  # [num_experts] int64, -1 where the expert is not owned
+
+    def __init__(
+        self,
+        config: ModelArchConfig,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        expert_ids: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.moe_intermediate_size
+        self.num_experts = config.num_experts
+        self.top_k = config.top_k
+        self.renormalize = config.norm_topk_prob
+        self.expert_ids: tuple[int, ...] = _owned_ids(expert_ids, config.num_experts)
+        num_local = len(self.expert_ids)
+        self.gate = Linear(hidden, config.num_experts, bias=False, dtype=dtype, device=device)
+        self.gate_up_proj = empty_param(num_local, 2 * inter, hidden, dtype=dtype, device=device)
+        self.down_proj = empty_param(num_local, hidden, inter, dtype=dtype, device=device)
+        to_local = torch.full((config.num_experts,), -1, dtype=torch.int64)
+        to_local[list(self.expert_ids)] = torch.arange(num_local)
+        self.register_buffer("global_to_local", to_local.to(device), persistent=False)
+        self.shared_expert: GatedMLP | None = None
+        self.shared_expert_gate: Linear | None = None
+        if config.shared_expert_intermediate_size > 0:
+            self.shared_expert = GatedMLP(
+                hidden, config.shared_expert_intermediate_size, dtype=dtype, device=device
+            )
+            self.shared_expert_gate = Linear(hidden, 1, bias=False, dtype=dtype, device=device)
+
+    def route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, H] -> (topk_ids [T, k] int64 global expert ids, topk_weights [T, k] float32)."""
+        probs = F.softmax(self.gate(hidden), dim=-1, dtype=torch.float32)  # [T, E]
+        topk_weights, topk_ids = probs.topk(self.top_k, dim=-1)  # [T, k]
+        if self.renormalize:
+            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+        return topk_ids, topk_weights
+
+    def expert_forward(
+        self, hidden: torch.Tensor, expert_ids: torch.Tensor, rows_per_token: int = 1
+    ) -> torch.Tensor:
+        """Run row ``i`` (input ``hidden[i // rows_per_token]``) through expert ``expert_ids[i]``.
+
+        ``hidden`` [N / rows_per_token, H], ``expert_ids`` [N] global ids, all owned by this
+        layer -> [N, H] unweighted expert outputs in row order.
+        """
+        local_ids = self.global_to_local[expert_ids]  # [N]
+        counts = torch.bincount(local_ids, minlength=len(self.expert_ids)).tolist()
+        order = local_ids.argsort(stable=True)  # [N] rows grouped by expert
+        token_idx = order if rows_per_token == 1 else order // rows_per_token
+        sorted_in = hidden[token_idx]  # [N, H]
+        sorted_out = torch.empty_like(sorted_in)  # [N, H]
+        start = 0
+        for local_id, num_rows in enumerate(counts):
+            if num_rows == 0:
+                continue
+            end = start + num_rows
+            gate_up = F.linear(sorted_in[start:end], self.gate_up_proj[local_id])  # [n, 2I]
+            gate, up = gate_up.chunk(2, dim=-1)  # [n, I] each
+            sorted_out[start:end] = F.linear(F.silu(gate) * up, self.down_proj[local_id])
+            start = end
+        return torch.empty_like(sorted_out).index_copy_(0, order, sorted_out)  # [N, H]
+
+    def combine(self, expert_out: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """``expert_out`` [T * k, H] (token-major) weighted by ``topk_weights`` [T, k] -> [T, H]."""
+        num_tokens, top_k = topk_weights.shape
+        per_slot = expert_out.view(num_tokens, top_k, -1).float()  # [T, k, H]
+        return (per_slot * topk_weights[..., None]).sum(dim=1).to(expert_out.dtype)
+
+    def shared_forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """``sigmoid(shared_expert_gate(x)) * shared_expert(x)`` [T, H], or None if absent."""
+        if self.shared_expert is None or self.shared_expert_gate is None:
+            return None
+        return torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, H] -> [T, H]; every expert must be owned (the single-rank case)."""
+        topk_ids, topk_weights = self.route(hidden)  # [T, k]
+        expert_out = self.expert_forward(hidden, topk_ids.reshape(-1), self.top_k)  # [T*k, H]
+        out = self.combine(expert_out, topk_weights)  # [T, H]
+        shared = self.shared_forward(hidden)
+        return out if shared is None else out + shared
+
+
+def _owned_ids(expert_ids: Sequence[int] | None, num_experts: int) -> tuple[int, ...]:
+    if expert_ids is None:
+        return tuple(range(num_experts))
+    owned = tuple(sorted(set(expert_ids)))
+    if any(not 0 <= e < num_experts for e in owned):
+        raise ConfigError(
+            f"expert ids {list(owned)} outside 0..{num_experts - 1}", param="expert_ids"
+        )
+    return owned

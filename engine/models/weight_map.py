@@ -1,0 +1,164 @@
+"""Checkpoint tensor names -> where they land in :class:`CausalLM`, per family (HF hub naming).
+
+The model stacks some checkpoint tensors: q/k/v rows into ``qkv_proj``, gate/up rows into
+``gate_up_proj``, and each expert into row ``local_id`` of the MoE layer's ``[E_local, ...]``
+parameters. Both expert layouts are read: one tensor per expert (``experts.{e}.w1.weight``,
+``experts.{e}.gate_proj.weight``; what every hub checkpoint and transformers' ``save_pretrained``
+write) and fused 3-D tensors (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj``
+[E, H, I]; transformers' in-memory layout), from which only owned experts' rows are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from engine.models.config import ModelArchConfig
+
+# Checkpoint tensors that carry no weights (old checkpoints saved RoPE buffers).
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class WeightSlot:
+    """One destination of a checkpoint tensor (or of one expert of a fused expert tensor)."""
+
+    param: str  # qualified parameter name in CausalLM
+    checkpoint_shape: tuple[int, ...]  # the whole checkpoint tensor's expected shape
+    row_start: int = 0  # first destination row along the (expert-indexed) parameter's dim 0
+    expert: int | None = None  # local expert index into the parameter's dim 0
+    src_expert: int | None = None  # global expert index into the checkpoint tensor's dim 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of what is copied: the checkpoint tensor, or one expert's slice of it."""
+        return self.checkpoint_shape if self.src_expert is None else self.checkpoint_shape[1:]
+
+
+@dataclass(frozen=True)
+class WeightMap:
+    """``expected`` names must be present; ``skipped`` names may be present and are not read."""
+
+    expected: dict[str, list[WeightSlot]]
+    skipped: frozenset[str]
+
+
+def build_weight_map(
+    config: ModelArchConfig,
+    checkpoint_names: Collection[str] = (),
+    expert_ids: Sequence[int] | None = None,
+) -> WeightMap:
+    """The weight map of ``config``; ``checkpoint_names`` selects the expert layout per layer
+    (per-expert tensors unless the checkpoint holds fused ones), ``expert_ids`` the owned experts.
+    """
+    hidden, vocab = config.hidden_size, config.vocab_size
+    expected: dict[str, list[WeightSlot]] = {
+        "model.embed_tokens.weight": [WeightSlot("embed_tokens.weight", (vocab, hidden))],
+        "model.norm.weight": [WeightSlot("norm.weight", (hidden,))],
+    }
+    skipped: set[str] = set()
+    if config.tie_word_embeddings:
+        skipped.add("lm_head.weight")
+    else:
+        expected["lm_head.weight"] = [WeightSlot("lm_head.weight", (vocab, hidden))]
+    owned = range(config.num_experts) if expert_ids is None else sorted(set(expert_ids))
+    for i in range(config.num_layers):
+        src, dst = f"model.layers.{i}", f"layers.{i}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            expected[f"{src}.{norm}.weight"] = [WeightSlot(f"{dst}.{norm}.weight", (hidden,))]
+        expected.update(_attention(config, f"{src}.self_attn", f"{dst}.self_attn"))
+        if config.is_moe_layer(i):
+            block = _moe_block(config, src, checkpoint_names)
+            expected.update(_moe(config, block, f"{dst}.mlp", checkpoint_names, owned, skipped))
+        else:
+            expected.update(
+                _gated_mlp(f"{src}.mlp", f"{dst}.mlp", hidden, config.intermediate_size)
+            )
+    return WeightMap(expected, frozenset(skipped))
+
+
+def canonical_checkpoint_shapes(config: ModelArchConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a hub-layout checkpoint of ``config`` holds, with its shape."""
+    return {
+        name: slots[0].checkpoint_shape for name, slots in build_weight_map(config).expected.items()
+    }
+
+
+def _attention(cfg: ModelArchConfig, src: str, dst: str) -> dict[str, list[WeightSlot]]:
+    hidden, head_dim = cfg.hidden_size, cfg.head_dim
+    q_rows, kv_rows = cfg.num_heads * head_dim, cfg.num_kv_heads * head_dim
+    out: dict[str, list[WeightSlot]] = {}
+    for proj, start, rows in (
+        ("q_proj", 0, q_rows),
+        ("k_proj", q_rows, kv_rows),
+        ("v_proj", q_rows + kv_rows, kv_rows),
+    ):
+        out[f"{src}.{proj}.weight"] = [WeightSlot(f"{dst}.qkv_proj.weight", (rows, hidden), start)]
+        if cfg.qkv_bias:
+            out[f"{src}.{proj}.bias"] = [WeightSlot(f"{dst}.qkv_proj.bias", (rows,), start)]
+    out[f"{src}.o_proj.weight"] = [WeightSlot(f"{dst}.o_proj.weight", (hidden, q_rows))]
+    if cfg.o_bias:
+        out[f"{src}.o_proj.bias"] = [WeightSlot(f"{dst}.o_proj.bias", (hidden,))]
+    if cfg.qk_norm:
+        for norm in ("q_norm", "k_norm"):
+            out[f"{src}.{norm}.weight"] = [WeightSlot(f"{dst}.{norm}.weight", (head_dim,))]
+    return out
+
+
+def _gated_mlp(src: str, dst: str, hidden: int, inter: int) -> dict[str, list[WeightSlot]]:
+    return {
+        f"{src}.gate_proj.weight": [WeightSlot(f"{dst}.gate_up_proj.weight", (inter, hidden))],
+        f"{src}.up_proj.weight": [WeightSlot(f"{dst}.gate_up_proj.weight", (inter, hidden), inter)],
+        f"{src}.down_proj.weight": [WeightSlot(f"{dst}.down_proj.weight", (hidden, inter))],
+    }
+
+
+def _moe_block(cfg: ModelArchConfig, layer_src: str, names: Collection[str]) -> str:
+    """The checkpoint module holding this layer's router + experts (Mixtral has two spellings)."""
+    assert cfg.spec.moe is not None
+    blocks = cfg.spec.moe.checkpoint_blocks
+    found = (b for b in blocks if f"{layer_src}.{b}.gate.weight" in names)
+    return f"{layer_src}.{next(found, blocks[0])}"
+
+
+def _moe(
+    cfg: ModelArchConfig,
+    src: str,
+    dst: str,
+    names: Collection[str],
+    owned: Sequence[int],
+    skipped: set[str],
+) -> dict[str, list[WeightSlot]]:
+    assert cfg.spec.moe is not None
+    hidden, inter, num_experts = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+    out = {f"{src}.gate.weight": [WeightSlot(f"{dst}.gate.weight", (num_experts, hidden))]}
+    if cfg.shared_expert_intermediate_size > 0:
+        shared_inter = cfg.shared_expert_intermediate_size
+        out.update(_gated_mlp(f"{src}.shared_expert", f"{dst}.shared_expert", hidden, shared_inter))
+        out[f"{src}.shared_expert_gate.weight"] = [
+            WeightSlot(f"{dst}.shared_expert_gate.weight", (1, hidden))
+        ]
+    gate_up, down = f"{dst}.gate_up_proj", f"{dst}.down_proj"
+    if f"{src}.experts.gate_up_proj" in names:
+        fused_gate_up, fused_down = (num_experts, 2 * inter, hidden), (num_experts, hidden, inter)
+        out[f"{src}.experts.gate_up_proj"] = [
+            WeightSlot(gate_up, fused_gate_up, expert=local, src_expert=e)
+            for local, e in enumerate(owned)
+        ]
+        out[f"{src}.experts.down_proj"] = [
+            WeightSlot(down, fused_down, expert=local, src_expert=e)
+            for local, e in enumerate(owned)
+        ]
+        return out
+    gate_name, up_name, down_name = cfg.spec.moe.expert_weight_names
+    local_of = {e: local for local, e in enumerate(owned)}
+    for e in range(num_experts):
+        names_e = [f"{src}.experts.{e}.{n}.weight" for n in (gate_name, up_name, down_name)]
+        local = local_of.get(e)
+        if local is None:
+            skipped.update(names_e)
+            continue
+        out[names_e[0]] = [WeightSlot(gate_up, (inter, hidden), 0, local)]
+        out[names_e[1]] = [WeightSlot(gate_up, (inter, hidden), inter, local)]
+        out[names_e[2]] = [WeightSlot(down, (hidden, inter), 0, local)]
+    return out

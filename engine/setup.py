@@ -1,0 +1,122 @@
+"""Assembles an engine's parts from config: checkpoint, device, dtype, model, tokenizer, KV.
+
+The one place that decides the device (CUDA when present), the ``auto`` dtype (fp32 on CPU,
+bf16 on CUDA), the attention backend (Triton on CUDA, the torch reference on CPU), the KV budget
+and the effective ``max_model_len``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from core import env
+from core.config import EngineConfig, ModelConfig
+from core.errors import ConfigError
+from core.kv_events import KVEventBatch
+from core.kv_layout import KVLayout
+from engine.attention import get_backend
+from engine.builtin import resolve_model
+from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
+from engine.loader import load_model
+from engine.models import CausalLM, ModelArchConfig
+from engine.scheduler import Scheduler
+from engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    """Everything an :class:`~engine.engine.LLMEngine` runs on."""
+
+    model_dir: Path
+    arch: ModelArchConfig
+    model: CausalLM
+    tokenizer: Tokenizer
+    storage: KVStorage
+    scheduler: Scheduler
+    layout: KVLayout
+    eos_token_ids: tuple[int, ...]
+    seed: int
+
+
+def pick_device() -> torch.device:
+    """CUDA device 0 when available, else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """``auto`` -> fp32 on CPU (bf16 SDPA decode is slow there), bf16 on CUDA."""
+    if name == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    return name
+
+
+def model_id_of(name: str, model_dir: Path) -> str:
+    """``name`` plus a digest of ``config.json``: two different checkpoints never share KV."""
+    digest = hashlib.blake2b((model_dir / "config.json").read_bytes(), digest_size=6).hexdigest()
+    return f"{name}@{digest}"
+
+
+def build_engine_parts(
+    model_cfg: ModelConfig,
+    engine_cfg: EngineConfig,
+    *,
+    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    expert_ids: Sequence[int] | None = None,
+) -> EngineParts:
+    """Load the model and size the KV cache as the configs say."""
+    threads = env.num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    model_dir = resolve_model(model_cfg.name)
+    arch = ModelArchConfig.from_dir(model_dir)
+    max_model_len = _max_model_len(engine_cfg, arch)
+    device = pick_device()
+    dtype = resolve_dtype(model_cfg.dtype, device)
+    backend = get_backend("triton" if device.type == "cuda" else "torch")
+    torch.manual_seed(model_cfg.seed)
+    model = load_model(
+        model_dir,
+        dtype=TORCH_DTYPES[dtype],
+        device=device,
+        attn_backend=backend,
+        expert_ids=expert_ids,
+    )
+    tokenizer = Tokenizer.from_dir(model_dir)
+    layout = arch.kv_layout(model_id_of(model_cfg.name, model_dir), dtype, engine_cfg.block_size)
+    weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    budget = kv_budget_bytes(
+        device, engine_cfg.kv_cache_memory_bytes, engine_cfg.kv_cache_memory_fraction, weights_bytes
+    )
+    storage = KVStorage(layout, num_blocks_for_budget(layout, budget), device)
+    scheduler = Scheduler(
+        engine_cfg,
+        storage.num_blocks,
+        max_model_len=max_model_len,
+        hash_seed=layout.hash_seed,
+        kv_event_callback=kv_event_callback,
+    )
+    eos_ids = tuple(dict.fromkeys(tokenizer.eos_token_ids + arch.eos_token_ids))
+    return EngineParts(
+        model_dir, arch, model, tokenizer, storage, scheduler, layout, eos_ids, model_cfg.seed
+    )
+
+
+def _max_model_len(engine_cfg: EngineConfig, arch: ModelArchConfig) -> int:
+    limit = arch.max_model_len
+    if engine_cfg.max_model_len is None:
+        return limit
+    if engine_cfg.max_model_len > limit:
+        raise ConfigError(
+            f"max_model_len={engine_cfg.max_model_len} exceeds the model's limit of {limit} "
+            "positions",
+            param="max_model_len",
+        )
+    return engine_cfg.max_model_len

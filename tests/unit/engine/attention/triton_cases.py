@@ -1,0 +1,145 @@
+"""The Triton kernels and backend against the dense reference and the torch backend.
+
+Not collected directly (no ``test_`` prefix): ``test_triton_interpreter.py`` runs this file in a
+fresh interpreter process with ``TRITON_INTERPRET=1``, because Triton picks compiled vs
+interpreted kernels once, when triton is first imported — an in-process run would depend on what
+the rest of the session imported first. To run it by hand on CPU:
+``TRITON_INTERPRET=1 .venv/bin/pytest tests/unit/engine/attention/triton_cases.py``.
+Shapes are tiny: the interpreter pays per program and per loop trip.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention import TorchAttentionBackend, get_backend
+from engine.attention.torch_backend import write_kv_cache as torch_write_kv_cache
+from engine.attention.triton_backend import TritonAttentionBackend
+from engine.attention.triton_kernels import (
+    interpreter_active,
+    paged_decode_attention,
+    paged_prefill_attention,
+    write_kv_cache,
+)
+
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
+HEADS = [(4, 4), (8, 2), (16, 2), (8, 1)]  # GQA ratios 1, 4, 8 and MQA
+# Every head layout in fp32, the low-precision dtypes on one GQA layout: the interpreter is slow.
+LAYOUTS = [(h, kv, torch.float32) for h, kv in HEADS] + [
+    (8, 2, torch.bfloat16),
+    (8, 2, torch.float16),
+]
+LAYOUT_IDS = [f"{h}q-{kv}kv-{str(dtype).removeprefix('torch.')}" for h, kv, dtype in LAYOUTS]
+
+
+def check(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def decode(case, block_n: int = 64) -> torch.Tensor:
+    write_kv_cache(case.layer_cache, case.k, case.v, case.meta.slot_mapping)
+    out = torch.full_like(case.q, float("nan"))
+    meta = case.meta
+    paged_decode_attention(
+        out, case.q, case.layer_cache, meta.block_tables, meta.seq_lens, case.scale, block_n
+    )
+    return out
+
+
+def prefill(case, block_rows: int = 64, block_n: int = 64) -> torch.Tensor:
+    write_kv_cache(case.layer_cache, case.k, case.v, case.meta.slot_mapping)
+    out = torch.full_like(case.q, float("nan"))
+    meta = case.meta
+    paged_prefill_attention(
+        out,
+        case.q,
+        case.layer_cache,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        meta.max_query_len,
+        case.scale,
+        block_rows,
+        block_n,
+    )
+    return out
+
+
+def test_kernels_run_where_they_can() -> None:
+    assert interpreter_active() or torch.cuda.is_available(), (
+        "on CPU, set TRITON_INTERPRET=1 before triton is imported"
+    )
+    assert isinstance(get_backend("triton"), TritonAttentionBackend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_write_matches_torch(paged_case, dtype) -> None:
+    case = paged_case([3, 1, 6], [3, 20, 14], block_size=4, num_kv_heads=3, dtype=dtype)
+    expected = case.kv.clone()
+    torch_write_kv_cache(expected[:, 1], case.k, case.v, case.meta.slot_mapping, 4)
+    write_kv_cache(case.layer_cache, case.k, case.v, case.meta.slot_mapping)
+    assert torch.equal(case.kv, expected)
+
+
+def test_cache_write_skips_negative_slots(paged_case) -> None:
+    case = paged_case([2], [2])
+    before = case.kv.clone()
+    write_kv_cache(case.layer_cache, case.k, case.v, torch.tensor([-1, -1]))
+    assert torch.equal(case.kv, before)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "dtype"), LAYOUTS, ids=LAYOUT_IDS)
+def test_decode_matches_reference(paged_case, reference, dtype, num_heads, num_kv_heads) -> None:
+    case = paged_case(
+        [1] * 4, [1, 17, 40, 16], num_heads=num_heads, num_kv_heads=num_kv_heads, dtype=dtype
+    )
+    check(decode(case), reference(case), dtype)
+
+
+@pytest.mark.parametrize(("block_size", "head_dim"), [(1, 32), (8, 64), (32, 32)])
+def test_decode_tiles_span_blocks(paged_case, reference, block_size, head_dim) -> None:
+    # 16-token tiles over 1-, 8- and 32-token blocks: a tile covers many blocks or part of one.
+    case = paged_case([1, 1, 1], [5, 64, 37], block_size=block_size, head_dim=head_dim)
+    check(decode(case, block_n=16), reference(case), torch.float32)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "dtype"), LAYOUTS, ids=LAYOUT_IDS)
+def test_prefill_over_prefix_matches_reference(
+    paged_case, reference, dtype, num_heads, num_kv_heads
+) -> None:
+    # a prefix hit, a middle chunk of a long prompt, a fresh prompt and a decode in one batch
+    case = paged_case(
+        [9, 20, 12, 1],
+        [25, 50, 12, 30],
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        block_size=8,
+        dtype=dtype,
+    )
+    check(prefill(case), reference(case), dtype)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(8, 2), (6, 2)])
+def test_prefill_small_tiles(paged_case, reference, num_heads, num_kv_heads) -> None:
+    # 16-row tiles: several query tiles per sequence and several key tiles per query tile;
+    # a group of 3 heads does not divide the 16 rows.
+    case = paged_case(
+        [21, 16, 5], [40, 16, 37], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=64
+    )
+    check(prefill(case, block_rows=16, block_n=16), reference(case), torch.float32)
+
+
+def test_backend_matches_torch_backend_and_cache(paged_case) -> None:
+    for query_lens, seq_lens in (([1, 1, 1], [33, 8, 16]), ([7, 1, 12], [7, 20, 30])):
+        case = paged_case(query_lens, seq_lens, block_size=8)
+        torch_kv = case.kv.clone()
+        expected = TorchAttentionBackend().forward(
+            case.q, case.k, case.v, torch_kv[:, 1], case.meta, case.scale
+        )
+        out = TritonAttentionBackend().forward(
+            case.q, case.k, case.v, case.layer_cache, case.meta, case.scale
+        )
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+        assert torch.equal(case.kv, torch_kv)
