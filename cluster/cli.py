@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import sys
 
 import typer
 from rich.console import Console
 
+from cluster.loadtest.cli import bench_app
+from cluster.sizer.cli import size_command
 from core.errors import PdserveError
+
+class DTypeChoice(str, enum.Enum):
+    """``--dtype`` values."""
+
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
 
 app = typer.Typer(
     name="pdserve",
@@ -35,7 +47,7 @@ def generate(
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k"),
     seed: int | None = typer.Option(None, "--seed", help="Per-request sampling seed."),
-    dtype: str = typer.Option("auto", "--dtype", help="float32 | bfloat16 | float16 | auto."),
+    dtype: DTypeChoice = typer.Option(DTypeChoice.auto, "--dtype", help="Weights and KV dtype."),
     max_model_len: int | None = typer.Option(None, "--max-model-len"),
 ) -> None:
     """Offline generation on the local engine (no server)."""
@@ -45,7 +57,7 @@ def generate(
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
         )
-        llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len)
+        llm = LLM(model=model, dtype=dtype.value, max_model_len=max_model_len)
         outputs = llm.generate(prompt, sampling_params=params)
     except PdserveError as e:
         fail(e.message)
@@ -54,6 +66,10 @@ def generate(
         typer.echo(f"prompt: {text!r}")
         typer.echo(f"output: {out.text!r}")
         typer.echo(f"tokens: {len(out.token_ids)} ({out.finish_reason})")
+
+
+app.add_typer(bench_app, name="bench")
+app.command("size")(size_command)
 
 
 def main() -> None:

@@ -82,10 +82,9 @@ class OutputProcessor:
             check = tail
             if not tail.stopped:
                 pieces.append(state.stops.flush())
+        reason_str: str | None = None if reason is None else str(reason)
         if check.stopped:
             finished, reason_str = True, "stop"
-        else:
-            reason_str = None if reason is None else str(reason)
         output = RequestOutput(
             request_id=state.request_id,
             prompt_token_ids=state.prompt_token_ids,

@@ -97,7 +97,7 @@ class KVStorage:
             raise KVCacheError("block_view needs host memory; stage GPU blocks through the host")
         if not 0 <= block_id < self.num_blocks:
             raise KVCacheError(f"block id {block_id} out of range [0, {self.num_blocks})")
-        return memoryview(self._bytes[block_id].numpy())
+        return memoryview(self._bytes[block_id].numpy().data)
 
     def copy_blocks(self, src_block_ids: list[int], dst_block_ids: list[int]) -> None:
         """Copy whole blocks inside this storage (prefix reuse across forks, defragmentation)."""

@@ -1,0 +1,30 @@
+"""KV capacity sizer (``pdserve size``): KV bytes per token, requests per GPU, GPUs needed."""
+
+from cluster.sizer.capacity import CapacityPlan, CapacityRow, SizingInputs, plan_capacity
+from cluster.sizer.gpus import GPUS, GpuSpec, get_gpu
+from cluster.sizer.model_dir import load_model_shape, shape_from_config
+from cluster.sizer.presets import PRESETS, get_preset, preset_names
+from cluster.sizer.shape import ModelShape
+from cluster.sizer.sizing import SizingRequest, SizingResult, size_model
+from cluster.sizer.split import PDSplit, suggest_split
+
+__all__ = [
+    "GPUS",
+    "PRESETS",
+    "CapacityPlan",
+    "CapacityRow",
+    "GpuSpec",
+    "ModelShape",
+    "PDSplit",
+    "SizingInputs",
+    "SizingRequest",
+    "SizingResult",
+    "get_gpu",
+    "get_preset",
+    "load_model_shape",
+    "plan_capacity",
+    "preset_names",
+    "shape_from_config",
+    "size_model",
+    "suggest_split",
+]

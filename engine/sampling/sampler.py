@@ -1,0 +1,148 @@
+"""The sampler: one token per row of a logits batch, under each row's own ``SamplingParams``.
+
+Order of operations (vLLM's): logprobs come from the raw logits; then EOS and stop-token ids are
+masked for rows below ``min_tokens``; greedy rows (temperature < 1e-5) take the argmax; the
+other rows are divided by their temperature, filtered by top-k then top-p, and drawn by
+inverse-CDF sampling from one uniform per row.
+
+Reproducibility: a seeded request carries its own CPU ``torch.Generator`` (:func:`make_generator`)
+that gives exactly one uniform per sampled step, so its tokens depend only on its seed and its
+own logits — not on batch neighbours or batch order. Unseeded rows share the sampler's
+generator. Greedy rows draw nothing. ``ignore_eos`` does not mask EOS (as in vLLM, EOS may be
+sampled and the engine simply does not stop on it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from core.sampling import SamplingParams
+from engine.outputs import TokenLogprob
+from engine.sampling import ops
+
+GREEDY_TEMPERATURE_EPS = 1e-5
+
+
+def make_generator(seed: int) -> torch.Generator:
+    """A request's private CPU generator for ``SamplingParams.seed``."""
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRow:
+    """One logits row's sampling state for this step.
+
+    ``num_generated_tokens`` counts the request's output tokens before this step (for
+    ``min_tokens``); ``eos_token_ids`` are the model's end ids; ``generator`` is the request's
+    own generator (:func:`make_generator`) or None to use the sampler's shared one.
+    """
+
+    params: SamplingParams
+    num_generated_tokens: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    """The step's sampled ids: ``token_ids[i]`` for row i, plus logprobs where requested."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+    token_ids_tensor: torch.Tensor  # [B] int64, on the logits' device
+
+
+class Sampler:
+    """Samples a batch of rows; holds only the generator shared by unseeded rows."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._generator = torch.Generator(device="cpu")
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        """One token per row of ``logits`` [B, V] (float32) following ``rows[i]``."""
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
+        logits = logits.float()  # no-op for float32 logits
+        masked = ops.mask_tokens(logits, [_banned_token_ids(row) for row in rows])
+        token_ids = masked.argmax(dim=-1)  # [B]
+        random_rows = [i for i, row in enumerate(rows) if not _is_greedy(row.params)]
+        if random_rows:
+            token_ids[random_rows] = self._sample_random(masked, rows, random_rows)
+        token_id_list: list[int] = token_ids.tolist()
+        return SamplerOutput(
+            token_ids=token_id_list,
+            logprobs=_logprobs(logits, token_ids, token_id_list, rows),
+            token_ids_tensor=token_ids,
+        )
+
+    def _sample_random(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], indices: list[int]
+    ) -> torch.Tensor:
+        """Token ids [R] for the non-greedy rows ``indices``."""
+        device = logits.device
+        params = [rows[i].params for i in indices]
+        temperatures = torch.tensor([p.temperature for p in params], device=device)
+        top_ks = None
+        if any(p.top_k > 0 for p in params):
+            top_ks = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
+        top_ps = None
+        if any(p.top_p < 1.0 for p in params):
+            top_ps = torch.tensor([p.top_p for p in params], device=device)
+        uniforms = self._uniforms([rows[i].generator for i in indices]).to(device)
+        index = torch.tensor(indices, dtype=torch.long, device=device)
+        return ops.sample_from_logits(logits[index], temperatures, top_ks, top_ps, uniforms)
+
+    def _uniforms(self, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+        """One float64 uniform [R] per row: from its own generator, else the shared one."""
+        num_shared = sum(g is None for g in generators)
+        shared = iter(torch.rand(num_shared, generator=self._generator, dtype=torch.float64))
+        values = [
+            next(shared) if g is None else torch.rand(1, generator=g, dtype=torch.float64)[0]
+            for g in generators
+        ]
+        return torch.stack(values) if values else torch.empty(0, dtype=torch.float64)
+
+
+def _is_greedy(params: SamplingParams) -> bool:
+    # NOTE: temperatures this small overflow ``logits / t``; they mean greedy in practice.
+    return params.temperature < GREEDY_TEMPERATURE_EPS
+
+
+def _banned_token_ids(row: SamplingRow) -> tuple[int, ...]:
+    """Ids that may not be sampled now: EOS and stop tokens until ``min_tokens`` is reached."""
+    if row.num_generated_tokens >= row.params.min_tokens:
+        return ()
+    return row.eos_token_ids + row.params.stop_token_ids
+
+
+def _logprobs(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    token_id_list: list[int],
+    rows: Sequence[SamplingRow],
+) -> list[TokenLogprob | None]:
+    """Per-row logprobs of the raw (unmasked, unscaled) logits where the row asked for them."""
+    wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+    result: list[TokenLogprob | None] = [None] * len(rows)
+    if not wanted:
+        return result
+    num_top = max(rows[i].params.logprobs or 0 for i in wanted)
+    index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
+    chosen, top_ids, top_values = ops.top_logprobs(logits[index], token_ids[index], num_top)
+    chosen_list, ids_list, values_list = chosen.tolist(), top_ids.tolist(), top_values.tolist()
+    for j, i in enumerate(wanted):
+        n = rows[i].params.logprobs or 0
+        result[i] = TokenLogprob(
+            token_id=token_id_list[i],
+            logprob=chosen_list[j],
+            top_token_ids=tuple(ids_list[j][:n]),
+            top_logprobs=tuple(values_list[j][:n]),
+        )
+    return result

@@ -1,0 +1,294 @@
+"""A fake OpenAI server on 127.0.0.1 with exact timing and injected faults, for load-test tests.
+
+It runs a raw asyncio HTTP/1.1 server in its own thread (its own event loop), so the load
+tester's timings are taken against an independent clock-driven peer: the first token is sent
+``ttft_s`` after the request arrived and token ``k`` at ``ttft_s + k * itl_s`` (absolute
+deadlines, no drift). Streams use chunked encoding like uvicorn. ``faults`` maps the arrival
+index of a request (0-based) to a fault; every request is recorded with its arrival time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+FAULTS = (
+    "http_500",
+    "http_429",
+    "sse_error",
+    "sse_error_event",
+    "truncate",
+    "drop",
+    "stall",
+    "garbage",
+    "empty",
+)
+
+
+@dataclass
+class FakeBehaviour:
+    """How the fake server answers."""
+
+    ttft_s: float = 0.05
+    itl_s: float = 0.01
+    faults: dict[int, str] = field(default_factory=dict)
+    ttft_overrides_s: dict[int, float] = field(default_factory=dict)
+    include_usage: bool = True
+    model: str = "fake-model"
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request as the server saw it."""
+
+    index: int
+    arrival_s: float  # time.perf_counter() at arrival (same clock as the client's)
+    path: str
+    body: dict[str, Any]
+
+    @property
+    def prompt_text(self) -> str:
+        if "messages" in self.body:
+            return "".join(m["content"] for m in self.body["messages"])
+        return str(self.body.get("prompt", ""))
+
+
+class FakeOpenAIServer:
+    """Start with ``start()`` (returns the base URL); ``stop()`` ends everything."""
+
+    def __init__(self, behaviour: FakeBehaviour) -> None:
+        self.behaviour = behaviour
+        self.received: list[Received] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lock = threading.Lock()
+
+    def start(self) -> str:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
+        port = future.result(timeout=5)
+        return f"http://127.0.0.1:{port}"
+
+    async def _start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def stop(self) -> None:
+        async def _shutdown() -> None:
+            assert self._server is not None
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(_shutdown(), self._loop).result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)  # type: ignore[arg-type]
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._tasks.discard(task)  # type: ignore[arg-type]
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        arrival_s = time.perf_counter()
+        lines = head.decode().split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = {
+            k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)
+        }
+        body_bytes = await reader.readexactly(int(headers.get("content-length", "0")))
+        if method == "GET" and path == "/v1/models":
+            data = {"object": "list", "data": [{"id": self.behaviour.model, "object": "model"}]}
+            await self._send_json(writer, 200, data)
+            return
+        body = json.loads(body_bytes or b"{}")
+        with self._lock:
+            index = len(self.received)
+            self.received.append(Received(index, arrival_s, path, body))
+        await self._complete(writer, index, body, path.endswith("chat/completions"))
+
+    async def _send_json(self, writer: asyncio.StreamWriter, status: int, data: Any) -> None:
+        payload = json.dumps(data).encode()
+        reason = {200: "OK", 429: "Too Many Requests", 500: "Internal Server Error"}[status]
+        extra = "Retry-After: 1\r\n" if status == 429 else ""
+        writer.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n{extra}"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+            + payload
+        )
+        await writer.drain()
+
+    @staticmethod
+    def _chunk(writer: asyncio.StreamWriter, text: str) -> None:
+        data = text.encode()
+        writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+    def _token_event(self, chat: bool, i: int) -> str:
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": f" t{i}"}}
+        else:
+            choice = {"index": 0, "text": f" t{i}", "finish_reason": None}
+        return f"data: {json.dumps({'id': 'x', 'choices': [choice]})}\n\n"
+
+    async def _complete(
+        self, writer: asyncio.StreamWriter, index: int, body: dict[str, Any], chat: bool
+    ) -> None:
+        fault = self.behaviour.faults.get(index)
+        if fault in ("http_500", "http_429"):
+            status = 500 if fault == "http_500" else 429
+            await self._send_json(writer, status, {"error": {"message": f"injected {fault}"}})
+            return
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        )
+        await writer.drain()
+        if fault == "stall":
+            await asyncio.sleep(30)
+            return
+        num_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if fault in ("sse_error", "sse_error_event", "truncate", "drop", "garbage"):
+            num_tokens = min(num_tokens, 2)
+        if fault == "empty":
+            num_tokens = 0
+        ttft_s = self.behaviour.ttft_overrides_s.get(index, self.behaviour.ttft_s)
+        start = asyncio.get_running_loop().time()
+        for i in range(num_tokens):
+            delay = start + ttft_s + i * self.behaviour.itl_s - asyncio.get_running_loop().time()
+            await asyncio.sleep(max(0.0, delay))
+            self._chunk(writer, self._token_event(chat, i))
+            await writer.drain()
+        await self._finish(writer, fault, body, num_tokens)
+
+    async def _finish(
+        self, writer: asyncio.StreamWriter, fault: str | None, body: dict[str, Any], n: int
+    ) -> None:
+        if fault == "drop":
+            writer.transport.abort()
+            return
+        if fault == "sse_error":
+            self._chunk(writer, 'data: {"error": {"message": "injected mid-stream error"}}\n\n')
+        elif fault == "sse_error_event":
+            self._chunk(writer, 'event: error\ndata: {"error": {"message": "boom"}}\n\n')
+        elif fault == "garbage":
+            self._chunk(writer, "data: this is not json\n\n")
+        if self.behaviour.include_usage and fault is None:
+            prompt = Received(0, 0.0, "", body).prompt_text
+            usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n}
+            self._chunk(writer, f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n")
+        if fault != "truncate":
+            self._chunk(writer, "data: [DONE]\n\n")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+
+@pytest.fixture
+def fake_server() -> Iterator[Callable[..., tuple[FakeOpenAIServer, str]]]:
+    """Factory: ``server, base_url = fake_server(FakeBehaviour(...))``; all stopped after."""
+    servers: list[FakeOpenAIServer] = []
+
+    def make(behaviour: FakeBehaviour | None = None) -> tuple[FakeOpenAIServer, str]:
+        server = FakeOpenAIServer(behaviour or FakeBehaviour())
+        servers.append(server)
+        return server, server.start()
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on (connection refused)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def bpe_tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small byte-level BPE ``tokenizer.json`` (like Llama-3/Qwen2) trained on English words."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from cluster.loadtest import text
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2000, show_progress=False)
+    corpus = [" ".join(text._WORDS)] * 20 + ["The quick brown fox jumps over the lazy dog."] * 5
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return str(path)
+
+
+@pytest.fixture
+def byte_tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A byte-level tokenizer with no merges (one token per byte), like the built-in models'."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {char: i for i, char in enumerate(alphabet)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    directory = tmp_path_factory.mktemp("bytetok")
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return str(directory)
+
+
+@pytest.fixture
+def run_bench() -> Callable[..., Any]:
+    """``run_bench(base_url, workload=..., arrivals=..., target=..., slo=..., counter=...)``."""
+    from cluster.loadtest.bench import BenchOutput, prepare_sessions, run_benchmark
+    from cluster.loadtest.flags import validate
+    from cluster.loadtest.tokens import TokenCounter, WordCounter
+
+    def run(
+        base_url: str,
+        *,
+        workload: dict[str, Any] | None = None,
+        arrivals: dict[str, Any] | None = None,
+        target: dict[str, Any] | None = None,
+        slo: dict[str, Any] | None = None,
+        counter: TokenCounter | None = None,
+        base_dir: Any = None,
+    ) -> BenchOutput:
+        config = validate(
+            {
+                "target": {"base_url": base_url, "request_timeout_s": 10, **(target or {})},
+                "workload": workload
+                or {"kind": "random", "input_len": {"tokens": 16}, "output_len": {"tokens": 8}},
+                "arrivals": {"num_requests": 8, **(arrivals or {})},
+                "slo": slo or {},
+            },
+            "test",
+        )
+        counter = counter or WordCounter()
+        sessions = prepare_sessions(config, counter, base_dir)
+        return asyncio.run(asyncio.wait_for(run_benchmark(config, sessions, counter), 30))
+
+    return run
