@@ -13,6 +13,7 @@ from cluster.loadtest.cli import bench_app
 from cluster.sizer.cli import size_command
 from core.errors import PdserveError
 
+
 class DTypeChoice(str, enum.Enum):
     """``--dtype`` values."""
 
