@@ -1,0 +1,1 @@
+"""The decode role: engine with KV import plus token streaming."""

@@ -1,0 +1,1 @@
+"""The prefill role: engine in prefill-only mode plus the KV export side."""
