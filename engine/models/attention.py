@@ -59,8 +59,8 @@ class Attention(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,  # [T, H]
-        cos: torch.Tensor,  # [T, D/2]
-        sin: torch.Tensor,  # [T, D/2]
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,  # [T, 1, D] (signed)
         layer_kv: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H]

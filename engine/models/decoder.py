@@ -48,8 +48,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,  # [T, H]
-        cos: torch.Tensor,  # [T, D/2]
-        sin: torch.Tensor,  # [T, D/2]
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,  # [T, 1, D] (signed)
         layer_kv: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H]
@@ -102,7 +102,7 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H]
         """Run the step's tokens through every layer, writing their K/V into ``kv_cache``."""
-        cos, sin = self.rotary(positions)  # [T, D/2] each
+        cos, sin = self.rotary(positions)  # [T, 1, D] each
         hidden = self.embed_tokens(input_ids)  # [T, H]
         for layer_idx, layer in enumerate(self.layers):
             hidden = layer(hidden, cos, sin, kv_cache[:, layer_idx], meta)

@@ -61,13 +61,23 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``positions`` [T] long -> (cos, sin), each [T, head_dim / 2] in the model dtype."""
+        """``positions`` [T] long -> (cos, signed sin), each [T, 1, head_dim] in the model dtype.
+
+        ``cos`` is ``cat(c, c)`` and the signed sin is ``cat(-s, s)``, so :func:`apply_rope` is
+        four ops per call; computed once per step and shared by every layer.
+        """
         freqs = positions[:, None].float() * self.inv_freq.float()  # [T, D/2] float32
-        return freqs.cos().to(self.dtype), freqs.sin().to(self.dtype)
+        cos, sin = freqs.cos(), freqs.sin()  # [T, D/2]
+        cos_full = torch.cat((cos, cos), dim=-1).to(self.dtype)  # [T, D]
+        sin_signed = torch.cat((-sin, sin), dim=-1).to(self.dtype)  # [T, D]
+        return cos_full[:, None, :], sin_signed[:, None, :]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [T, n, D] by position (HF's half-split convention); returns a new tensor."""
-    x1, x2 = x.chunk(2, dim=-1)  # [T, n, D/2] each
-    c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, D/2]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)  # [T, n, D]
+    """Rotate ``x`` [T, n, D] by position (HF's half-split convention); returns a new tensor.
+
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``: rolling ``x`` by
+    D/2 gives ``cat(x2, x1)`` and the sign lives in the signed sin, so the result is
+    bit-identical to HF's sequence (``x2 * -s == -(x2 * s)`` exactly).
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # [T, n, D]
