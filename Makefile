@@ -35,9 +35,8 @@ test: install lint
 	$(BIN)/pytest tests
 
 proto: install
-	$(BIN)/python -m grpc_tools.protoc -I transfer/proto \
-		--python_out=transfer/proto/_generated --pyi_out=transfer/proto/_generated \
-		--grpc_python_out=transfer/proto/_generated transfer/proto/kv_transfer.proto
+	$(BIN)/python -m grpc_tools.protoc -Itransfer/proto/_generated=transfer/proto \
+		--python_out=. --pyi_out=. transfer/proto/kv_transfer.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

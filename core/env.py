@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -21,3 +22,8 @@ def num_threads() -> int | None:
     """Torch intra-op threads override (``PDSERVE_NUM_THREADS``); None keeps torch's default."""
     value = os.environ.get("PDSERVE_NUM_THREADS")
     return int(value) if value else None
+
+
+def secret_from_env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """A secret (API key, KV transfer token) from the variable ``name`` that a config names."""
+    return (environ if environ is not None else os.environ).get(name)

@@ -1,0 +1,113 @@
+"""The KV handoff control message and the progress of one KV transfer.
+
+A prefill worker that keeps a prompt's blocks pinned under a lease returns a :class:`KVHandle`
+with the first token; the decode worker pulls the blocks the handle names (ARCHITECTURE §3).
+The handle holds plain strings and ints only, so it crosses process boundaries as any control
+message does. An import reports its progress as a :class:`TransferStatus`: a
+:class:`TransferState` plus, once FAILED, a :class:`TransferFailure` reason.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class KVHandle:
+    """Where and how to pull one exported run of KV blocks."""
+
+    transfer_id: str
+    """Unguessable id of the export (``core.ids.new_transfer_id``)."""
+    address: str
+    """``host:port`` of the exporter's gRPC server (``inproc://...`` for the in-process one)."""
+    num_blocks: int
+    """Blocks in the export; a pull names the ones it wants by index in ``range(num_blocks)``."""
+    block_bytes: int
+    """Bytes of one block (``KVLayout.block_bytes``)."""
+    layout_fingerprint: str
+    """``KVLayout.fingerprint()`` of the exporter; the importer's must be equal."""
+    lease_deadline_unix_ms: int
+    """Wall-clock time (ms since the Unix epoch) the export is freed unless pulled or extended."""
+    exporter_epoch: str
+    """Random id of the exporter's lifetime; differs after the exporter restarts."""
+
+    def to_dict(self) -> dict[str, str | int]:
+        """The handle as a JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, str | int]) -> KVHandle:
+        """Inverse of :meth:`to_dict`; rejects unknown or missing keys."""
+        return cls(
+            transfer_id=str(data["transfer_id"]),
+            address=str(data["address"]),
+            num_blocks=int(data["num_blocks"]),
+            block_bytes=int(data["block_bytes"]),
+            layout_fingerprint=str(data["layout_fingerprint"]),
+            lease_deadline_unix_ms=int(data["lease_deadline_unix_ms"]),
+            exporter_epoch=str(data["exporter_epoch"]),
+        )
+
+
+class TransferState(enum.Enum):
+    """Lifecycle of one import: PENDING -> TRANSFERRING -> DONE | FAILED."""
+
+    PENDING = "pending"
+    TRANSFERRING = "transferring"
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for DONE and FAILED: the state never changes again."""
+        return self in (TransferState.DONE, TransferState.FAILED)
+
+
+class TransferFailure(enum.StrEnum):
+    """Why a transfer FAILED: a short machine-readable tag (``TransferError.reason``)."""
+
+    EXPORTER_UNAVAILABLE = "exporter_unavailable"
+    """The exporter is unreachable, died or shut down mid-stream, or refused the TLS handshake."""
+    EXPORTER_ERROR = "exporter_error"
+    """The exporter aborted the stream (an internal error or an injected fault)."""
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    """The pull did not finish within its deadline."""
+    CORRUPT_CHUNK = "corrupt_chunk"
+    """A chunk's CRC-32 does not match its payload."""
+    BAD_CHUNK = "bad_chunk"
+    """A chunk has the wrong offset or size, or the stream ended early."""
+    UNKNOWN_TRANSFER = "unknown_transfer"
+    """The exporter does not know the transfer id (never exported, released or completed)."""
+    LEASE_EXPIRED = "lease_expired"
+    """The export's lease expired before the pull."""
+    PEER_RESTARTED = "peer_restarted"
+    """The exporter restarted since the handle was issued (its epoch differs)."""
+    LAYOUT_MISMATCH = "layout_mismatch"
+    """Exporter and importer KV layouts differ."""
+    ALREADY_PULLING = "already_pulling"
+    """Another pull of the same export is running."""
+    UNAUTHENTICATED = "unauthenticated"
+    """The exporter rejected the auth token."""
+    INVALID_REQUEST = "invalid_request"
+    """Block indices out of range or repeated, or destination blocks that do not fit."""
+    CANCELLED = "cancelled"
+    """The importer cancelled the transfer or shut down."""
+    INTERNAL = "internal"
+    """An unexpected error in the transfer layer itself."""
+
+
+@dataclass(frozen=True)
+class TransferStatus:
+    """A snapshot of one import's progress."""
+
+    transfer_id: str
+    state: TransferState
+    bytes_done: int
+    bytes_total: int
+    reason: TransferFailure | None = None
+    """Set exactly when ``state`` is FAILED."""
+    message: str = ""
+    """Human-readable detail of a failure."""
+    invalid_block_ids: tuple[int, ...] = ()
+    """Destination blocks that do not hold the pulled data (set when FAILED)."""

@@ -1,0 +1,191 @@
+"""The export side's logic, independent of the wire: exports, leases and chunk streams.
+
+:class:`KVExporter` lives in the prefill worker's process next to its block store. ``export``
+pins blocks under a lease and returns the :class:`~core.kv_handle.KVHandle`; ``pull`` validates a
+pull (epoch, layout fingerprint, block indices, one pull at a time) and yields its chunks read
+straight from the store, each checksummed and copied once into the caller's message type by an
+encoder (``transfer.codec.encode_chunk`` for gRPC). The gRPC servicer
+(``transfer.server``) and the in-process transport (``transfer.inproc``) both drive it, so both
+enforce the same rules and inject the same faults. Errors are ``TransferError`` with a
+``TransferFailure`` reason, which the servicer maps to gRPC status codes.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from typing import TypeVar
+
+from core.errors import TransferError
+from core.ids import new_transfer_id
+from core.kv_handle import KVHandle, TransferFailure
+from transfer.block_store import BlockStore, check_block_ids
+from transfer.chunks import byte_views, checksum_pieces, chunk_pieces, plan_chunks
+from transfer.faults import FaultInjection
+from transfer.leases import Lease, LeaseTable, OnRelease, ReleaseCause
+from transfer.metrics import TransferMetrics, TransferSide
+
+logger = logging.getLogger(__name__)
+
+EncodedChunk = TypeVar("EncodedChunk")
+ChunkEncoder = Callable[[int, int, int, list[bytes | memoryview]], EncodedChunk]
+"""``encode(offset_bytes, total_bytes, crc32, pieces)``: copies the pieces into a message."""
+
+_GONE_REASON = {
+    ReleaseCause.EXPIRED: TransferFailure.LEASE_EXPIRED,
+    ReleaseCause.SHUTDOWN: TransferFailure.EXPORTER_UNAVAILABLE,
+    ReleaseCause.RELEASED: TransferFailure.UNKNOWN_TRANSFER,
+    ReleaseCause.COMPLETED: TransferFailure.UNKNOWN_TRANSFER,
+}
+
+
+class KVExporter:
+    """Pins exported blocks under leases and streams them to pullers."""
+
+    def __init__(
+        self,
+        store: BlockStore,
+        *,
+        address: str,
+        lease_s: float,
+        chunk_bytes: int,
+        metrics: TransferMetrics,
+        faults: FaultInjection | None = None,
+    ) -> None:
+        self.store = store
+        self.address = address
+        self.epoch = secrets.token_hex(8)
+        self.chunk_bytes = chunk_bytes
+        self.faults = faults or FaultInjection()
+        self._metrics = metrics
+        self._fingerprint = store.layout.fingerprint()
+        self._leases = LeaseTable(lease_s, metrics.lease_released)
+
+    def export(self, block_ids: Sequence[int], on_release: OnRelease | None = None) -> KVHandle:
+        """Pin ``block_ids`` (in prompt order) until pulled, released or expired."""
+        check_block_ids(self.store, block_ids, "exported")
+        lease = Lease(new_transfer_id(), tuple(block_ids), on_release)
+        self._leases.add(lease)
+        return KVHandle(
+            transfer_id=lease.transfer_id,
+            address=self.address,
+            num_blocks=len(lease.block_ids),
+            block_bytes=self.store.layout.block_bytes,
+            layout_fingerprint=self._fingerprint,
+            lease_deadline_unix_ms=int((time.time() + self._leases.lease_s) * 1000),
+            exporter_epoch=self.epoch,
+        )
+
+    def heartbeat(self, transfer_id: str) -> int:
+        """Extend a lease; returns the new deadline in ms since the Unix epoch."""
+        remaining_s = self._leases.extend(transfer_id)
+        return int((time.time() + remaining_s) * 1000)
+
+    def release(self, transfer_id: str) -> None:
+        """Free an export now; ``TransferError`` if it is unknown (then nothing changes)."""
+        self._leases.get(transfer_id)
+        if self.faults.drop_release:
+            logger.warning("fault injection: ignoring release of kv export %s", transfer_id)
+            return
+        self._leases.reclaim(transfer_id, ReleaseCause.RELEASED)
+
+    def pull(
+        self,
+        transfer_id: str,
+        block_indices: Sequence[int],
+        layout_fingerprint: str,
+        exporter_epoch: str,
+        cancelled: threading.Event,
+        encode: ChunkEncoder[EncodedChunk],
+    ) -> Generator[EncodedChunk, None, None]:
+        """Validate a pull and stream its chunks, each made by ``encode``.
+
+        ``block_indices`` are positions in the export (empty: all, in order). ``cancelled`` is
+        set when the puller goes away; it cuts injected delays short. Validation errors raise
+        here; failures while streaming raise from ``next()``.
+        """
+        if exporter_epoch and exporter_epoch != self.epoch:
+            raise TransferError(
+                f"exporter restarted: handle epoch {exporter_epoch}, now {self.epoch}",
+                reason=TransferFailure.PEER_RESTARTED,
+            )
+        lease = self._leases.get(transfer_id)
+        if layout_fingerprint != self._fingerprint:
+            raise TransferError(
+                f"layout fingerprint {layout_fingerprint} != exporter's {self._fingerprint} "
+                f"({self.store.layout})",
+                reason=TransferFailure.LAYOUT_MISMATCH,
+            )
+        wanted = list(block_indices) or list(range(len(lease.block_ids)))
+        bad = [i for i in wanted if not 0 <= i < len(lease.block_ids)]
+        if bad or len(set(wanted)) != len(wanted):
+            raise TransferError(
+                f"block indices out of range [0, {len(lease.block_ids)}) or repeated: "
+                f"{wanted[:16]}",
+                reason=TransferFailure.INVALID_REQUEST,
+            )
+        return self._stream(transfer_id, wanted, self.faults, cancelled, encode)
+
+    def _stream(
+        self,
+        transfer_id: str,
+        wanted: list[int],
+        faults: FaultInjection,
+        cancelled: threading.Event,
+        encode: ChunkEncoder[EncodedChunk],
+    ) -> Generator[EncodedChunk, None, None]:
+        lease = self._leases.begin_pull(transfer_id)  # on the first next(): paired with end_pull
+        block_bytes = self.store.layout.block_bytes
+        total_bytes = len(wanted) * block_bytes
+        started_s = time.perf_counter()
+        self._metrics.transfer_started(TransferSide.EXPORT)
+        sent_bytes, completed = 0, False
+        failure: TransferFailure | None = TransferFailure.CANCELLED
+        try:
+            views = byte_views(self.store, [lease.block_ids[i] for i in wanted])
+            for seq, (offset, size) in enumerate(plan_chunks(total_bytes, self.chunk_bytes)):
+                self._inject_before(seq, faults, cancelled)
+                with lease.lock:
+                    if lease.released is not None:
+                        raise TransferError(
+                            f"kv export {lease.transfer_id} was freed mid-pull ({lease.released})",
+                            reason=_GONE_REASON[lease.released],
+                        )
+                    pieces = chunk_pieces(views, block_bytes, offset, size)
+                    crc = checksum_pieces(pieces)
+                    message = encode(offset, total_bytes, crc, faults.corrupt(seq, pieces))
+                self._leases.touch(lease)
+                yield message
+                sent_bytes += size
+            completed, failure = True, None
+        except TransferError as e:
+            failure = TransferFailure(e.reason)
+            raise
+        except Exception:
+            failure = TransferFailure.INTERNAL
+            raise
+        finally:
+            self._leases.end_pull(lease, completed)
+            duration_s = time.perf_counter() - started_s
+            self._metrics.transfer_finished(TransferSide.EXPORT, sent_bytes, duration_s, failure)
+
+    @staticmethod
+    def _inject_before(seq: int, faults: FaultInjection, cancelled: threading.Event) -> None:
+        if faults.delay_per_chunk_s and cancelled.wait(faults.delay_per_chunk_s):
+            raise TransferError("puller went away", reason=TransferFailure.CANCELLED)
+        if faults.should_fail(seq):
+            raise TransferError(
+                f"fault injection: stream aborted after {seq} chunks",
+                reason=TransferFailure.EXPORTER_ERROR,
+            )
+
+    def num_live_exports(self) -> int:
+        """Exports whose blocks are still pinned."""
+        return self._leases.num_live()
+
+    def close(self) -> None:
+        """Free every live export (cause SHUTDOWN) and stop the lease reaper."""
+        self._leases.close()

@@ -1,0 +1,1 @@
+"""The versioned wire protocol of the KV data plane (kv_transfer.proto)."""

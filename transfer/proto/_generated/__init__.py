@@ -1,0 +1,1 @@
+"""Code generated from ../kv_transfer.proto by `make proto`; do not edit."""

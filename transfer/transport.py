@@ -1,0 +1,122 @@
+"""The ``KVTransport`` contract the roles program against, and its gRPC implementation.
+
+A prefill worker exports blocks and hands the :class:`~core.kv_handle.KVHandle` on; a decode
+worker pulls (some of) them into blocks it already allocated, heartbeats while it waits, and
+releases an export it will not pull. :class:`GrpcKVTransport` is the real data plane;
+``transfer.inproc.InProcKVTransport`` implements the same contract in one process for unit tests
+of the roles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from core.config import TransferConfig
+from core.errors import TransferError
+from core.kv_handle import KVHandle, TransferFailure
+from transfer.block_store import BlockStore
+from transfer.client import KVImportClient
+from transfer.faults import FaultInjection
+from transfer.leases import OnRelease
+from transfer.metrics import InMemoryTransferMetrics, TransferMetrics
+from transfer.server import KVExportServer
+from transfer.task import TransferTask
+
+
+class KVTransport(Protocol):
+    """Moves paged KV blocks between the block stores of two workers."""
+
+    def export(self, block_ids: Sequence[int], on_release: OnRelease | None = None) -> KVHandle:
+        """Pin ``block_ids`` (in prompt order) under a lease and describe them in a handle.
+
+        ``on_release(cause)`` is called exactly once when the blocks are no longer needed:
+        the pull completed, the importer released them, the lease expired, or shutdown.
+        """
+        ...
+
+    def pull(
+        self,
+        handle: KVHandle,
+        dst_block_ids: Sequence[int],
+        wanted_indices: Sequence[int] | None = None,
+    ) -> TransferTask:
+        """Start pulling ``wanted_indices`` of ``handle`` (default: all) into ``dst_block_ids``.
+
+        Returns at once; the transfer runs off the caller's thread. ``dst_block_ids[i]``
+        receives block ``wanted_indices[i]``. A failed task names the destination blocks that
+        hold no valid data and has released the export.
+        """
+        ...
+
+    def heartbeat(self, handle: KVHandle) -> int:
+        """Extend the export's lease; returns the new deadline (ms since the Unix epoch)."""
+        ...
+
+    def release(self, handle: KVHandle) -> None:
+        """Free an export that will not be pulled (or no longer needs to be)."""
+        ...
+
+    def close(self) -> None:
+        """Cancel in-flight pulls, free every export and release all resources."""
+        ...
+
+
+class GrpcKVTransport:
+    """:class:`KVTransport` over gRPC: an export server (optional) plus an import client."""
+
+    def __init__(
+        self,
+        store: BlockStore,
+        config: TransferConfig,
+        *,
+        serve: bool,
+        node_host: str | None = None,
+        metrics: TransferMetrics | None = None,
+        faults: FaultInjection | None = None,
+    ) -> None:
+        """``serve=True`` starts the export server (prefill workers); decode workers pass False."""
+        self.metrics = metrics or InMemoryTransferMetrics()
+        self.server = (
+            KVExportServer(store, config, node_host=node_host, metrics=self.metrics, faults=faults)
+            if serve
+            else None
+        )
+        self.client = KVImportClient(store, config, metrics=self.metrics)
+
+    @property
+    def address(self) -> str | None:
+        """The export server's ``host:port``; None when not serving."""
+        return None if self.server is None else self.server.address
+
+    def export(self, block_ids: Sequence[int], on_release: OnRelease | None = None) -> KVHandle:
+        """Pin ``block_ids`` under a lease; needs ``serve=True``."""
+        if self.server is None:
+            raise TransferError(
+                "this transport does not serve exports (serve=False)",
+                reason=TransferFailure.EXPORTER_UNAVAILABLE,
+            )
+        return self.server.export(block_ids, on_release)
+
+    def pull(
+        self,
+        handle: KVHandle,
+        dst_block_ids: Sequence[int],
+        wanted_indices: Sequence[int] | None = None,
+    ) -> TransferTask:
+        """Pull from the handle's exporter; see :meth:`KVTransport.pull`."""
+        return self.client.pull(handle, dst_block_ids, wanted_indices)
+
+    def heartbeat(self, handle: KVHandle) -> int:
+        """Extend the export's lease."""
+        return self.client.heartbeat(handle)
+
+    def release(self, handle: KVHandle) -> None:
+        """Free an export on its exporter."""
+        self.client.release(handle)
+
+    def close(self) -> None:
+        """Close the client, then stop the server."""
+        self.client.close()
+        if self.server is not None:
+            self.server.stop()
