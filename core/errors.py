@@ -46,6 +46,19 @@ class PromptTooLongError(InvalidRequestError):
     """The prompt (plus requested tokens) does not fit ``max_model_len``."""
 
 
+class RequestTimeoutError(PdserveError):
+    """A request did not finish within its deadline (HTTP 408)."""
+
+    status_code = 408
+    error_type = "timeout_error"
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """A request body is over the size limit (HTTP 413)."""
+
+    status_code = 413
+
+
 class ConfigError(PdserveError):
     """A configuration file or value is invalid; ``param`` names the field."""
 

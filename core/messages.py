@@ -119,8 +119,9 @@ class DecodeRequest:
 class TokenChunk:
     """Decode -> ingress, one per engine step that advanced the request.
 
-    ``error_type`` / ``error_message`` are set on a failed request (the last chunk); the
-    ingress turns them into an OpenAI error (an SSE error event mid-stream).
+    ``error_type`` / ``error_message`` (and ``error_param``, the field at fault) are set on a
+    failed request (the last chunk); the ingress turns them into an OpenAI error (an SSE error
+    event mid-stream).
     """
 
     request_id: str
@@ -132,6 +133,7 @@ class TokenChunk:
     num_cached_tokens: int = 0
     error_type: str | None = None
     error_message: str | None = None
+    error_param: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
