@@ -1,0 +1,51 @@
+"""What the ingress needs from the prefill and decode pools, as Protocols.
+
+The deploy helper adapts Ray Serve handles to these (dicts on the wire, ``to_dict`` /
+``from_dict`` at each end); unit tests pass in-process fakes or the real workers. The ingress
+never imports Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
+
+from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
+
+WorkerStats = Mapping[str, float | int]
+"""One worker's ``stats()`` dict (``kv_blocks_used``, ``transfers_in_flight`` ...)."""
+
+StatsProvider = Callable[[], Awaitable[Mapping[str, Sequence[WorkerStats]]]]
+"""Returns the ``stats()`` of every live replica, by role (``"prefill"``, ``"decode"``)."""
+
+
+class PrefillClient(Protocol):
+    """The prefill pool, seen from the ingress."""
+
+    async def prefill(self, request: PrefillRequest) -> PrefillResult:
+        """Run the prompt on one prefill replica; the first token plus a KV handle.
+
+        Raises a ``core.errors.PdserveError`` subclass on a typed failure; any other
+        exception (a dead replica) is treated as the replica being unavailable.
+        """
+        ...
+
+    def healthy(self) -> bool:
+        """True when at least one prefill replica can serve now (cheap, never blocks)."""
+        ...
+
+
+class DecodeClient(Protocol):
+    """The decode pool, seen from the ingress."""
+
+    def generate(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
+        """Stream the request's tokens, one chunk per engine step.
+
+        Closing the iterator early (``aclose()``) aborts the request on the replica and frees
+        its blocks. A failure ends the stream with a chunk carrying ``error_type``.
+        """
+        ...
+
+    def healthy(self) -> bool:
+        """True when at least one decode replica can serve now (cheap, never blocks)."""
+        ...

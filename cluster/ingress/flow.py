@@ -1,0 +1,237 @@
+"""One request's path through the pools: decide, prefill, stream the first token, decode.
+
+Remote path: the prefill pool computes the prompt and returns the first token plus a KV handle;
+the first token is yielded at once (TTFT never waits for the KV transfer), then the decode pool
+pulls the KV and streams the rest, one chunk per engine step. Local path (short or cached
+prompt, no healthy prefill replica, or a failed remote prefill): decode runs the whole request.
+Every await is bounded; closing the event iterator closes the decode stream, which aborts the
+request on its replica and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from cluster.ingress.clients import DecodeClient, PrefillClient
+from cluster.ingress.disagg import DisaggDecision, DisaggPolicy
+from cluster.ingress.errors import error_for_type, rejection_reason
+from cluster.ingress.metrics import IngressMetrics
+from cluster.ingress.prompts import PreparedPrompt
+from cluster.ingress.settings import IngressSettings
+from core.errors import InvalidRequestError, PdserveError, UnavailableError
+from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk, sampling_to_dict
+
+logger = logging.getLogger(__name__)
+
+_FAILED_FINISH_REASONS = frozenset({"abort", "error"})
+"""Finish reasons of a decode chunk that mean the request failed rather than finished."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one step: token ids, their text, and the finish reason on the last one."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+
+
+@dataclass
+class RequestUsage:
+    """Token counts of one request (the OpenAI ``usage`` object)."""
+
+    num_prompt_tokens: int
+    num_cached_tokens: int = 0
+    num_generated_tokens: int = 0
+
+
+class GenerationFlow:
+    """Runs requests against a prefill client and a decode client."""
+
+    def __init__(
+        self,
+        prefill: PrefillClient,
+        decode: DecodeClient,
+        policy: DisaggPolicy,
+        settings: IngressSettings,
+        metrics: IngressMetrics,
+    ) -> None:
+        self.prefill = prefill
+        self.decode = decode
+        self.policy = policy
+        self.settings = settings
+        self.metrics = metrics
+
+    def start(self, request_id: str, prompt: PreparedPrompt, arrival_s: float) -> RequestRun:
+        """A run of one request; iterate :meth:`RequestRun.events` to drive it."""
+        return RequestRun(self, request_id, prompt, arrival_s)
+
+
+class RequestRun:
+    """The state of one request's generation; :meth:`events` yields its deltas."""
+
+    def __init__(
+        self, flow: GenerationFlow, request_id: str, prompt: PreparedPrompt, arrival_s: float
+    ) -> None:
+        self._flow = flow
+        self.request_id = request_id
+        self.prompt = prompt
+        self.usage = RequestUsage(num_prompt_tokens=prompt.num_prompt_tokens)
+        self.finish_reason: str | None = None
+        self.prefill_path = "local"
+        self._arrival_s = arrival_s
+        self._last_token_s: float | None = None
+
+    async def events(self) -> AsyncGenerator[Delta, None]:
+        """The request's deltas; raises ``PdserveError`` or ``TimeoutError`` on failure."""
+        try:
+            async with aclosing(self._generate()) as deltas:
+                async for delta in deltas:
+                    self._observe(delta)
+                    yield delta
+        except PdserveError as e:
+            self._flow.metrics.count_failed(rejection_reason(e))
+            raise
+        except TimeoutError:
+            self._flow.metrics.count_failed("timeout")
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            if self.finish_reason is None:
+                self._flow.metrics.count_failed("client_disconnected")
+                logger.info("request %s: client went away; aborting", self.request_id)
+            raise
+
+    async def _generate(self) -> AsyncGenerator[Delta, None]:
+        flow = self._flow
+        decision = flow.policy.decide(
+            self.prompt.num_prompt_tokens, self.prompt.block_hashes, flow.prefill.healthy()
+        )
+        self._count(decision)
+        if decision.remote:
+            result = await self._remote_prefill()
+            if result is not None:
+                self.prefill_path = "remote"
+                async with aclosing(self._after_remote_prefill(result)) as deltas:
+                    async for delta in deltas:
+                        yield delta
+                return
+            self._count(DisaggPolicy.fallback(self.prompt.num_prompt_tokens))
+        async with aclosing(self._decode_stream(self._decode_request(None))) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    async def _remote_prefill(self) -> PrefillResult | None:
+        """The prefill result, or None to fall back to local prefill."""
+        request = PrefillRequest(
+            self.request_id,
+            list(self.prompt.prompt_token_ids),
+            sampling_to_dict(self.prompt.sampling),
+        )
+        try:
+            async with asyncio.timeout(self._flow.settings.prefill_timeout_s):
+                return await self._flow.prefill.prefill(request)
+        except InvalidRequestError:
+            raise  # the request itself is at fault: local prefill would fail the same way
+        except Exception as e:  # a dead replica surfaces as any exception type
+            if not self._flow.settings.fallback_to_local_prefill:
+                if isinstance(e, PdserveError | TimeoutError):
+                    raise
+                raise UnavailableError(f"prefill failed: {type(e).__name__}: {e}") from e
+            logger.warning(
+                "request %s: remote prefill failed (%s: %s); prefilling locally on decode",
+                self.request_id, type(e).__name__, e,
+            )  # fmt: skip
+            return None
+
+    async def _after_remote_prefill(self, result: PrefillResult) -> AsyncGenerator[Delta, None]:
+        self.usage.num_cached_tokens = result.num_cached_tokens
+        done = result.finish_reason is not None or result.kv_handle is None
+        finish_reason = (result.finish_reason or "stop") if done else None
+        yield self._delta([result.first_token_id], result.first_text, finish_reason)
+        if not done:
+            async with aclosing(self._decode_stream(self._decode_request(result))) as deltas:
+                async for delta in deltas:
+                    yield delta
+
+    def _decode_request(self, result: PrefillResult | None) -> DecodeRequest:
+        return DecodeRequest(
+            request_id=self.request_id,
+            prompt_token_ids=list(self.prompt.prompt_token_ids),
+            sampling=sampling_to_dict(self.prompt.sampling),
+            first_token_id=None if result is None else result.first_token_id,
+            kv_handle=None if result is None else result.kv_handle,
+        )
+
+    async def _decode_stream(self, request: DecodeRequest) -> AsyncGenerator[Delta, None]:
+        stream = self._flow.decode.generate(request)
+        try:
+            while True:
+                chunk = await self._next_chunk(stream)
+                if chunk.error_type is not None:
+                    raise error_for_type(chunk.error_type, chunk.error_message or "decode failed")
+                if chunk.finished and chunk.finish_reason in _FAILED_FINISH_REASONS:
+                    # NOTE: the ingress aborts only for a client that left; an abort seen here is
+                    # the server's doing, so the client must not mistake it for a short answer.
+                    raise UnavailableError(
+                        f"request {self.request_id} ended on the decode worker "
+                        f"({chunk.finish_reason})"
+                    )
+                if request.first_token_id is None:
+                    self.usage.num_cached_tokens = chunk.num_cached_tokens
+                finish_reason = (chunk.finish_reason or "stop") if chunk.finished else None
+                yield self._delta(list(chunk.token_ids), chunk.text, finish_reason)
+                if chunk.finished:
+                    return
+        finally:
+            await _close(stream)
+
+    async def _next_chunk(self, stream: AsyncIterator[TokenChunk]) -> TokenChunk:
+        try:
+            async with asyncio.timeout(self._flow.settings.chunk_timeout_s):
+                return await anext(stream)
+        except StopAsyncIteration as e:
+            raise UnavailableError("the decode stream ended before the request finished") from e
+        except (PdserveError, TimeoutError):
+            raise
+        except Exception as e:  # a dead decode replica surfaces as any exception type
+            raise UnavailableError(f"decode failed: {type(e).__name__}: {e}") from e
+
+    def _delta(self, token_ids: list[int], text: str, finish_reason: str | None) -> Delta:
+        self.usage.num_generated_tokens += len(token_ids)
+        if finish_reason is not None:
+            self.finish_reason = finish_reason
+        return Delta(token_ids, text, finish_reason)
+
+    def _count(self, decision: DisaggDecision) -> None:
+        self._flow.metrics.count_decision(decision.label, decision.reason)
+
+    def _observe(self, delta: Delta) -> None:
+        metrics = self._flow.metrics
+        now_s = time.perf_counter()
+        if delta.token_ids:
+            if self._last_token_s is None:
+                metrics.observe_ttft(self.prefill_path, now_s - self._arrival_s)
+            else:
+                metrics.observe_itl(self.prefill_path, now_s - self._last_token_s)
+            self._last_token_s = now_s
+        if delta.finish_reason is not None:
+            metrics.observe_finished(
+                self.prefill_path,
+                now_s - self._arrival_s,
+                delta.finish_reason,
+                self.usage.num_prompt_tokens,
+                self.usage.num_cached_tokens,
+                self.usage.num_generated_tokens,
+            )
+
+
+async def _close(stream: AsyncIterator[TokenChunk]) -> None:
+    """Close a decode stream (aborting the request upstream) if it can be closed."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()

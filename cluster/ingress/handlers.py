@@ -1,0 +1,220 @@
+"""The two generation endpoints: admit, parse, prepare, run, and render (whole or streamed).
+
+Errors before the first token become a JSON error with the right status (the stream's first
+event is awaited before the response starts); errors after it become an SSE error event followed
+by ``[DONE]``. Every request gets an id, echoed as ``x-request-id`` (the client's, when it sent
+one; internally a fresh unique id is always used).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from cluster.ingress.admission import Admission, RequestGate, authenticate
+from cluster.ingress.errors import (
+    error_body,
+    error_response,
+    from_validation_error,
+    parse_json_object,
+    rejection_reason,
+    timeout_response,
+    too_large_response,
+)
+from cluster.ingress.flow import Delta, GenerationFlow, RequestRun
+from cluster.ingress.metrics import IngressMetrics
+from cluster.ingress.prompts import PreparedPrompt, PromptBuilder
+from cluster.ingress.responses import ResponseRenderer
+from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from cluster.ingress.settings import IngressSettings
+from cluster.ingress.streaming import SSE_DONE, EventStreamResponse, sse_event
+from core.errors import ModelNotFoundError, PdserveError, UnavailableError
+from core.ids import new_request_id
+
+logger = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "x-request-id"
+_MAX_CLIENT_ID_CHARS = 128
+
+
+class GenerationHandlers:
+    """``/v1/completions`` and ``/v1/chat/completions`` for one served model."""
+
+    def __init__(
+        self,
+        settings: IngressSettings,
+        builder: PromptBuilder,
+        flow: GenerationFlow,
+        gate: RequestGate,
+        metrics: IngressMetrics,
+    ) -> None:
+        self._settings = settings
+        self._builder = builder
+        self._flow = flow
+        self._gate = gate
+        self._metrics = metrics
+
+    async def completions(self, request: Request) -> Response:
+        """``POST /v1/completions``."""
+        return await self._serve(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``."""
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: Request, *, chat: bool) -> Response:
+        arrival_s = time.perf_counter()
+        request_id = new_request_id("chatcmpl" if chat else "cmpl")
+        client_id = _client_request_id(request)
+        headers = {REQUEST_ID_HEADER: client_id or request_id}
+        try:
+            authenticate(request.headers.get("authorization"), self._settings.api_keys)
+            admission = self._gate.admit()
+        except PdserveError as e:
+            return self._reject(e, headers)
+        handed_over = False
+        try:
+            raw = await _read_body(request, self._settings.max_request_body_bytes)
+            if raw is None:
+                self._metrics.count_rejected("body_too_large")
+                return too_large_response(self._settings.max_request_body_bytes, headers)
+            try:
+                body, prompt = self._prepare(raw, chat=chat)
+            except PdserveError as e:
+                return self._reject(e, headers)
+            logger.debug("request %s accepted (client id %s)", request_id, client_id)
+            run = self._flow.start(request_id, prompt, arrival_s)
+            renderer = ResponseRenderer(chat=chat, response_id=request_id, model=self._model(body))
+            if body.stream:
+                response = await self._stream(run, renderer, body.include_usage, admission, headers)
+                handed_over = isinstance(response, EventStreamResponse)
+                return response
+            return await self._complete(run, renderer, headers)
+        except PdserveError as e:  # failed after acceptance: counted by the run, not rejected
+            return error_response(e, headers)
+        finally:
+            if not handed_over:
+                admission.release()
+
+    def _prepare(self, raw: bytes, *, chat: bool) -> tuple[GenerationRequest, PreparedPrompt]:
+        data = parse_json_object(raw)
+        try:
+            if chat:
+                chat_body = ChatCompletionRequest.model_validate(data)
+                self._check_model(chat_body.model)
+                return chat_body, self._builder.chat(chat_body)
+            completion_body = CompletionRequest.model_validate(data)
+            self._check_model(completion_body.model)
+            return completion_body, self._builder.completion(completion_body)
+        except ValidationError as e:
+            raise from_validation_error(e) from e
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model not in self._settings.served_model_names:
+            served = ", ".join(self._settings.served_model_names)
+            raise ModelNotFoundError(
+                f"the model {model!r} does not exist; this server serves: {served}", param="model"
+            )
+
+    def _model(self, body: GenerationRequest) -> str:
+        return body.model or self._settings.model_name
+
+    async def _complete(
+        self, run: RequestRun, renderer: ResponseRenderer, headers: dict[str, str]
+    ) -> Response:
+        texts: list[str] = []
+        events = run.events()
+        try:
+            async for delta in events:
+                texts.append(delta.text)
+        except TimeoutError:
+            return timeout_response(f"request {run.request_id} timed out", headers)
+        finally:
+            await events.aclose()
+        body = renderer.full("".join(texts), run.finish_reason, run.usage)
+        return JSONResponse(body, headers=headers)
+
+    async def _stream(
+        self,
+        run: RequestRun,
+        renderer: ResponseRenderer,
+        include_usage: bool,
+        admission: Admission,
+        headers: dict[str, str],
+    ) -> Response:
+        events = run.events()
+        try:
+            first = await anext(events)
+        except StopAsyncIteration:
+            await events.aclose()
+            raise UnavailableError(f"request {run.request_id} produced no output") from None
+        except TimeoutError:
+            await events.aclose()
+            return timeout_response(f"request {run.request_id} timed out", headers)
+        except BaseException:
+            await events.aclose()
+            raise
+
+        async def on_close() -> None:
+            await events.aclose()
+            admission.release()
+
+        body = _sse_body(first, events, renderer, include_usage, run)
+        return EventStreamResponse(body, on_close, headers)
+
+    def _reject(self, e: PdserveError, headers: dict[str, str]) -> JSONResponse:
+        reason = "draining" if self._gate.draining and e.status_code == 503 else None
+        self._metrics.count_rejected(reason or rejection_reason(e))
+        return error_response(e, headers)
+
+
+async def _sse_body(
+    first: Delta,
+    events: AsyncIterator[Delta],
+    renderer: ResponseRenderer,
+    include_usage: bool,
+    run: RequestRun,
+) -> AsyncGenerator[bytes, None]:
+    """The SSE stream: a chunk per delta, the usage chunk, ``[DONE]`` — never just stopping."""
+    try:
+        yield sse_event(renderer.chunk(first, include_usage=include_usage))
+        async for delta in events:
+            if delta.token_ids or delta.finish_reason is not None:
+                yield sse_event(renderer.chunk(delta, include_usage=include_usage))
+        if include_usage:
+            yield sse_event(renderer.usage_chunk(run.usage))
+    except PdserveError as e:
+        logger.warning("request %s failed mid-stream: %s", run.request_id, e.message)
+        yield sse_event(e.to_openai())
+    except TimeoutError:
+        logger.warning("request %s timed out mid-stream", run.request_id)
+        message = f"request {run.request_id} timed out"
+        yield sse_event(error_body(message, "timeout_error", 408))
+    yield SSE_DONE
+
+
+async def _read_body(request: Request, limit_bytes: int) -> bytes | None:
+    """The body, or None when it is larger than ``limit_bytes``."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit_bytes:
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit_bytes:
+            return None
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _client_request_id(request: Request) -> str | None:
+    value = request.headers.get(REQUEST_ID_HEADER)
+    if value and len(value) <= _MAX_CLIENT_ID_CHARS and value.isprintable():
+        return value
+    return None

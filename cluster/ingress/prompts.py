@@ -1,0 +1,180 @@
+"""Request body -> prompt token ids, block hashes and sampling parameters.
+
+Applies the chat template, tokenizes, checks the prompt against ``max_model_len`` and computes
+the prompt's chained block hashes with ``core.hashing`` (the function the engine's prefix cache
+uses, so routing predicts real hits). Every error names the offending field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from cluster.ingress.settings import IngressSettings
+from core.errors import InvalidRequestError, PromptTooLongError, SamplingParamsError
+from core.hashing import BlockHash, hash_prompt_blocks
+from core.sampling import SamplingParams
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+"""OpenAI's default ``max_tokens`` for a completion request."""
+
+
+class PromptTokenizer(Protocol):
+    """What the ingress needs of ``engine.tokenizer.Tokenizer`` (which satisfies it).
+
+    A Protocol, so importing the ingress does not import the engine package (and torch).
+    """
+
+    vocab_size: int
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` adds BOS where the model expects it."""
+        ...
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text of ``messages``; raises ``InvalidRequestError`` naming the field."""
+        ...
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """A validated request, ready for the prefill/decode flow."""
+
+    prompt_token_ids: list[int]
+    block_hashes: list[BlockHash]
+    """Chained hashes of the prompt's full blocks (for routing and the disaggregation decision)."""
+    sampling: SamplingParams
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens in the prompt."""
+        return len(self.prompt_token_ids)
+
+
+class PromptBuilder:
+    """Turns validated request bodies into :class:`PreparedPrompt`s for one model."""
+
+    def __init__(self, tokenizer: PromptTokenizer, settings: IngressSettings) -> None:
+        self._tokenizer = tokenizer
+        self._settings = settings
+
+    def completion(self, body: CompletionRequest) -> PreparedPrompt:
+        """A ``/v1/completions`` body: text or token ids; default ``max_tokens`` 16."""
+        prompt_ids = self._completion_prompt_ids(body.prompt)
+        max_tokens = self._max_tokens(
+            prompt_ids, "prompt", body.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS
+        )
+        return self._prepared(prompt_ids, body, max_tokens)
+
+    def chat(self, body: ChatCompletionRequest) -> PreparedPrompt:
+        """A ``/v1/chat/completions`` body; default ``max_tokens``: the rest of the context."""
+        if body.messages is None:
+            raise InvalidRequestError("messages is required", param="messages")
+        text = self._tokenizer.apply_chat_template(
+            body.messages,
+            add_generation_prompt=body.add_generation_prompt,
+            template_kwargs=body.chat_template_kwargs,
+        )
+        prompt_ids = self._tokenizer.encode(text, add_special_tokens=False)
+        field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        max_tokens = self._max_tokens(
+            prompt_ids, "messages", body.requested_max_tokens, field, None
+        )
+        return self._prepared(prompt_ids, body, max_tokens)
+
+    def _completion_prompt_ids(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            ids = self._tokenizer.encode(prompt)
+        elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+            ids = [int(t) for t in prompt]
+            vocab = self._tokenizer.vocab_size
+            if any(not 0 <= t < vocab for t in ids):
+                raise InvalidRequestError(
+                    f"prompt token ids must be in [0, {vocab})", param="prompt"
+                )
+        elif isinstance(prompt, list) and len(prompt) > 1:
+            raise InvalidRequestError(
+                "batched prompts are not supported; send one prompt per request", param="prompt"
+            )
+        elif prompt is None:
+            raise InvalidRequestError("prompt is required", param="prompt")
+        else:
+            raise InvalidRequestError(
+                "prompt must be a string or a non-empty list of token ids", param="prompt"
+            )
+        if not ids:
+            raise InvalidRequestError("prompt is empty", param="prompt")
+        return ids
+
+    def _max_tokens(
+        self,
+        prompt_ids: list[int],
+        prompt_field: str,
+        requested: int | None,
+        requested_field: str,
+        default: int | None,
+    ) -> int:
+        """The output budget; the prompt plus it must fit ``max_model_len``."""
+        limit = self._settings.max_model_len
+        room = limit - len(prompt_ids)
+        if room <= 0:
+            raise PromptTooLongError(
+                f"this model's maximum context length is {limit} tokens; the prompt has "
+                f"{len(prompt_ids)} tokens, leaving no room to generate",
+                param=prompt_field,
+            )
+        if requested is None:
+            return room if default is None else min(default, room)
+        if requested > room:
+            raise PromptTooLongError(
+                f"this model's maximum context length is {limit} tokens; you requested "
+                f"{len(prompt_ids) + requested} tokens ({len(prompt_ids)} in the prompt, "
+                f"{requested} in the completion); reduce the prompt or {requested_field}",
+                param=requested_field,
+            )
+        return requested
+
+    def _prepared(
+        self, prompt_ids: list[int], body: GenerationRequest, max_tokens: int
+    ) -> PreparedPrompt:
+        sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            seed=body.seed,
+            stop=_stop_strings(body.stop),
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=bool(body.ignore_eos),
+            min_tokens=body.min_tokens or 0,
+        )
+        hashes = hash_prompt_blocks(
+            prompt_ids, self._settings.block_size, seed=self._settings.hash_seed
+        )
+        return PreparedPrompt(prompt_ids, hashes, sampling)
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise SamplingParamsError(
+            "stop must be a non-empty string or a list of non-empty strings", param="stop"
+        )
+    return tuple(stop)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

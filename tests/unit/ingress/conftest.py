@@ -1,0 +1,219 @@
+"""Fixtures for the ingress tests: the built-in byte tokenizer and scripted fake pool clients.
+
+The fakes stand in for the prefill and decode pools (the layer below the ingress); they record
+what the ingress sent them and follow a script, so protocol details can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from cluster.ingress import IngressSettings, create_app
+from core.kv_handle import KVHandle
+from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
+from engine.builtin.specs import BUILTIN_SPECS
+from engine.builtin.writer import write_tokenizer_files
+from engine.tokenizer import Tokenizer
+
+T = TypeVar("T")
+MODEL = "tiny"
+HANDLE = KVHandle(
+    transfer_id="xfer-test",
+    address="inproc://prefill-0",
+    num_blocks=2,
+    block_bytes=4096,
+    layout_fingerprint="fp",
+    lease_deadline_unix_ms=int(time.time() * 1000) + 60_000,
+    exporter_epoch="epoch-1",
+)
+
+
+def run(coro: Coroutine[Any, Any, T], timeout_s: float = 10.0) -> T:
+    """Run ``coro`` on a fresh event loop, failing the test if it takes over ``timeout_s``."""
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll ``predicate`` on the event loop until it holds (fails after ``timeout_s``)."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+def sse_payloads(text: str) -> list[Any]:
+    """The ``data:`` payloads of an SSE body, JSON-decoded except ``[DONE]``."""
+    events = [e for e in text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events), events
+    return [e[6:] if e[6:] == "[DONE]" else json.loads(e[6:]) for e in events]
+
+
+@dataclass
+class FakePrefill:
+    """Returns a fixed first token and a KV handle, or raises ``error``."""
+
+    first_token_id: int = 104
+    first_text: str = "h"
+    num_cached_tokens: int = 16
+    finish_reason: str | None = None
+    error: BaseException | None = None
+    is_healthy: bool = True
+    delay_s: float = 0.0
+    requests: list[PrefillRequest] = field(default_factory=list)
+
+    async def prefill(self, request: PrefillRequest) -> PrefillResult:
+        self.requests.append(request)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.error is not None:
+            raise self.error
+        handle = None if self.finish_reason else HANDLE
+        return PrefillResult(
+            request.request_id,
+            self.first_token_id,
+            self.first_text,
+            self.num_cached_tokens,
+            handle,
+            self.finish_reason,
+        )
+
+    def healthy(self) -> bool:
+        return self.is_healthy
+
+
+@dataclass
+class FakeDecode:
+    """Streams ``steps`` (token id, text) one chunk each; the last one finishes the request.
+
+    A local-prefill request (no ``first_token_id``) gets ``local_steps`` instead. ``on_start``
+    is called when ``generate`` is; ``release`` (when set) is awaited before the first chunk;
+    ``fail_after`` ends the stream with an error chunk after that many chunks; ``raise_after``
+    raises instead; ``hang_after`` blocks forever; ``end_early`` stops without finishing.
+    """
+
+    steps: list[tuple[int, str]] = field(default_factory=lambda: [(101, "el"), (108, "lo")])
+    local_steps: list[tuple[int, str]] = field(
+        default_factory=lambda: [(104, "h"), (101, "el"), (108, "lo")]
+    )
+    finish_reason: str = "length"
+    num_cached_tokens: int = 0
+    release: asyncio.Event | None = None
+    fail_after: int | None = None
+    raise_after: int | None = None
+    hang_after: int | None = None
+    end_early: bool = False
+    is_healthy: bool = True
+    on_start: Callable[[DecodeRequest], None] | None = None
+    requests: list[DecodeRequest] = field(default_factory=list)
+    num_closed: int = 0
+
+    def generate(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
+        self.requests.append(request)
+        if self.on_start is not None:
+            self.on_start(request)
+        return self._stream(request)
+
+    async def _stream(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
+        try:
+            if self.release is not None:
+                await self.release.wait()
+            steps = self.steps if request.first_token_id is not None else self.local_steps
+            for i, (token_id, text) in enumerate(steps):
+                if i == self.fail_after:
+                    yield self._chunk(request, [], "", error=("kv_transfer_error", "pull failed"))
+                    return
+                if i == self.raise_after:
+                    raise RuntimeError("decode replica died")
+                if i == self.hang_after:
+                    await asyncio.Event().wait()
+                last = i == len(steps) - 1 and not self.end_early
+                yield self._chunk(request, [token_id], text, finished=last)
+        finally:
+            self.num_closed += 1
+
+    def _chunk(
+        self,
+        request: DecodeRequest,
+        token_ids: list[int],
+        text: str,
+        *,
+        finished: bool = False,
+        error: tuple[str, str] | None = None,
+    ) -> TokenChunk:
+        return TokenChunk(
+            request.request_id,
+            token_ids,
+            text,
+            finished=finished or error is not None,
+            finish_reason=self.finish_reason if finished else None,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_cached_tokens=self.num_cached_tokens,
+            error_type=None if error is None else error[0],
+            error_message=None if error is None else error[1],
+        )
+
+    def healthy(self) -> bool:
+        return self.is_healthy
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    directory: Path = tmp_path_factory.mktemp("tiny-llama-tokenizer")
+    write_tokenizer_files(BUILTIN_SPECS["tiny-llama"], directory)
+    return Tokenizer.from_dir(directory)
+
+
+BASE_SETTINGS = IngressSettings(
+    served_model_names=(MODEL,),
+    max_model_len=256,
+    block_size=4,
+    local_prefill_threshold_tokens=8,
+    prefill_timeout_s=2.0,
+    chunk_timeout_s=2.0,
+)
+
+
+@dataclass
+class Harness:
+    """An app over fakes, and an httpx client bound to it in-process."""
+
+    app: FastAPI
+    prefill: FakePrefill
+    decode: FakeDecode
+
+    def client(self, **headers: str) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=self.app)
+        return httpx.AsyncClient(transport=transport, base_url="http://ingress", headers=headers)
+
+
+@pytest.fixture
+def make_harness(tokenizer: Tokenizer) -> Callable[..., Harness]:
+    def make(
+        prefill: FakePrefill | None = None,
+        decode: FakeDecode | None = None,
+        stats_provider: Any = None,
+        cached_blocks_fn: Any = None,
+        **settings: Any,
+    ) -> Harness:
+        prefill = prefill or FakePrefill()
+        decode = decode or FakeDecode()
+        app = create_app(
+            tokenizer,
+            prefill,
+            decode,
+            replace(BASE_SETTINGS, **settings),
+            stats_provider=stats_provider,
+            cached_blocks_fn=cached_blocks_fn,
+        )
+        return Harness(app, prefill, decode)
+
+    return make

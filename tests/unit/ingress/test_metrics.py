@@ -1,0 +1,146 @@
+"""``/metrics``: Prometheus text with vLLM-like names, request latencies and worker gauges."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import MODEL, FakeDecode, Harness, run
+
+LONG = "hello world, this is a long prompt"
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(found: Mapping[Any, float], name: str, **labels: str) -> float | None:
+    return found.get((name, frozenset(labels.items())))
+
+
+async def scrape_after(h: Harness, bodies: Sequence[tuple[str, dict[str, Any]]]) -> Any:
+    async with h.client() as client:
+        for path, body in bodies:
+            await client.post(path, json={"model": MODEL, **body})
+        return await client.get("/metrics")
+
+
+def test_request_metrics(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness()
+    r = run(
+        scrape_after(
+            h,
+            [
+                ("/v1/completions", {"prompt": LONG, "stream": True}),
+                ("/v1/completions", {"prompt": "hi"}),
+                ("/v1/completions", {"prompt": "hi", "temperature": -3}),
+                ("/v1/completions", {"model": "other", "prompt": "hi"}),
+            ],
+        )
+    )
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    found = samples(r.text)
+    remote = {"model_name": MODEL, "role": "ingress", "prefill": "remote"}
+    local = {**remote, "prefill": "local"}
+    assert value(found, "pdserve:time_to_first_token_seconds_count", **remote) == 1.0
+    assert value(found, "pdserve:time_to_first_token_seconds_count", **local) == 1.0
+    assert value(found, "pdserve:inter_token_latency_seconds_count", **remote) == 2.0
+    assert value(found, "pdserve:e2e_request_latency_seconds_count", **local) == 1.0
+    tokens = {"model_name": MODEL, "role": "ingress"}
+    assert value(found, "pdserve:generation_tokens_total", **tokens) == 6.0
+    assert value(found, "pdserve:prompt_tokens_total", **tokens) == 35.0 + 3.0
+    assert value(found, "pdserve:prompt_tokens_cached_total", **tokens) == 16.0
+    success = {**tokens, "finished_reason": "length"}
+    assert value(found, "pdserve:request_success_total", **success) == 2.0
+    assert value(found, "pdserve:disagg_decisions_total", decision="remote", reason="long_prompt")
+    assert value(found, "pdserve:requests_rejected_total", reason="invalid_request") == 1.0
+    assert value(found, "pdserve:requests_rejected_total", reason="model_not_found") == 1.0
+    assert value(found, "pdserve:requests_in_flight", role="ingress") == 0.0
+
+
+def test_rejections_by_reason(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness(api_keys=frozenset({"k"}))
+
+    async def scenario() -> Any:
+        async with h.client() as client:
+            await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
+            await client.get("/v1/models")
+            h.app.state.gate.start_draining()
+            headers = {"authorization": "Bearer k"}
+            await client.post("/v1/completions", json={"prompt": "hi"}, headers=headers)
+            return await client.get("/metrics")
+
+    found = samples(run(scenario()).text)
+    assert value(found, "pdserve:requests_rejected_total", reason="unauthorized") == 2.0
+    assert value(found, "pdserve:requests_rejected_total", reason="draining") == 1.0
+
+
+def test_worker_stats_per_role(make_harness: Callable[..., Harness]) -> None:
+    calls = []
+
+    async def stats() -> dict[str, list[dict[str, int | float]]]:
+        calls.append(1)
+        prefill: dict[str, int | float] = {
+            "kv_blocks_used": 3,
+            "kv_blocks_free": 5,
+            "kv_blocks_total": 8,
+            "exports_pinned": 1,
+            "transfers_in_flight": 2,
+            "transfer_bytes_total": 4096,
+            "transfer_failures_total": 3,
+            "transfer_failures_lease_expired_total": 2,
+            "transfer_failures_corrupt_chunk_total": 1,
+        }
+        decode: dict[str, int | float] = {
+            "kv_blocks_used": 10,
+            "kv_blocks_free": 6,
+            "num_running": 2,
+            "transfer_failures_total": 1,
+            "transfer_seconds_total": 0.5,
+        }
+        return {"prefill": [prefill], "decode": [decode, decode]}
+
+    h = make_harness(stats_provider=stats)
+    found = samples(run(scrape_after(h, [])).text)
+    assert calls == [1]
+    assert value(found, "pdserve:kv_blocks_used", role="prefill") == 3.0
+    assert value(found, "pdserve:kv_blocks_free", role="prefill") == 5.0
+    assert value(found, "pdserve:kv_blocks_used", role="decode") == 20.0  # summed over replicas
+    assert value(found, "pdserve:kv_blocks_free", role="decode") == 12.0
+    assert value(found, "pdserve:replicas", role="decode") == 2.0
+    assert value(found, "pdserve:num_requests_running", role="decode") == 4.0
+    assert value(found, "pdserve:kv_exports_pinned", role="prefill") == 1.0
+    assert value(found, "pdserve:transfer_in_flight", role="prefill") == 2.0
+    assert value(found, "pdserve:transfer_bytes_total", role="prefill") == 4096.0
+    assert value(found, "pdserve:transfer_seconds_total", role="decode") == 1.0
+    failures = "pdserve:transfer_failures_total"
+    assert value(found, failures, role="prefill", reason="lease_expired") == 2.0
+    assert value(found, failures, role="prefill", reason="corrupt_chunk") == 1.0
+    assert value(found, failures, role="prefill", reason="all") is None  # no double count
+    assert value(found, failures, role="decode", reason="all") == 2.0
+
+
+def test_broken_stats_provider_does_not_break_the_scrape(
+    make_harness: Callable[..., Harness],
+) -> None:
+    async def broken() -> dict[str, list[dict[str, float]]]:
+        raise RuntimeError("controller unreachable")
+
+    h = make_harness(stats_provider=broken, decode=FakeDecode())
+    r = run(scrape_after(h, [("/v1/completions", {"prompt": "hi"})]))
+    assert r.status_code == 200
+    assert "pdserve:time_to_first_token_seconds" in r.text
+
+
+def test_each_app_has_its_own_registry(make_harness: Callable[..., Harness]) -> None:
+    first, second = make_harness(), make_harness()
+    run(scrape_after(first, [("/v1/completions", {"prompt": "hi"})]))
+    found = samples(run(scrape_after(second, [])).text)
+    tokens = {"model_name": MODEL, "role": "ingress"}
+    assert value(found, "pdserve:generation_tokens_total", **tokens) is None
