@@ -1,0 +1,80 @@
+"""The prefix-aware scheduler: KV index, routing policies, Serve request routers.
+
+Only the Ray-free parts are re-exported here, so importing them never pulls in Ray. The Ray
+parts are imported from their modules: ``cluster.routing.router_config``
+(``request_router_config``), ``cluster.routing.serve_router`` (the router classes) and
+``cluster.routing.index_actor`` (the index actor and ``IndexPublisherFactory``).
+"""
+
+from cluster.routing.event_relay import IndexSink, KVEventPump, KVEventRelay
+from cluster.routing.index_log import KVIndexFollower, KVIndexServer
+from cluster.routing.kv_index import ApplyStatus, IndexStats, KVIndex, compact_events
+from cluster.routing.load_tracker import LoadTracker
+from cluster.routing.metrics import RoutingMetrics, routing_metrics
+from cluster.routing.policies import (
+    LeastLoadedPolicy,
+    PrefixAwarePolicy,
+    RoundRobinPolicy,
+    choose_least_loaded,
+    choose_prefix_aware,
+    choose_round_robin,
+)
+from cluster.routing.policy_types import (
+    CostWeights,
+    HotSpotConfig,
+    PoolRole,
+    ReplicaLoad,
+    RoutingDecision,
+    RoutingInputs,
+    RoutingReason,
+    SessionPin,
+)
+from cluster.routing.registry import (
+    BUILTIN_POLICY_NAMES,
+    RoutingPolicy,
+    make_policy,
+    policy_names,
+    register_policy,
+)
+from cluster.routing.request_features import RequestFeatures, read_features
+from cluster.routing.router_settings import RouterSettings
+from cluster.routing.sessions import SessionAffinity, extract_session_id
+
+__all__ = [
+    "BUILTIN_POLICY_NAMES",
+    "ApplyStatus",
+    "CostWeights",
+    "HotSpotConfig",
+    "IndexSink",
+    "IndexStats",
+    "KVEventPump",
+    "KVEventRelay",
+    "KVIndex",
+    "KVIndexFollower",
+    "KVIndexServer",
+    "LeastLoadedPolicy",
+    "LoadTracker",
+    "PoolRole",
+    "PrefixAwarePolicy",
+    "ReplicaLoad",
+    "RequestFeatures",
+    "RoundRobinPolicy",
+    "RouterSettings",
+    "RoutingDecision",
+    "RoutingInputs",
+    "RoutingMetrics",
+    "RoutingPolicy",
+    "RoutingReason",
+    "SessionAffinity",
+    "SessionPin",
+    "choose_least_loaded",
+    "choose_prefix_aware",
+    "choose_round_robin",
+    "compact_events",
+    "extract_session_id",
+    "make_policy",
+    "policy_names",
+    "read_features",
+    "register_policy",
+    "routing_metrics",
+]

@@ -1,0 +1,209 @@
+"""Ray Serve request routers for the Prefill and Decode deployments.
+
+Serve builds one router per deployment handle inside the caller's process (the ingress) and
+calls :meth:`PdserveRequestRouter.choose_replicas` for every request; the returned ranks are
+one replica each, best first, so Serve sends to the first one that accepts.
+
+Per decision, synchronously and without I/O (nothing here awaits, so the ingress event loop is
+never blocked): read the request's features (``request_features``: the first positional dict's
+``block_hashes``, ``prompt_token_ids`` and ``session_id``), describe each candidate
+(:class:`~cluster.routing.load_tracker.LoadTracker` for what this router sent and has not seen
+finish, the replica's ``routing_stats`` for waiting requests and KV blocks, Serve's queue
+length cache when it has one), match the hashes against the local index follower
+(``index_sync``), run the policy, then record the load, the session pin and the metrics.
+
+Where the index lives, and why: a named Ray actor fed by the workers' KV event batches; each
+router keeps a follower copy that a background task on the router's loop updates from the
+actor's change log every ``poll_interval_s`` (see ``index_sync``). ``record_routing_stats`` is
+used only for load figures: it is periodic (seconds) and would have to carry every hash.
+
+The deployments must define ``record_routing_stats()`` returning the worker's ``stats()``;
+the keys read are :data:`ROUTING_STATS_KEYS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any, ClassVar
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from cluster.routing.index_sync import ActorIndexSource, IndexSource, StaticIndexSource
+from cluster.routing.load_tracker import LoadTracker
+from cluster.routing.metrics import routing_metrics
+from cluster.routing.policy_types import PoolRole, ReplicaLoad, RoutingDecision, RoutingInputs
+from cluster.routing.request_features import RequestFeatures, read_features
+from cluster.routing.router_settings import RouterSettings
+from cluster.routing.sessions import SessionAffinity
+
+logger = logging.getLogger(__name__)
+
+ROUTING_STATS_KEYS = ("num_waiting", "kv_blocks_used", "kv_blocks_free")
+
+
+class PdserveRequestRouter(RequestRouter):
+    """Routes with the policy named in ``request_router_kwargs["policy"]`` (default below)."""
+
+    default_policy: ClassVar[str] = "prefix_aware"
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        """Called by Serve with ``request_router_kwargs`` (see ``RouterSettings``)."""
+        kwargs.setdefault("policy", self.default_policy)
+        self.settings = RouterSettings.from_kwargs(kwargs)
+        self.policy = self.settings.make_policy()
+        self.sessions = SessionAffinity(self.settings.session_ttl_s, self.settings.max_sessions)
+        self.load = LoadTracker()
+        self.metrics = routing_metrics()
+        self._num_decisions = 0
+        self.index_source: IndexSource = (
+            ActorIndexSource(
+                self.app_name,
+                namespace=self.settings.namespace,
+                metrics=self.metrics,
+                poll_interval_s=self.settings.poll_interval_s,
+                max_staleness_s=self.settings.max_staleness_s,
+            )
+            if self.settings.use_index
+            else StaticIndexSource(None)
+        )
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        """Rank every candidate, one replica per rank (no awaits: see the module docstring)."""
+        if not candidate_replicas:
+            return []
+        started_s = time.perf_counter()
+        try:
+            self.index_source.ensure_started()
+            features = self._features(pending_request)
+            decision = self.policy.choose(self._inputs(candidate_replicas, features))
+            self._record(decision, features, pending_request, time.perf_counter() - started_s)
+        except Exception:  # a routing bug must not strand the request: Serve's order then
+            logger.exception("routing failed; falling back to Serve's replica order")
+            return [[replica] for replica in candidate_replicas]
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        return [[by_id[replica_id]] for replica_id in decision.ranked_replica_ids]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        """Serve used ``replica_id`` (maybe a later rank): move the load there."""
+        self.load.move(pending_request.metadata.internal_request_id, replica_id.unique_id)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        """The request finished on ``replica_id``: its load is gone."""
+        self.load.finish(internal_request_id)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        """Serve's new replica set; replicas that left it (died, drained, scaled down) are
+        dropped from the index, the load and the session pins."""
+        gone = set(self.curr_replicas) - {r.replica_id for r in replicas}
+        super().update_replicas(replicas)
+        for replica_id in gone:
+            self._forget(replica_id.unique_id)
+        with contextlib.suppress(RuntimeError):  # not on a loop: the first choice starts it
+            self.index_source.ensure_started()  # sync before the first request if we can
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        """Drop the replica here and in the index."""
+        super().on_replica_actor_died(replica_id)
+        self._forget(replica_id.unique_id)
+
+    def _forget(self, replica_id: str) -> None:
+        self.load.forget_replica(replica_id)
+        self.sessions.forget_replica(replica_id)
+        self.index_source.report_replica_gone(replica_id)
+
+    # -- one decision ---------------------------------------------------------------------
+
+    def _features(self, pending_request: PendingRequest | None) -> RequestFeatures:
+        if pending_request is None:
+            return RequestFeatures()
+        return read_features(
+            pending_request.args,
+            pending_request.kwargs,
+            fallback_session_id=pending_request.metadata.session_id or None,
+            block_size=self.settings.block_size,
+            hash_seed=self.settings.hash_seed,
+        )
+
+    def _inputs(self, candidates: list[RunningReplica], features: RequestFeatures) -> RoutingInputs:
+        now_s = time.monotonic()
+        index = self.index_source.view()
+        pool = self.settings.pool.value
+        ids = [r.replica_id.unique_id for r in candidates]
+        return RoutingInputs(
+            role=self.settings.pool,
+            candidates=tuple(self._replica_load(r) for r in candidates),
+            block_hashes=features.block_hashes,
+            block_size=self.settings.block_size or 16,
+            num_prompt_tokens=features.num_prompt_tokens,
+            cache_hits=index.match(pool, features.block_hashes) if index is not None else {},
+            index_available=index is not None,
+            degraded_replica_ids=frozenset(
+                i for i in ids if index is not None and index.is_degraded(i)
+            ),
+            session_pin=self.sessions.pin_for(features.session_id, now_s),
+            now_s=now_s,
+            tie_break=self._num_decisions,
+        )
+
+    def _replica_load(self, replica: RunningReplica) -> ReplicaLoad:
+        replica_id = replica.replica_id.unique_id
+        stats = replica.routing_stats or {}
+        free = stats.get("kv_blocks_free")
+        num_running = self.load.num_requests(replica_id)
+        if self._use_replica_queue_len_cache:
+            num_ongoing = self.replica_queue_len_cache.get(replica.replica_id) or 0
+            num_running = max(num_running, num_ongoing)
+        return ReplicaLoad(
+            replica_id=replica_id,
+            num_active_tokens=self.load.num_tokens(replica_id),
+            num_running_requests=num_running,
+            num_queued_requests=int(stats.get("num_waiting", 0)),
+            num_used_blocks=int(stats.get("kv_blocks_used", 0)),
+            num_free_blocks=None if free is None else int(free),
+        )
+
+    def _record(
+        self,
+        decision: RoutingDecision,
+        features: RequestFeatures,
+        pending_request: PendingRequest | None,
+        latency_s: float,
+    ) -> None:
+        self._num_decisions += 1
+        now_s = time.monotonic()
+        self.sessions.record(features.session_id, decision.replica_id, now_s)
+        if pending_request is None:
+            return
+        # prefill works on the uncached part; decode holds the whole prompt's KV
+        num_work_tokens = features.num_prompt_tokens
+        if self.settings.pool is PoolRole.PREFILL:
+            num_work_tokens -= decision.num_cached_blocks * (self.settings.block_size or 0)
+        request_id = pending_request.metadata.internal_request_id
+        if self.load.begin(request_id, decision.replica_id, max(num_work_tokens, 0), now_s):
+            self.metrics.record_decision(self.settings.pool.value, decision, latency_s)
+
+
+class PrefixAwareRequestRouter(PdserveRequestRouter):
+    """``prefix_aware``: cached prefix against load (the pdserve default)."""
+
+    default_policy = "prefix_aware"
+
+
+class LeastLoadedRequestRouter(PdserveRequestRouter):
+    """``least_loaded``: the lowest load, cache ignored."""
+
+    default_policy = "least_loaded"
+
+
+class RoundRobinRequestRouter(PdserveRequestRouter):
+    """``round_robin``: the baseline."""
+
+    default_policy = "round_robin"

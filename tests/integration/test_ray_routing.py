@@ -1,0 +1,121 @@
+"""Ray integration (marker ``ray``): two Serve replicas publishing KV events through the index
+actor, a handle routed by ``PrefixAwareRequestRouter``.
+
+Requests sharing a prefix go to the replica that holds it; a replica that leaves is dropped
+from the index and routing continues on the other one. The replicas are stand-ins that only
+"cache" the blocks of the prompts they receive (the events are the engine's real message
+types); the real engines are wired by the serving deployments.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import ray
+from ray import cloudpickle, serve
+
+from cluster.routing.index_actor import (
+    IndexPublisherFactory,
+    get_or_create_index_actor,
+    kill_index_actor,
+)
+from cluster.routing.metrics import routing_metrics
+from cluster.routing.router_config import request_router_config
+from core.kv_events import BlockStored, KVEventBatch
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+
+APP = "routing-it"
+BLOCK_SIZE = 4
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+class FakePrefill:
+    """Caches the blocks of every prompt it receives and says who it is."""
+
+    def __init__(self, factory: IndexPublisherFactory) -> None:
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        self.actor_name = str(ray.get_runtime_context().get_actor_name())
+        self.publisher = factory.start(self.replica_id, context.app_name)
+        self.seq = 0
+        self.cached: set[int] = set()
+
+    def __call__(self, request: dict[str, Any]) -> tuple[str, str]:
+        hashes = [h for h in request["block_hashes"] if h not in self.cached]
+        if hashes:
+            self.cached.update(hashes)
+            event = BlockStored(hashes, None, [0] * BLOCK_SIZE * len(hashes), BLOCK_SIZE)
+            self.publisher.callback(KVEventBatch(self.seq, [event]))
+            self.seq += 1
+        return self.replica_id, self.actor_name
+
+    def record_routing_stats(self) -> dict[str, int]:
+        return {"num_waiting": 0, "kv_blocks_used": 0, "kv_blocks_free": 100}
+
+
+@pytest.fixture(scope="module")
+def handle() -> Iterator[Any]:
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        deployment = serve.deployment(
+            num_replicas=2,
+            ray_actor_options={"num_cpus": 0},
+            request_router_config=request_router_config(
+                "prefill", "prefix_aware", block_size=BLOCK_SIZE, options={"poll_interval_s": 0.02}
+            ),
+        )(FakePrefill)
+        yield serve.run(
+            deployment.bind(IndexPublisherFactory(pool="prefill")), name=APP, route_prefix=None
+        )
+    finally:
+        serve.shutdown()
+        kill_index_actor(APP)
+        ray.shutdown()
+
+
+def request(prefix: int, num_blocks: int) -> dict[str, Any]:
+    hashes = [prefix * 100 + i for i in range(num_blocks)]
+    return {
+        "request_id": f"r{prefix}",
+        "prompt_token_ids": [0] * 4 * num_blocks,
+        "block_hashes": hashes,
+    }
+
+
+def router_sees(num_entries: int) -> Callable[[], bool]:
+    """The handle's router (in this process) synced an index of ``num_entries`` entries."""
+    return lambda: routing_metrics().snapshot()["index"].get("num_entries") == num_entries
+
+
+def index_replicas() -> set[str]:
+    actor = get_or_create_index_actor(APP)
+    update = ray.get(actor.updates.remote(None, 0))
+    return {item["replica_id"] for item in update["snapshot"]["replicas"]}
+
+
+def test_shared_prefixes_follow_the_cache_and_survive_a_replica_leaving(handle: Any) -> None:
+    holder, holder_actor = handle.remote(request(1, 6)).result()
+    wait_until(router_sees(6))
+    chosen = {handle.remote(request(1, 8)).result()[0] for _ in range(6)}
+    assert chosen == {holder}  # the holder now caches 8 blocks of prefix 1
+    wait_until(router_sees(8))
+    decisions = routing_metrics().snapshot()["pools"]["prefill"]["decisions_total"]
+    assert decisions.get("cache_hit", 0) >= 5
+    # the holder dies: Serve drops it, the router removes it from the index, routing goes on
+    ray.kill(ray.get_actor(holder_actor, namespace="serve"), no_restart=True)
+    wait_until(lambda: holder not in index_replicas())
+    survivors = {handle.remote(request(1, 8)).result()[0] for _ in range(3)}
+    assert holder not in survivors

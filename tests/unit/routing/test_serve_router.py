@@ -1,0 +1,263 @@
+"""The Serve request routers, driven without a Ray cluster: Serve's own router base class, the
+pending requests and replica descriptions it would pass, and a local index."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
+from ray.serve.request_router import PendingRequest, ReplicaID
+
+from cluster.routing.index_log import KVIndexServer
+from cluster.routing.index_sync import (
+    ActorIndexSource,
+    StaticIndexSource,
+    cached_prefix_blocks,
+)
+from cluster.routing.kv_index import KVIndex
+from cluster.routing.metrics import RoutingMetrics
+from cluster.routing.serve_router import (
+    PdserveRequestRouter,
+    PrefixAwareRequestRouter,
+    RoundRobinRequestRouter,
+)
+
+DEPLOYMENT = DeploymentID(name="Prefill", app_name="test-app")
+BLOCK_SIZE = 4
+T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True)
+def event_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """Serve's pending requests create futures, so a current loop must exist (as in Serve)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def run(awaitable: Awaitable[T]) -> T:
+    return asyncio.get_event_loop().run_until_complete(awaitable)
+
+
+@dataclass
+class Replica:
+    """What a router reads from Serve's ``RunningReplica``."""
+
+    replica_id: ReplicaID
+    routing_stats: dict[str, Any] = field(default_factory=dict)
+    max_ongoing_requests: int = 8
+    multiplexed_model_ids: set[str] = field(default_factory=set)
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return 0
+
+
+def replica(name: str, **stats: Any) -> Replica:
+    return Replica(ReplicaID(unique_id=name, deployment_id=DEPLOYMENT), dict(stats))
+
+
+def make_router(
+    router_class: type[PdserveRequestRouter], index: KVIndex | None, **kwargs: Any
+) -> PdserveRequestRouter:
+    router = router_class(deployment_id=DEPLOYMENT, handle_source=DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(use_index=False, block_size=BLOCK_SIZE, **{"pool": "prefill", **kwargs})
+    router.index_source = StaticIndexSource(index)
+    router.metrics = RoutingMetrics()
+    return router
+
+
+_counter = iter(range(10**6))
+
+
+def pending(hashes: Sequence[int] = (), session: str | None = None, **extra: Any) -> PendingRequest:
+    number = next(_counter)
+    payload: dict[str, Any] = {
+        "request_id": f"req-{number}",
+        "prompt_token_ids": list(range(len(hashes) * BLOCK_SIZE + 1)),
+        "sampling": {},
+        "block_hashes": list(hashes),
+        **extra,
+    }
+    if session is not None:
+        payload["session_id"] = session
+    metadata = RequestMetadata(request_id=f"req-{number}", internal_request_id=f"int-{number}")
+    return PendingRequest(args=[payload], kwargs={}, metadata=metadata)
+
+
+def choose(
+    router: PdserveRequestRouter, replicas: list[Replica], request: PendingRequest
+) -> list[str]:
+    ranks = run(router.choose_replicas(replicas, request))  # type: ignore[arg-type]
+    assert all(len(rank) == 1 for rank in ranks)
+    return [rank[0].replica_id.unique_id for rank in ranks]
+
+
+def index_with(pool: str, **held: list[int]) -> KVIndex:
+    index = KVIndex()
+    for replica_id, hashes in held.items():
+        index.resync(replica_id, hashes, 0, pool=pool)
+    return index
+
+
+def test_prefix_aware_ranks_the_cache_holder_first_and_records_metrics() -> None:
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill", b=[1, 2, 3]))
+    replicas = [replica("a"), replica("b")]
+    request = pending([1, 2, 3, 4])
+    assert choose(router, replicas, request) == ["b", "a"]
+    pool = router.metrics.snapshot()["pools"]["prefill"]
+    assert pool["decisions_total"] == {"cache_hit": 1}
+    assert pool["prefix_hit_rate"] == 3 / 4
+    assert router.load.num_requests("b") == 1
+    assert router.load.num_tokens("b") == BLOCK_SIZE + 1  # only the uncached tail is work
+    router.on_request_completed(replicas[1].replica_id, request.metadata.internal_request_id)
+    assert router.load.num_requests("b") == 0
+
+
+def test_in_flight_load_spreads_a_burst_and_follows_the_replica_serve_used() -> None:
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill"))
+    replicas = [replica("a"), replica("b"), replica("c")]
+    firsts = [choose(router, replicas, pending([10 + i, 20]))[0] for i in range(3)]
+    assert sorted(firsts) == ["a", "b", "c"]
+    request = pending([99])
+    first = choose(router, replicas, request)[0]
+    other = next(r for r in replicas if r.replica_id.unique_id != first)
+    router.on_request_routed(request, other.replica_id, result=None)
+    assert router.load.num_requests(other.replica_id.unique_id) == 2
+
+
+def test_a_retried_choice_counts_one_decision() -> None:
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill"))
+    request = pending([1])
+    choose(router, [replica("a"), replica("b")], request)
+    choose(router, [replica("a"), replica("b")], request)
+    assert router.metrics.snapshot()["pools"]["prefill"]["decision_latency_s"]["count"] == 1
+    assert len(router.load) == 1
+
+
+def test_session_affinity_across_turns_and_replica_death() -> None:
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill", b=[1, 2]))
+    replicas = [replica("a"), replica("b")]
+    assert choose(router, replicas, pending([1, 2], session="s"))[0] == "b"
+    # the next turn's blocks are not indexed yet: the session pin keeps it on b
+    decision_order = choose(router, replicas, pending([7, 8, 9], session="s"))
+    assert decision_order[0] == "b"
+    assert router.metrics.snapshot()["pools"]["prefill"]["decisions_total"]["session_affinity"] == 1
+    router.on_replica_actor_died(replicas[1].replica_id)
+    assert router.index_source.gone == ["b"]  # type: ignore[attr-defined]
+    assert router.load.num_requests("b") == 0
+    assert choose(router, [replicas[0]], pending([1, 2], session="s")) == ["a"]
+
+
+def test_replicas_leaving_the_serve_set_leave_the_index() -> None:
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill", a=[1], b=[1]))
+    a, b = replica("a"), replica("b")
+
+    async def update(replicas: list[Replica]) -> None:
+        router.update_replicas(replicas)  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # let Serve's queue-length probe of new replicas run
+
+    run(update([a, b]))
+    assert choose(router, [a, b], pending([1], session="s"))[0] in {"a", "b"}
+    run(update([a]))
+    assert router.index_source.gone == ["b"]  # type: ignore[attr-defined]
+    assert router.index_source.view().replica_ids() == ["a"]  # type: ignore[union-attr]
+    assert router.load.num_requests("b") == 0
+
+
+def test_routing_stats_steer_the_decode_pool_to_free_kv() -> None:
+    router = make_router(PrefixAwareRequestRouter, index_with("decode", a=[1]), pool="decode")
+    crowded = replica("a", kv_blocks_used=90, kv_blocks_free=10, num_waiting=0)
+    roomy = replica("b", kv_blocks_used=10, kv_blocks_free=90, num_waiting=0)
+    assert choose(router, [crowded, roomy], pending([1, 2]))[0] == "b"
+
+
+def test_without_an_index_the_reason_is_degraded_index() -> None:
+    router = make_router(PrefixAwareRequestRouter, None)
+    choose(router, [replica("a"), replica("b")], pending([1, 2]))
+    assert router.metrics.snapshot()["pools"]["prefill"]["decisions_total"] == {"degraded_index": 1}
+
+
+def test_round_robin_router_rotates_and_empty_candidates_wait() -> None:
+    router = make_router(RoundRobinRequestRouter, index_with("prefill", a=[1]))
+    replicas = [replica("a"), replica("b"), replica("c")]
+    firsts = [choose(router, replicas, pending([1]))[0] for _ in range(6)]
+    assert sorted(firsts) == ["a", "a", "b", "b", "c", "c"]
+    assert run(router.choose_replicas([], pending([1]))) == []
+
+
+def test_a_failing_decision_falls_back_to_serves_order() -> None:
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill"))
+
+    class BrokenPolicy:
+        name = "broken"
+
+        def choose(self, inputs: object) -> object:
+            raise RuntimeError("bug")
+
+    router.policy = BrokenPolicy()  # type: ignore[assignment]
+    assert choose(router, [replica("a"), replica("b")], pending([1])) == ["a", "b"]
+
+
+def test_policy_from_kwargs_overrides_the_class_default() -> None:
+    router = make_router(PrefixAwareRequestRouter, None, policy="round_robin")
+    assert router.policy.name == "round_robin"
+
+
+class FakeIndexActor:
+    """An index actor whose method handles answer like Ray's ``.remote`` (awaitables)."""
+
+    def __init__(self, server: KVIndexServer) -> None:
+        self.server = server
+        self.updates = self._method(server.updates)
+        self.remove_replica = self._method(server.remove_replica)
+
+    @staticmethod
+    def _method(fn: Any) -> Any:
+        class Handle:
+            @staticmethod
+            def remote(*args: Any) -> Any:
+                future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                future.set_result(fn(*args))
+                return future
+
+        return Handle()
+
+
+@pytest.mark.timeout(20)
+def test_actor_index_source_follows_the_server_and_goes_stale() -> None:
+    server = KVIndexServer()
+    server.resync("b", "prefill", [1, 2], 0)
+    now = [0.0]
+    source = ActorIndexSource(
+        "test-app",
+        namespace="pdserve",
+        metrics=RoutingMetrics(),
+        max_staleness_s=5.0,
+        clock=lambda: now[0],
+        actor=FakeIndexActor(server),
+    )
+    assert source.view() is None  # never synced
+
+    async def body() -> None:
+        await source.sync_once()
+        view = source.view()
+        assert view is not None and view.match("prefill", [1, 2]) == {"b": 2}
+        server.publish("b", [{"replica_seq": 0, "ops": [["removed", [2]]]}])
+        await source.sync_once()
+        assert source.follower.index.match("prefill", [1, 2]) == {"b": 1}
+        assert cached_prefix_blocks("test-app", "prefill", [1, 2]) == 1
+        assert cached_prefix_blocks("test-app", "decode", [1, 2]) == 0
+        assert cached_prefix_blocks("other-app", "prefill", [1, 2]) == 0
+        source.report_replica_gone("b")
+
+    run(body())
+    assert server.index.replica_ids() == []
+    now[0] = 6.0
+    assert source.view() is None  # too stale to trust
+    assert source.best_match("prefill", [1]) == 0
