@@ -1,0 +1,277 @@
+"""The decode role: continue requests whose KV arrives from a prefill worker, stream tokens.
+
+:meth:`DecodeWorker.generate` yields one :class:`~core.messages.TokenChunk` per engine step that
+advanced the request. Without a handle it prefills locally and streams from the first token.
+With one, a :class:`~decode.kv_import.KVImport` reserves blocks, pulls only those the local
+prefix cache lacks and hands the request to the batch; its chunks carry the tokens *after*
+``first_token_id`` (the ingress already sent that one). A failed pull recomputes the prompt
+locally (``kv_failure_policy="recompute"``, identical output) or ends the stream with a chunk
+carrying ``error_type``/``error_message`` (``"fail"``). Closing the iterator (client gone)
+aborts the request, cancels the pull and frees every block on both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
+from typing import Literal
+
+from core.config import EngineConfig, ModelConfig, TransferConfig
+from core.errors import ConfigError, InvalidRequestError, PdserveError, TransferError
+from core.kv_events import KVEventBatch
+from core.kv_handle import TransferFailure, TransferState, TransferStatus
+from core.messages import DecodeRequest, TokenChunk, sampling_from_dict
+from core.sampling import SamplingParams
+from decode.kv_import import KVImport
+from engine.async_engine import AsyncEngine
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.setup import build_engine_parts
+from transfer import GrpcKVTransport, InMemoryTransferMetrics, KVTransport, TransferSide
+
+logger = logging.getLogger(__name__)
+
+KVFailurePolicy = Literal["recompute", "fail"]
+
+
+class DecodeWorker:
+    """Decode engine plus the KV import side; one per decode replica."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        transport: KVTransport,
+        *,
+        kv_failure_policy: KVFailurePolicy = "recompute",
+        metrics: InMemoryTransferMetrics | None = None,
+        reserve_timeout_s: float = 30.0,
+    ) -> None:
+        """``metrics`` default to the transport's ``metrics`` attribute when it has one;
+        ``reserve_timeout_s`` bounds how long an import waits for free KV blocks."""
+        if kv_failure_policy not in ("recompute", "fail"):
+            raise ConfigError(
+                f"kv_failure_policy must be recompute or fail, got {kv_failure_policy!r}",
+                param="kv_failure_policy",
+            )
+        self.kv_failure_policy = kv_failure_policy
+        self._engine = engine
+        self._transport = transport
+        found = getattr(transport, "metrics", None)
+        self._metrics = metrics or (found if isinstance(found, InMemoryTransferMetrics) else None)
+        self._reserve_timeout_s = reserve_timeout_s
+        self._lock = threading.Lock()
+        self._imports: dict[str, KVImport] = {}
+        self._releaser = ThreadPoolExecutor(1, thread_name_prefix="pdserve-decode-release")
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine this worker drives."""
+        return self._engine
+
+    @property
+    def transport(self) -> KVTransport:
+        """The KV transport this worker pulls through."""
+        return self._transport
+
+    async def generate(self, request: DecodeRequest) -> AsyncGenerator[TokenChunk, None]:
+        """Stream the request's tokens, one chunk per engine step; see the module docstring."""
+        request_id = request.request_id
+        try:
+            params = sampling_from_dict(request.sampling)
+            if (request.kv_handle is None) != (request.first_token_id is None):
+                raise InvalidRequestError(
+                    f"request {request_id}: first_token_id and kv_handle go together",
+                    param="kv_handle",
+                )
+            if request.kv_handle is None:
+                chunks = self._generate_local(request, params)
+            else:
+                chunks = self._generate_imported(request, params)
+            async with aclosing(chunks):  # a closed stream closes the inner one at once
+                async for chunk in chunks:
+                    yield chunk
+        except PdserveError as e:
+            logger.warning("request %s failed: %s: %s", request_id, e.error_type, e.message)
+            yield _error_chunk(request, e)
+
+    async def _generate_local(
+        self, request: DecodeRequest, params: SamplingParams
+    ) -> AsyncGenerator[TokenChunk, None]:
+        prompt = request.prompt_token_ids
+        stream = await self._engine.open(request.request_id, prompt, params)
+        logger.debug("request %s: local prefill of %d tokens", request.request_id, len(prompt))
+        try:
+            async for output in stream:
+                yield _chunk(output, len(prompt), output.num_cached_tokens)
+        finally:
+            stream.close()
+
+    async def _generate_imported(
+        self, request: DecodeRequest, params: SamplingParams
+    ) -> AsyncGenerator[TokenChunk, None]:
+        request_id, handle = request.request_id, request.kv_handle
+        assert handle is not None and request.first_token_id is not None
+        kv = KVImport(
+            self._engine,
+            self._transport,
+            request_id,
+            handle,
+            releaser=self._releaser,
+            reserve_timeout_s=self._reserve_timeout_s,
+        )
+        with self._lock:
+            if request_id in self._imports:
+                raise InvalidRequestError(f"request {request_id} is already importing")
+            self._imports[request_id] = kv
+        try:
+            await kv.reserve(request.prompt_token_ids, params, request.first_token_id)
+            status = await kv.pull()
+            num_cached = await self._hand_off(kv, status, len(request.prompt_token_ids))
+            assert kv.stream is not None
+            async for output in kv.stream:
+                cached = output.num_cached_tokens if num_cached is None else num_cached
+                yield _chunk(output, len(request.prompt_token_ids), cached)
+        except PdserveError:
+            if not kv.aborted:
+                raise
+            yield _aborted_chunk(request)
+        finally:
+            with self._lock:
+                self._imports.pop(request_id, None)
+            kv.close()
+
+    async def _hand_off(
+        self, kv: KVImport, status: TransferStatus, num_prompt_tokens: int
+    ) -> int | None:
+        """Join the batch after the pull; the prompt tokens not computed here (None: ask the
+        engine, after a recompute)."""
+        request_id = kv.request_id
+        if not kv.hand_off():
+            await self._engine.abort(request_id)  # the stream then ends with finish "abort"
+            return 0
+        if status.state is TransferState.DONE:
+            await self._engine.call(lambda engine: engine.mark_kv_ready(request_id))
+            logger.info(
+                "request %s: pulled %d of %d blocks (%d bytes); decoding",
+                request_id,
+                kv.num_pulled_blocks,
+                kv.handle.num_blocks,
+                status.bytes_done,
+            )
+            return num_prompt_tokens
+        recompute = self.kv_failure_policy == "recompute"
+        logger.warning(
+            "request %s: kv transfer %s failed (%s: %s); %s",
+            request_id,
+            kv.handle.transfer_id,
+            status.reason,
+            status.message,
+            "recomputing locally" if recompute else "failing the request",
+        )
+        await self._engine.call(lambda e: e.mark_kv_failed(request_id, recompute=recompute))
+        if recompute:
+            return None
+        raise TransferError(
+            f"request {request_id}: KV transfer failed ({status.reason}): {status.message}",
+            reason=status.reason or TransferFailure.INTERNAL,
+        )
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a request (cancelling its pull first); False when it is unknown or done."""
+        with self._lock:
+            kv = self._imports.get(request_id)
+        if kv is not None and kv.abort():
+            logger.info("request %s: aborting during its KV import", request_id)
+            return True
+        return await self._engine.abort(request_id)
+
+    def stats(self) -> dict[str, float | int]:
+        """KV blocks, queues and import-side transfer metrics."""
+        stats: dict[str, float | int] = dict(self._engine.kv_stats())
+        with self._lock:
+            stats["imports_in_progress"] = len(self._imports)
+        snapshot = None if self._metrics is None else self._metrics.snapshot()
+        side = TransferSide.IMPORT
+        stats["transfers_in_flight"] = 0 if snapshot is None else snapshot.in_flight.get(side, 0)
+        stats["transfer_bytes_total"] = 0 if snapshot is None else snapshot.bytes_total.get(side, 0)
+        stats["transfer_failures_total"] = (
+            0 if snapshot is None else sum(snapshot.failures(side).values())
+        )
+        return stats
+
+    async def shutdown(self) -> None:
+        """Cancel pulls, stop the transport, then the engine."""
+        await asyncio.to_thread(self._transport.close)
+        await asyncio.to_thread(self._engine.shutdown)
+        self._releaser.shutdown(wait=True)
+
+
+def _chunk(output: RequestOutput, num_prompt_tokens: int, num_cached_tokens: int) -> TokenChunk:
+    return TokenChunk(
+        request_id=output.request_id,
+        token_ids=list(output.new_token_ids),
+        text=output.new_text,
+        finished=output.finished,
+        finish_reason=output.finish_reason,
+        num_prompt_tokens=num_prompt_tokens,
+        num_cached_tokens=num_cached_tokens,
+    )
+
+
+def _aborted_chunk(request: DecodeRequest) -> TokenChunk:
+    return TokenChunk(request.request_id, [], "", True, "abort", len(request.prompt_token_ids), 0)
+
+
+def _error_chunk(request: DecodeRequest, error: PdserveError) -> TokenChunk:
+    return TokenChunk(
+        request_id=request.request_id,
+        token_ids=[],
+        text="",
+        finished=True,
+        finish_reason="error",
+        num_prompt_tokens=len(request.prompt_token_ids),
+        error_type=error.error_type,
+        error_message=error.message,
+    )
+
+
+def build_decode_worker(
+    model: ModelConfig,
+    engine: EngineConfig,
+    transfer: TransferConfig,
+    *,
+    kv_failure_policy: str = "recompute",
+    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+) -> DecodeWorker:
+    """A decode worker on a real engine and an import-only :class:`GrpcKVTransport`."""
+    if kv_failure_policy not in ("recompute", "fail"):
+        raise ConfigError(
+            f"kv_failure_policy must be recompute or fail, got {kv_failure_policy!r}",
+            param="kv_failure_policy",
+        )
+    policy: KVFailurePolicy = "recompute" if kv_failure_policy == "recompute" else "fail"
+    parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
+    if parts.storage.device.type != "cpu":
+        raise ConfigError(
+            f"disaggregated decode needs host-memory KV storage; this engine keeps its KV on "
+            f"{parts.storage.device} (GPU staging is not implemented yet)",
+            param="decode",
+        )
+    metrics = InMemoryTransferMetrics()
+    transport = GrpcKVTransport(parts.storage, transfer, serve=False, metrics=metrics)
+    logger.info(
+        "decode worker ready: %d KV blocks, layout %s, kv_failure_policy=%s",
+        parts.storage.num_blocks,
+        parts.layout.fingerprint(),
+        policy,
+    )
+    return DecodeWorker(
+        AsyncEngine(LLMEngine(parts)),
+        transport,
+        kv_failure_policy=policy,
+        metrics=metrics,
+    )

@@ -1,0 +1,424 @@
+"""One :class:`~engine.engine.LLMEngine` on a dedicated thread, served to asyncio code.
+
+``LLMEngine`` is not thread-safe, so exactly one thread (``pdserve-engine``) touches it. That
+thread loops: run every queued command (add, abort, release, an arbitrary ``call``), ``step()``
+while some request can progress, and block on the command queue when none can — including while
+requests only wait for imported KV — so an idle engine costs no CPU. Each request's outputs go
+to an asyncio queue on the caller's loop via ``loop.call_soon_threadsafe``; the event loop never
+blocks on the engine.
+
+A failing ``step()`` does not kill the thread: every request that could have been in the batch
+ends with a typed ``PdserveError`` and its blocks are freed; the engine keeps serving. Requests
+waiting for imported KV are left alone (a pull may still be writing into their blocks).
+:meth:`AsyncEngine.shutdown` aborts everything, makes every waiter raise ``UnavailableError``
+and joins the thread. Past 400 lines because the stream type, the command queue and the loop
+share one invariant (only the engine thread touches the engine and the per-request sinks),
+which is easier to check in one file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from core.errors import PdserveError, UnavailableError
+from core.sampling import SamplingParams
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.request import RequestStatus
+from engine.scheduler.output import ImportAllocation, SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_STALLED_RECHECK_S = 1.0  # safety net: re-plan after this long even if no command arrived
+_ABORTED = "aborted"  # queue marker: the request was aborted from elsewhere
+
+
+_Item = RequestOutput | BaseException | str  # an output, an error to raise, or _ABORTED
+
+
+@dataclass
+class _Sink:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[_Item]
+
+
+@dataclass
+class _Command:
+    run: Callable[[], Any]
+    future: Future[Any] | None = None
+    stop: bool = False
+
+
+class RequestStream:
+    """The outputs of one request, one per engine step that advanced it.
+
+    Iterate with ``async for``; it ends after the finished output. An abort from elsewhere ends
+    it with a finished output whose ``finish_reason`` is ``"abort"``. :meth:`close` aborts the
+    request (freeing its blocks) unless it already finished.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sink: _Sink,
+        on_close: Callable[[str], None],
+    ) -> None:
+        self.request_id = request_id
+        self._prompt_token_ids = tuple(prompt_token_ids)
+        self._sink = sink
+        self._on_close = on_close
+        self._last: RequestOutput | None = None
+        self._done = False
+
+    @property
+    def finished(self) -> bool:
+        """True once the final output was returned, an error raised, or the stream closed."""
+        return self._done
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._sink.queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if isinstance(item, str):  # _ABORTED
+            self._done = True
+            return self._aborted_output()
+        self._last = item
+        self._done = item.finished
+        return item
+
+    def _aborted_output(self) -> RequestOutput:
+        last = self._last
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self._prompt_token_ids,
+            token_ids=() if last is None else last.token_ids,
+            text="" if last is None else last.text,
+            finished=True,
+            finish_reason="abort",
+            num_cached_tokens=0 if last is None else last.num_cached_tokens,
+        )
+
+    def close(self) -> None:
+        """Abort the request unless it already finished; idempotent, callable from any thread."""
+        if not self._done:
+            self._done = True
+            self._on_close(self.request_id)
+
+
+class AsyncEngine:
+    """Runs one :class:`LLMEngine` on a dedicated thread; every method is safe from any thread
+    and none blocks the event loop (except :meth:`shutdown`, which joins the thread)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        """The wrapped engine: touch it only through :meth:`call` (its ``parts`` are immutable)."""
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._live: set[str] = set()  # engine thread only: ids that may hold engine state
+        self._prune_at = 1024
+        self._stalled = False
+        self._stats = engine.scheduler.stats()  # replaced whole, never mutated: safe to read
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
+        self._thread.start()
+
+    # -- asyncio API --------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        prefill_only: bool = False,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Add a request and yield its outputs; closing the iterator early aborts it."""
+        stream = await self.open(request_id, prompt_token_ids, params, prefill_only=prefill_only)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            stream.close()
+
+    async def open(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        prefill_only: bool = False,
+    ) -> RequestStream:
+        """Add a request; raises its admission error (``PromptTooLongError``, ...)."""
+
+        def add(engine: LLMEngine) -> None:
+            engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only)
+
+        stream, _ = await self._open(request_id, prompt_token_ids, add)
+        return stream
+
+    async def open_import(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        first_token_id: int,
+    ) -> tuple[ImportAllocation, RequestStream]:
+        """``add_import_request`` on the engine thread plus the stream of its outputs (the
+        tokens after ``first_token_id``, once ``mark_kv_ready`` or ``mark_kv_failed`` ran)."""
+
+        def add(engine: LLMEngine) -> ImportAllocation:
+            return engine.add_import_request(request_id, prompt_token_ids, params, first_token_id)
+
+        stream, allocation = await self._open(request_id, prompt_token_ids, add)
+        return allocation, stream
+
+    async def _open(
+        self, request_id: str, prompt_token_ids: list[int], add: Callable[[LLMEngine], T]
+    ) -> tuple[RequestStream, T]:
+        sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
+
+        def run() -> T:
+            result = add(self.engine)
+            self._sinks[request_id] = sink
+            self._track(request_id)
+            return result
+
+        future = self._submit(run, with_future=True)
+        try:
+            result = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:  # undo the add if it ran (or still runs) after all
+
+            def undo(done: Future[T]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    self.abort_soon(request_id)
+
+            future.add_done_callback(undo)
+            raise
+        return RequestStream(request_id, prompt_token_ids, sink, self.abort_soon), result
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run ``fn(engine)`` on the engine thread between steps and return its result."""
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def submit(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
+        """Queue ``fn(engine)`` for the engine thread; a future of its result (any thread)."""
+        return self._submit(lambda: fn(self.engine), with_future=True)
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a request now and free its blocks; False when it is unknown or done."""
+        return await asyncio.wrap_future(
+            self._submit(lambda: self._abort_now(request_id), with_future=True)
+        )
+
+    def abort_soon(self, request_id: str) -> None:
+        """Abort a request on the engine thread without waiting (any thread, idempotent)."""
+        self._submit_quietly(lambda: self._abort_now(request_id))
+
+    def release_soon(self, request_id: str) -> None:
+        """Unpin a prefill-only request's blocks without waiting (any thread, idempotent)."""
+        self._submit_quietly(lambda: self.engine.release(request_id))
+
+    def stats(self) -> SchedulerStats:
+        """The scheduler's stats after the latest step or command (thread-safe snapshot)."""
+        return self._stats
+
+    def kv_stats(self) -> dict[str, int]:
+        """The engine half of a role's ``stats()``: KV blocks and queue lengths
+        (``num_waiting`` includes the requests waiting for imported KV)."""
+        s = self._stats
+        return {
+            "kv_blocks_total": s.num_free_blocks + s.num_used_blocks,
+            "kv_blocks_used": s.num_used_blocks,
+            "kv_blocks_free": s.num_free_blocks,
+            "num_running": s.num_running,
+            "num_waiting": s.num_waiting + s.num_waiting_for_kv,
+            "num_waiting_for_kv": s.num_waiting_for_kv,
+            "num_pinned": s.num_pinned,
+        }
+
+    def is_running(self) -> bool:
+        """False once :meth:`shutdown` ran or the engine thread died (for health checks)."""
+        return self._thread.is_alive() and not self._closed
+
+    def shutdown(self) -> None:
+        """Abort every request (waiters raise ``UnavailableError``) and join the thread."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._commands.put(_Command(lambda: None, stop=True))
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # -- submission ---------------------------------------------------------------------------
+
+    def _submit(self, run: Callable[[], T], *, with_future: bool) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise UnavailableError("the engine is shut down")
+            self._commands.put(_Command(run, future if with_future else None))
+        return future
+
+    def _submit_quietly(self, run: Callable[[], object]) -> None:
+        try:
+            self._submit(run, with_future=False)
+        except UnavailableError:
+            logger.debug("engine is shut down; dropping a fire-and-forget command")
+
+    # -- the engine thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._run_commands(block=not self._can_step()):
+                if self._can_step():
+                    self._step()
+        except BaseException:
+            logger.exception("engine thread crashed")
+            raise
+        finally:
+            self._close_all()
+
+    def _can_step(self) -> bool:
+        stats = self.engine.scheduler.stats()
+        return not self._stalled and stats.num_running + stats.num_waiting > 0
+
+    def _run_commands(self, *, block: bool) -> bool:
+        """Run queued commands (waiting for one when ``block``); False once told to stop."""
+        timeout_s = _STALLED_RECHECK_S if self._stalled else None
+        try:
+            command = self._commands.get(block=block, timeout=timeout_s)
+        except queue.Empty:
+            self._stalled = False  # (stalled only) re-plan once as a safety net
+            return True
+        while True:
+            if command.stop:
+                return False
+            self._stalled = False
+            self._execute(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _execute(self, command: _Command) -> None:
+        future = command.future
+        if future is not None and not future.set_running_or_notify_cancel():
+            return  # the caller gave up before it ran
+        try:
+            result = command.run()
+        except BaseException as e:
+            self._refresh_stats()
+            if future is None:
+                logger.exception("engine command failed")
+            else:
+                future.set_exception(e)
+            return
+        self._refresh_stats()  # NOTE: before the caller wakes, so it sees the command's effect
+        if future is not None:
+            future.set_result(result)
+
+    def _refresh_stats(self) -> None:
+        self._stats = self.engine.scheduler.stats()
+
+    def _step(self) -> None:
+        preemptions_before = self._stats.num_preemptions_total
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            self._fail_batch(e)
+            return
+        self._refresh_stats()
+        for output in outputs:
+            sink = self._sinks.get(output.request_id)
+            if sink is None:
+                continue
+            if output.finished:
+                del self._sinks[output.request_id]
+            self._push(output.request_id, sink, output)
+        stats = self._stats
+        # NOTE: nothing running and nothing produced means the plan was empty (waiting requests
+        # do not fit); only a command (release, abort, ...) can change that, so wait for one.
+        self._stalled = (
+            not outputs
+            and stats.num_running == 0
+            and stats.num_preemptions_total == preemptions_before
+        )
+
+    def _push(self, request_id: str, sink: _Sink, item: _Item) -> None:
+        try:
+            sink.loop.call_soon_threadsafe(sink.queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody will read this request
+            logger.warning("request %s: its event loop is closed; aborting it", request_id)
+            self._sinks.pop(request_id, None)
+            self.engine.abort(request_id)
+
+    def _abort_now(self, request_id: str) -> bool:
+        found = self.engine.abort(request_id)
+        self._refresh_stats()
+        sink = self._sinks.pop(request_id, None)
+        if sink is not None:
+            self._push(request_id, sink, _ABORTED)
+        if found:
+            logger.info("request %s aborted", request_id)
+        return found
+
+    def _track(self, request_id: str) -> None:
+        self._live.add(request_id)
+        if len(self._live) > self._prune_at:
+            get = self.engine.scheduler.get_request
+            self._live = {rid for rid in self._live if get(rid) is not None}
+            self._prune_at = max(1024, 2 * len(self._live))
+
+    def _fail_batch(self, error: Exception) -> None:
+        scheduler = self.engine.scheduler
+        failed = {}
+        for request_id in list(self._sinks):
+            request = scheduler.get_request(request_id)
+            if request is not None and request.status is RequestStatus.WAITING_FOR_KV:
+                continue  # not in the batch; a pull may still write its blocks
+            failed[request_id] = self._sinks.pop(request_id)
+            try:
+                self.engine.abort(request_id)
+            except Exception:
+                logger.exception("request %s: abort after a failed step raised", request_id)
+        logger.error("engine step failed (%r); failing requests %s", error, list(failed))
+        self._refresh_stats()
+        for request_id, sink in failed.items():
+            self._push(request_id, sink, PdserveError(f"engine step failed: {error!r}"))
+
+    def _close_all(self) -> None:
+        with self._lock:
+            self._closed = True
+        for request_id in self._live:
+            try:
+                self.engine.abort(request_id)
+            except Exception:
+                logger.exception("request %s: abort at shutdown raised", request_id)
+        for request_id, sink in self._sinks.items():
+            self._push(request_id, sink, UnavailableError("the engine is shut down"))
+        self._sinks.clear()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command.future is not None and command.future.set_running_or_notify_cancel():
+                command.future.set_exception(UnavailableError("the engine is shut down"))
+        self._refresh_stats()
+        logger.info("engine thread stopped")

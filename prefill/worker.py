@@ -1,0 +1,223 @@
+"""The prefill role: run a prompt, return its first token, export its KV under a lease.
+
+:class:`PrefillWorker` adds a ``prefill_only`` request to its :class:`~engine.async_engine.
+AsyncEngine`, waits for the first token, then — on the engine thread, in one command — reads the
+pinned blocks and exports them through the :class:`~transfer.transport.KVTransport`. The export's
+``on_release`` (pull completed, importer released, lease expired, shutdown) unpins the blocks on
+the engine thread. A first token that already ends the request (EOS, a stop, ``max_tokens=1``)
+pins and exports nothing. Every failure or cancellation path frees the blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from core.config import EngineConfig, ModelConfig, TransferConfig
+from core.errors import ConfigError, TransferError, UnavailableError
+from core.kv_events import KVEventBatch
+from core.kv_handle import KVHandle
+from core.messages import PrefillRequest, PrefillResult, sampling_from_dict
+from core.sampling import SamplingParams
+from engine.async_engine import AsyncEngine
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.setup import build_engine_parts
+from transfer import GrpcKVTransport, InMemoryTransferMetrics, KVTransport, TransferSide
+from transfer.leases import ReleaseCause
+
+logger = logging.getLogger(__name__)
+
+
+class PrefillWorker:
+    """Prefill-only engine plus the KV export side; one per prefill replica."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        transport: KVTransport,
+        *,
+        metrics: InMemoryTransferMetrics | None = None,
+    ) -> None:
+        """``metrics`` default to the transport's own ``metrics`` attribute when it has one."""
+        self._engine = engine
+        self._transport = transport
+        found = getattr(transport, "metrics", None)
+        self._metrics = metrics or (found if isinstance(found, InMemoryTransferMetrics) else None)
+        self._lock = threading.Lock()
+        self._pinned: set[str] = set()  # request ids whose export is live
+        self._releaser = ThreadPoolExecutor(1, thread_name_prefix="pdserve-prefill-release")
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine this worker drives."""
+        return self._engine
+
+    @property
+    def transport(self) -> KVTransport:
+        """The KV transport this worker exports through."""
+        return self._transport
+
+    async def prefill(self, request: PrefillRequest) -> PrefillResult:
+        """Compute the prompt, sample the first token, export the KV.
+
+        Raises ``core.errors`` types: ``InvalidRequestError`` (bad prompt or sampling),
+        ``UnavailableError`` (aborted or shut down), ``TransferError`` (export refused).
+        """
+        request_id = request.request_id
+        params = sampling_from_dict(request.sampling)
+        first = await self._first_token(request_id, request.prompt_token_ids, params)
+        if first.finish_reason is not None:
+            logger.info(
+                "request %s: first token ended it (%s); nothing exported",
+                request_id,
+                first.finish_reason,
+            )
+            return _result(first, None)
+        handle = await self._export(request_id)
+        logger.info(
+            "request %s: prefilled %d tokens (%d cached); exported %d blocks as %s",
+            request_id,
+            len(request.prompt_token_ids),
+            first.num_cached_tokens,
+            handle.num_blocks,
+            handle.transfer_id,
+        )
+        return _result(first, handle)
+
+    async def _first_token(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> RequestOutput:
+        stream = self._engine.generate(request_id, prompt_token_ids, params, prefill_only=True)
+        final: RequestOutput | None = None
+        async for output in stream:
+            if output.finished:
+                final = output
+                break
+        if final is None or not final.token_ids:
+            reason = "aborted" if final is None else final.finish_reason
+            raise UnavailableError(
+                f"request {request_id}: prefill ended without a token ({reason})"
+            )
+        return final
+
+    async def _export(self, request_id: str) -> KVHandle:
+        future = self._engine.submit(lambda engine: self._export_pinned(engine, request_id))
+        try:
+            return await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            future.add_done_callback(lambda f: self._undo_export(request_id, f))
+            raise
+
+    def _export_pinned(self, engine: LLMEngine, request_id: str) -> KVHandle:
+        """On the engine thread: export the pinned blocks or unpin them."""
+        pinned = engine.get_pinned_blocks(request_id)
+        if pinned is None:
+            raise UnavailableError(f"request {request_id}: its KV is no longer pinned")
+        with self._lock:
+            self._pinned.add(request_id)
+        try:
+            return self._transport.export(
+                pinned.block_ids, on_release=lambda cause: self._on_release(request_id, cause)
+            )
+        except BaseException:
+            with self._lock:
+                self._pinned.discard(request_id)
+            engine.release(request_id)
+            raise
+
+    def _on_release(self, request_id: str, cause: ReleaseCause) -> None:
+        """Any thread: the export is over; unpin on the engine thread."""
+        with self._lock:
+            self._pinned.discard(request_id)
+        logger.info("request %s: kv export freed (%s)", request_id, cause)
+        self._engine.release_soon(request_id)
+
+    def _undo_export(self, request_id: str, future: Future[KVHandle]) -> None:
+        """The caller went away mid-export: free whatever the export holds."""
+        if future.cancelled() or future.exception() is not None:
+            self._engine.release_soon(request_id)
+            return
+        handle = future.result()
+        logger.info(
+            "request %s: caller gone; releasing kv export %s", request_id, handle.transfer_id
+        )
+        self._releaser.submit(self._release_quietly, request_id, handle)
+
+    def _release_quietly(self, request_id: str, handle: KVHandle) -> None:
+        try:
+            self._transport.release(handle)
+        except TransferError as e:
+            logger.warning(
+                "request %s: release of %s failed: %s", request_id, handle.transfer_id, e
+            )
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a prefill in progress; False when it is unknown or already done."""
+        return await self._engine.abort(request_id)
+
+    def stats(self) -> dict[str, float | int]:
+        """KV blocks, queues, live exports and export-side transfer metrics."""
+        stats: dict[str, float | int] = dict(self._engine.kv_stats())
+        with self._lock:
+            stats["exports_pinned"] = len(self._pinned)
+        snapshot = None if self._metrics is None else self._metrics.snapshot()
+        side = TransferSide.EXPORT
+        stats["transfers_in_flight"] = 0 if snapshot is None else snapshot.in_flight.get(side, 0)
+        stats["transfer_bytes_total"] = 0 if snapshot is None else snapshot.bytes_total.get(side, 0)
+        stats["transfer_failures_total"] = (
+            0 if snapshot is None else sum(snapshot.failures(side).values())
+        )
+        stats["leases_expired_total"] = (
+            0 if snapshot is None else snapshot.lease_releases.get(ReleaseCause.EXPIRED, 0)
+        )
+        return stats
+
+    async def shutdown(self) -> None:
+        """Free every export, stop the transport, then the engine."""
+        await asyncio.to_thread(self._transport.close)
+        await asyncio.to_thread(self._engine.shutdown)
+        self._releaser.shutdown(wait=True)
+
+
+def _result(first: RequestOutput, handle: KVHandle | None) -> PrefillResult:
+    return PrefillResult(
+        request_id=first.request_id,
+        first_token_id=first.token_ids[0],
+        first_text=first.text,
+        num_cached_tokens=first.num_cached_tokens,
+        kv_handle=handle,
+        finish_reason=first.finish_reason,
+    )
+
+
+def build_prefill_worker(
+    model: ModelConfig,
+    engine: EngineConfig,
+    transfer: TransferConfig,
+    *,
+    node_host: str | None = None,
+    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+) -> PrefillWorker:
+    """A prefill worker on a real engine and a serving :class:`GrpcKVTransport`."""
+    parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
+    if parts.storage.device.type != "cpu":
+        raise ConfigError(
+            f"disaggregated prefill needs host-memory KV storage; this engine keeps its KV on "
+            f"{parts.storage.device} (GPU staging is not implemented yet)",
+            param="prefill",
+        )
+    metrics = InMemoryTransferMetrics()
+    transport = GrpcKVTransport(
+        parts.storage, transfer, serve=True, node_host=node_host, metrics=metrics
+    )
+    logger.info(
+        "prefill worker ready: %d KV blocks, exporting at %s (layout %s)",
+        parts.storage.num_blocks,
+        transport.address,
+        parts.layout.fingerprint(),
+    )
+    return PrefillWorker(AsyncEngine(LLMEngine(parts)), transport, metrics=metrics)

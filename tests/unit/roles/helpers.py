@@ -1,0 +1,97 @@
+"""Small helpers shared by the role tests: waiting on conditions and running one handoff."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.messages import (
+    DecodeRequest,
+    PrefillRequest,
+    PrefillResult,
+    TokenChunk,
+    sampling_to_dict,
+)
+from core.sampling import SamplingParams
+from decode.worker import DecodeWorker
+from prefill.worker import PrefillWorker
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Poll ``predicate`` until true or ``timeout_s`` passes; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            return predicate()
+        pause.wait(0.005)
+    return True
+
+
+async def async_wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """:func:`wait_until` for coroutines: yields to the loop between polls."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return predicate()
+        await asyncio.sleep(0.005)
+    return True
+
+
+@dataclass
+class Handoff:
+    """What one prefill -> decode request produced."""
+
+    prefill: PrefillResult
+    chunks: list[TokenChunk]
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The first token plus every decoded one."""
+        return [self.prefill.first_token_id] + [t for c in self.chunks for t in c.token_ids]
+
+    @property
+    def text(self) -> str:
+        """The first token's text plus every chunk's."""
+        return self.prefill.first_text + "".join(c.text for c in self.chunks)
+
+
+async def prefill(
+    worker: PrefillWorker, request_id: str, prompt: list[int], params: SamplingParams
+) -> PrefillResult:
+    """Run one prefill request."""
+    return await worker.prefill(PrefillRequest(request_id, prompt, sampling_to_dict(params)))
+
+
+def decode_request(
+    request_id: str, prompt: list[int], params: SamplingParams, result: PrefillResult | None
+) -> DecodeRequest:
+    """The decode request that continues ``result`` (local prefill when None)."""
+    return DecodeRequest(
+        request_id,
+        prompt,
+        sampling_to_dict(params),
+        first_token_id=None if result is None else result.first_token_id,
+        kv_handle=None if result is None else result.kv_handle,
+    )
+
+
+async def collect(worker: DecodeWorker, request: DecodeRequest) -> list[TokenChunk]:
+    """Every chunk of one decode stream."""
+    return [chunk async for chunk in worker.generate(request)]
+
+
+async def handoff(
+    prefill_worker: PrefillWorker,
+    decode_worker: DecodeWorker,
+    request_id: str,
+    prompt: list[int],
+    params: SamplingParams,
+) -> Handoff:
+    """Prefill on one worker, decode on the other with the returned handle."""
+    result = await prefill(prefill_worker, request_id, prompt, params)
+    chunks = await collect(decode_worker, decode_request(request_id, prompt, params, result))
+    return Handoff(result, chunks)
