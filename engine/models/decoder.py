@@ -39,7 +39,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(hidden, eps, dtype=dtype, device=device)
         self.self_attn = Attention(config, backend, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype=dtype, device=device)
-        self.mlp: GatedMLP | MoELayer
+        self.mlp: nn.Module  # GatedMLP or MoELayer (or an expert-parallel wrapper of it)
         if config.is_moe_layer(layer_idx):
             self.mlp = MoELayer(config, dtype=dtype, device=device, expert_ids=expert_ids)
         else:

@@ -17,7 +17,7 @@ def test_full_blocks_only_and_prefix_chaining() -> None:
     assert hashes[0] == hash_block(root_hash(), tokens[:16])
     assert hashes[1] == hash_block(hashes[0], tokens[16:32])
     # Same second block after a different first block -> different hash (the chain covers all).
-    other = [99] + tokens[1:]
+    other = [99, *tokens[1:]]
     assert hash_prompt_blocks(other, 16)[1] != hashes[1]
     # A shared prefix shares hashes exactly as far as the blocks agree.
     diverging = tokens[:20] + [500] * 17

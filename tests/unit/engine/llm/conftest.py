@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from engine.builtin.byte_tokenizer import byte_to_char_map
-from tests.unit.engine.models.hf_checkpoints import HFCheckpoint, save_checkpoint
-
-
-def add_byte_tokenizer(directory: Path) -> None:
-    """Give a transformers-saved test checkpoint (vocab 256) a plain byte-level tokenizer."""
-    vocab = {char: byte for byte, char in byte_to_char_map().items()}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({}))
+from tests.unit.engine.models.hf_checkpoints import (
+    HFCheckpoint,
+    add_byte_tokenizer,
+    save_checkpoint,
+)
 
 
 @pytest.fixture(scope="session")

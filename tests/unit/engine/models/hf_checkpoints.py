@@ -16,6 +16,7 @@ differ from one. ``eos_token_id`` is unset so generation always runs ``max_new_t
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -43,6 +45,7 @@ from transformers import (
 
 from engine.attention.backend import AttentionBackend, get_backend
 from engine.attention.metadata import AttentionMetadata
+from engine.builtin.byte_tokenizer import byte_to_char_map
 from engine.models.decoder import CausalLM
 
 transformers.utils.logging.disable_progress_bar()
@@ -300,3 +303,14 @@ def assert_greedy_matches(
                 f"step {step}: ours {mine} vs HF {hf_token}, HF logit gap {gap} is no near-tie"
             )
             return
+
+
+def add_byte_tokenizer(directory: Path) -> None:
+    """Write ``tokenizer.json`` (256 byte tokens, no merges) and an empty tokenizer config, so
+    the engine can load a transformers-built checkpoint (vocab 256)."""
+    vocab = {char: byte for byte, char in byte_to_char_map().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({}))

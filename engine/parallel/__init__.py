@@ -1,0 +1,32 @@
+"""Expert parallelism: placement plan, EP MoE layer over torch.distributed, lockstep stepping."""
+
+from engine.parallel.builder import build_ep_stepper, check_placement_agreement
+from engine.parallel.collective import EPCollective, TorchEPCollective
+from engine.parallel.group import init_ep_process_group, rendezvous_address
+from engine.parallel.inproc import InProcCollective, InProcGroup
+from engine.parallel.install import ExpertParallelModel, install_expert_parallel
+from engine.parallel.moe_layer import ExpertParallelMoE
+from engine.parallel.placement import ExpertPlacement
+from engine.parallel.stats import ExpertLoadStats
+from engine.parallel.stepper import EPStepper, LockstepOutput, SteppableEngine
+from engine.parallel.timing import StepTimer
+
+__all__ = [
+    "EPCollective",
+    "EPStepper",
+    "ExpertLoadStats",
+    "ExpertParallelMoE",
+    "ExpertParallelModel",
+    "ExpertPlacement",
+    "InProcCollective",
+    "InProcGroup",
+    "LockstepOutput",
+    "StepTimer",
+    "SteppableEngine",
+    "TorchEPCollective",
+    "build_ep_stepper",
+    "check_placement_agreement",
+    "init_ep_process_group",
+    "install_expert_parallel",
+    "rendezvous_address",
+]

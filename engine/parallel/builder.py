@@ -1,0 +1,58 @@
+"""Build one rank of an expert-parallel engine: load only this rank's experts, install EP.
+
+The composition the roles use: :func:`build_ep_stepper` loads the checkpoint with the experts
+the placement gives this rank, swaps the MoE layers for expert-parallel ones, checks that every
+rank of the gang uses the same placement, and returns the lockstep stepper around an ordinary
+:class:`~engine.engine.LLMEngine` (its scheduler, KV cache and requests stay this rank's own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from core.config import EngineConfig, ModelConfig
+from core.errors import ConfigError
+from core.kv_events import KVEventBatch
+from engine.engine import LLMEngine
+from engine.parallel.collective import EPCollective
+from engine.parallel.install import install_expert_parallel
+from engine.parallel.placement import ExpertPlacement
+from engine.parallel.stepper import EPStepper
+from engine.parallel.timing import StepTimer
+from engine.setup import build_engine_parts
+
+
+def build_ep_stepper(
+    model_cfg: ModelConfig,
+    engine_cfg: EngineConfig,
+    collective: EPCollective,
+    placement: ExpertPlacement,
+    *,
+    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    timer: StepTimer | None = None,
+) -> EPStepper[LLMEngine]:
+    """This rank's engine with expert-parallel MoE layers, driven by an :class:`EPStepper`.
+
+    Collective: one agreement round (the placement fingerprint), so every rank must call it.
+    """
+    check_placement_agreement(collective, placement)
+    parts = build_engine_parts(
+        model_cfg,
+        engine_cfg,
+        kv_event_callback=kv_event_callback,
+        expert_ids=placement.experts_of(collective.rank),
+    )
+    ep_model = install_expert_parallel(parts.model, collective, placement, timer=timer)
+    return EPStepper(LLMEngine(parts), ep_model, collective)
+
+
+def check_placement_agreement(collective: EPCollective, placement: ExpertPlacement) -> None:
+    """Raise :class:`ConfigError` on every rank unless all ranks hold the same placement."""
+    fingerprint = placement.fingerprint()
+    highest, negated_lowest = collective.all_reduce_max([fingerprint, -fingerprint])
+    if highest != fingerprint or -negated_lowest != fingerprint:
+        raise ConfigError(
+            f"expert-parallel rank {collective.rank}: the gang's ranks use different expert "
+            "placements",
+            param="placement",
+        )

@@ -1,0 +1,143 @@
+"""The collectives an expert-parallel gang needs, and their ``torch.distributed`` implementation.
+
+:class:`EPCollective` is the contract the EP MoE layer and the lockstep stepper are written
+against: an uneven all-to-all of rows along dim 0 and an element-wise max all-reduce of a few
+ints. Every rank must issue the same calls in the same order. :class:`TorchEPCollective` runs
+them over a process group (gloo on CPU, NCCL on CUDA); :mod:`engine.parallel.inproc` runs them
+between threads of one process for tests.
+
+Failure: a collective that fails (a peer died: gloo reports the closed connection at once; a
+peer stalled: the process group's timeout fires) raises :class:`UnavailableError` and marks the
+collective broken, so every later call fails at once instead of touching a dead group. The gang
+must then be restarted as a whole. NOTE: with NCCL a stalled peer is caught by NCCL's watchdog
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING``), which tears the process down rather than raising here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from core.errors import UnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+class EPCollective(Protocol):
+    """Collectives over the ranks of one expert-parallel gang."""
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, ``0..world_size-1``."""
+        ...
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks in the gang."""
+        ...
+
+    def all_to_all(
+        self, send: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int]
+    ) -> torch.Tensor:
+        """Send ``send`` [N, ...] rows ``sum(send_splits[:r])`` onwards (``send_splits[r]`` of
+        them) to rank ``r``; return the rows received [sum(recv_splits), ...], grouped by source
+        rank in rank order. ``recv_splits[r]`` must equal rank ``r``'s ``send_splits[self]``."""
+        ...
+
+    def all_reduce_max(self, values: Sequence[int]) -> list[int]:
+        """Element-wise maximum of ``values`` over all ranks (same length on every rank)."""
+        ...
+
+    def close(self) -> None:
+        """Leave the gang; later calls raise :class:`UnavailableError`."""
+        ...
+
+
+class TorchEPCollective:
+    """:class:`EPCollective` over a ``torch.distributed`` process group.
+
+    ``device`` is where the group's tensors must live: the CPU for gloo, the rank's GPU for NCCL.
+    ``owns_group``: :meth:`close` destroys the group (it was created for this gang).
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        device: torch.device,
+        *,
+        owns_group: bool = False,
+    ) -> None:
+        self._group = group
+        self.device = device
+        self._rank = dist.get_rank(group)
+        self._world_size = dist.get_world_size(group)
+        self._owns_group = owns_group
+        self._broken: str | None = None
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The group's size."""
+        return self._world_size
+
+    def all_to_all(
+        self, send: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int]
+    ) -> torch.Tensor:
+        """Uneven all-to-all of rows (``all_to_all_single``); see :class:`EPCollective`."""
+        self._check_usable("all_to_all")
+        if self._world_size == 1:
+            return send  # a gang of one: nothing to exchange
+        recv = send.new_empty((sum(recv_splits), *send.shape[1:]))  # [M, ...]
+        try:
+            dist.all_to_all_single(
+                recv,
+                send.contiguous(),
+                output_split_sizes=list(recv_splits),
+                input_split_sizes=list(send_splits),
+                group=self._group,
+            )
+        except RuntimeError as e:  # DistBackendError is a RuntimeError
+            raise self._fail("all_to_all", e) from e
+        return recv
+
+    def all_reduce_max(self, values: Sequence[int]) -> list[int]:
+        """Element-wise max of a few ints over the group."""
+        self._check_usable("all_reduce")
+        if self._world_size == 1:
+            return list(values)
+        tensor = torch.tensor(list(values), dtype=torch.int64, device=self.device)  # [n]
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
+        except RuntimeError as e:
+            raise self._fail("all_reduce", e) from e
+        return [int(v) for v in tensor.tolist()]
+
+    def close(self) -> None:
+        """Destroy the group if this collective created it; idempotent."""
+        if self._broken is None:
+            self._broken = "closed"
+        if self._owns_group and dist.is_initialized():
+            self._owns_group = False
+            dist.destroy_process_group(self._group)
+
+    def _check_usable(self, op: str) -> None:
+        if self._broken is not None:
+            raise UnavailableError(
+                f"expert-parallel rank {self._rank}: {op} on a gang that is {self._broken}; "
+                "the gang must be restarted"
+            )
+
+    def _fail(self, op: str, error: Exception) -> UnavailableError:
+        self._broken = "broken"
+        logger.error("expert-parallel rank %s: %s failed: %s", self._rank, op, error)
+        return UnavailableError(
+            f"expert-parallel rank {self._rank}: {op} failed, a peer rank died or stalled: {error}"
+        )
