@@ -1,33 +1,39 @@
 """Our gRPC KV pull against a raw TCP socket, between two processes on this machine.
 
-A child process (the exporter) holds ``--mib`` MiB of KV blocks in the built-in tiny-llama
-layout and serves them two ways: a raw TCP socket that ``sendall``s the whole buffer, and a
-``KVExportServer``. The parent (the importer) receives the same bytes
+An exporter process holds ``--mib`` MiB of KV blocks in the built-in tiny-llama layout and
+serves them two ways: a raw TCP socket that ``sendall``s the whole buffer, and a
+``KVExportServer``. An importer process receives the same bytes
 
 - over the socket with ``recv_into`` 1 MiB reads into a preallocated buffer, and
 - with ``KVImportClient.pull`` into preallocated destination blocks (checksummed, verified),
 
-alternating the two ``--repeats`` times after a warm-up, and reports the best run of each as
-GB/s and ``ratio`` (ours / socket; target >= 0.45): on a shared 2-core machine the best run is
-the one least disturbed by other work, and the 1-minute load average is reported alongside. It
-also times pulling the KV of a 4096-token prompt of tiny-llama (8 MiB; target < 10 ms) from
-handle to DONE: median and best of ``--repeats`` x 3 pulls. Prints one JSON line.
-Usage: ``python benchmarks/transfer_vs_socket.py [--mib 256] [--repeats 5]``. glibc malloc settings
-in the environment (``MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=536870912``) apply
-to both processes and are echoed in the output: they stop gRPC's 2 MiB message buffers from
-being mapped and unmapped (page faults) on every message.
+alternating the two ``--repeats`` times after a warm-up (``--compare-crc32`` adds a third run
+per round: a client that offers only the v1 CRC-32 checksum). Each round also times
+``--prompt-pulls`` pulls of the KV of a 4096-token prompt of tiny-llama (8 MiB) from handle to
+DONE on the warm channel. Reported: medians over rounds (the machine is shared and noisy), with
+``ratio`` the median of each round's socket time over its pull time (target >= 0.45) and the
+best runs alongside; the CPU seconds per MiB that each side spent (a measure that load on other
+cores does not inflate); the prompt pull's median and best (target < 10 ms); the 1-minute load
+average. Both processes start with ``transfer.process_env.MALLOC_ENV`` (what the deployments
+set) unless ``--no-malloc-env``. Prints one JSON line.
+
+Usage: ``python benchmarks/transfer_vs_socket.py [--mib 256] [--repeats 5] [--compare-crc32]``
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
+import resource
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 import numpy as np
 
@@ -35,12 +41,16 @@ from core.config import TransferConfig
 from core.kv_handle import KVHandle, TransferState
 from core.kv_layout import KVLayout
 from transfer import KVExportServer, KVImportClient, NumpyBlockStore
+from transfer.checksums import ChecksumAlgorithm
+from transfer.process_env import MALLOC_ENV
 
 MIB = 1024 * 1024
 # builtin:tiny-llama: 4 layers, 2 KV heads, head_dim 32, fp32, 16-token blocks -> 32 KiB blocks.
 LAYOUT = KVLayout("builtin:tiny-llama", "float32", 16, 4, 2, 32)
 PROMPT_TOKENS = 4096
 HOST = "127.0.0.1"
+
+Sample = tuple[float, float, float]  # wall s, importer CPU s, exporter CPU s
 
 
 def make_config(chunk_bytes: int) -> TransferConfig:
@@ -50,46 +60,50 @@ def make_config(chunk_bytes: int) -> TransferConfig:
     )
 
 
+def cpu_s() -> float:
+    """User + system CPU seconds of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def exporter_main(conn: Connection, num_blocks: int, chunk_bytes: int) -> None:
-    """Child: serve the blocks over a raw socket and over gRPC until told to stop."""
+    """Serve the blocks over a raw socket and over gRPC until told to stop."""
     store = NumpyBlockStore(LAYOUT, num_blocks)
     store.fill_random(seed=0)
     listener = socket.create_server((HOST, 0))
     with KVExportServer(store, make_config(chunk_bytes)) as server:
-        conn.send(("ready", listener.getsockname()[1], server.address))
+        conn.send(("ready", listener.getsockname()[1]))
         while True:
             command, arg = conn.recv()
             if command == "socket":
                 peer, _ = listener.accept()
                 with peer:
-                    peer.sendall(memoryview(store.data).cast("B"))
+                    peer.sendall(store.data.reshape(-1).data)
                 conn.send("sent")
             elif command == "export":
-                handle = server.export(list(range(arg)))
-                conn.send(handle.to_dict())
+                conn.send(server.export(list(range(arg))).to_dict())
+            elif command == "cpu":
+                conn.send(cpu_s())
             else:
                 break
     listener.close()
 
 
-def time_socket(conn: Connection, port: int, buffer: memoryview) -> float:
-    """Seconds to receive ``len(buffer)`` bytes over a fresh TCP connection, 1 MiB reads."""
+def time_socket(conn: Connection, port: int, buffer: memoryview) -> None:
+    """Receive ``len(buffer)`` bytes over a fresh TCP connection in 1 MiB reads."""
     with socket.create_connection((HOST, port)) as sock:
         conn.send(("socket", None))
-        start = time.perf_counter()
         received = 0
         while received < len(buffer):
             n = sock.recv_into(buffer[received : received + MIB])
             if n == 0:
                 raise ConnectionError("exporter closed the socket early")
             received += n
-        elapsed = time.perf_counter() - start
     conn.recv()
-    return elapsed
 
 
 def time_pull(conn: Connection, client: KVImportClient, num_blocks: int) -> float:
-    """Seconds from asking for an export of ``num_blocks`` until the pull is DONE."""
+    """Seconds from holding a fresh export's handle until its pull is DONE."""
     conn.send(("export", num_blocks))
     handle = KVHandle.from_dict(conn.recv())
     start = time.perf_counter()
@@ -100,57 +114,92 @@ def time_pull(conn: Connection, client: KVImportClient, num_blocks: int) -> floa
     return elapsed
 
 
-def main() -> None:
-    """Run both transports and print one JSON line."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=256, help="bytes moved per run, MiB")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each transport")
-    parser.add_argument(
-        "--chunk-mib", type=float, default=TransferConfig().chunk_bytes / MIB, help="chunk size"
-    )
-    args = parser.parse_args()
-    config = make_config(int(args.chunk_mib * MIB))
-    num_blocks = args.mib * MIB // LAYOUT.block_bytes
-    total_bytes = num_blocks * LAYOUT.block_bytes
-    prompt_blocks = PROMPT_TOKENS // LAYOUT.block_size
+def measure(conn: Connection, run: Callable[[], object]) -> Sample:
+    """Wall time of ``run()`` and the CPU both processes spent in it."""
+    conn.send(("cpu", None))
+    exporter_start_s = conn.recv()
+    importer_start_s, start = cpu_s(), time.perf_counter()
+    run()
+    wall_s, importer_s = time.perf_counter() - start, cpu_s() - importer_start_s
+    conn.send(("cpu", None))
+    return wall_s, importer_s, conn.recv() - exporter_start_s
 
-    context = mp.get_context("spawn")
-    parent, child = context.Pipe()
-    proc = context.Process(
-        target=exporter_main, args=(child, num_blocks, config.chunk_bytes), daemon=True
-    )
-    proc.start()
-    _, port, _ = parent.recv()
-    buffer = memoryview(bytearray(total_bytes))
+
+def importer_main(conn: Connection, result: Connection, args: argparse.Namespace) -> None:
+    """Run the rounds against the exporter at the other end of ``conn``; send back samples."""
+    _, port = conn.recv()
+    num_blocks = args.mib * MIB // LAYOUT.block_bytes
+    prompt_blocks = PROMPT_TOKENS // LAYOUT.block_size
+    buffer = memoryview(bytearray(num_blocks * LAYOUT.block_bytes))
     store = NumpyBlockStore(LAYOUT, num_blocks)
-    socket_s, grpc_s, prompt_s = [], [], []
+    config = make_config(int(args.chunk_mib * MIB))
+    clients = {"grpc": KVImportClient(store, config)}
+    if args.compare_crc32:
+        clients["crc32"] = KVImportClient(
+            store, config, accepted_checksums=(ChecksumAlgorithm.CRC32,)
+        )
+    samples: dict[str, list[Sample]] = {"socket": [], **{name: [] for name in clients}}
+    prompt_s: list[float] = []
     try:
-        with KVImportClient(store, config) as client:
-            time_socket(parent, port, buffer)  # warm-up: connections, page faults
-            time_pull(parent, client, num_blocks)
-            for _ in range(args.repeats):
-                socket_s.append(time_socket(parent, port, buffer))
-                grpc_s.append(time_pull(parent, client, num_blocks))
-                prompt_s.extend(time_pull(parent, client, prompt_blocks) for _ in range(3))
+        time_socket(conn, port, buffer)  # warm-up: connections, page faults
+        for client in clients.values():
+            time_pull(conn, client, num_blocks)
+        for _ in range(args.repeats):
+            samples["socket"].append(measure(conn, lambda: time_socket(conn, port, buffer)))
+            for name, client in clients.items():
+                run = functools.partial(time_pull, conn, client, num_blocks)
+                samples[name].append(measure(conn, run))
+            prompt_s.extend(
+                time_pull(conn, clients["grpc"], prompt_blocks) for _ in range(args.prompt_pulls)
+            )
         if not np.array_equal(np.frombuffer(buffer, dtype=np.uint8), store.data.reshape(-1)):
             raise RuntimeError("socket and gRPC copies differ")
     finally:
-        parent.send(("stop", None))
-        proc.join(timeout=30)
+        for client in clients.values():
+            client.close()
+        conn.send(("stop", None))
+    result.send((samples, prompt_s))
 
-    socket_gbps = total_bytes / min(socket_s) / 1e9
-    grpc_gbps = total_bytes / min(grpc_s) / 1e9
-    result = {
+
+def summarize(samples: list[Sample], socket: list[Sample], total_mib: float) -> dict[str, Any]:
+    """Medians of one transport's rounds, paired with the socket rounds they alternated with."""
+    wall = [s[0] for s in samples]
+    ratios = [k[0] / s[0] for k, s in zip(socket, samples, strict=True)]
+    return {
+        "gbps": round(total_mib * MIB / statistics.median(wall) / 1e9, 3),
+        "ratio": round(statistics.median(ratios), 3),
+        "ratio_best": round(min(k[0] for k in socket) / min(wall), 3),
+        "cpu_ms_per_mib": [
+            round(statistics.median(s[side] for s in samples) * 1000 / total_mib, 3)
+            for side in (1, 2)
+        ],
+    }
+
+
+def report(
+    args: argparse.Namespace, samples: dict[str, list[Sample]], prompt_s: list[float]
+) -> str:
+    """The JSON line."""
+    num_blocks = args.mib * MIB // LAYOUT.block_bytes
+    total_mib = num_blocks * LAYOUT.block_bytes / MIB
+    socket_rounds = samples["socket"]
+    ours = summarize(samples["grpc"], socket_rounds, total_mib)
+    socket_cpu = summarize(socket_rounds, socket_rounds, total_mib)["cpu_ms_per_mib"]
+    result: dict[str, Any] = {
         "benchmark": "transfer_vs_socket",
-        "bytes": total_bytes,
+        "bytes": num_blocks * LAYOUT.block_bytes,
         "block_bytes": LAYOUT.block_bytes,
-        "chunk_bytes": config.chunk_bytes,
-        "socket_gbps": round(socket_gbps, 3),
-        "grpc_gbps": round(grpc_gbps, 3),
-        "ratio": round(grpc_gbps / socket_gbps, 3),
+        "chunk_bytes": int(args.chunk_mib * MIB),
+        "checksum": ChecksumAlgorithm.XXH3_64.name,
+        "socket_gbps": summarize(socket_rounds, socket_rounds, total_mib)["gbps"],
+        "grpc_gbps": ours["gbps"],
+        "ratio": ours["ratio"],
+        "ratio_best": ours["ratio_best"],
         "target_ratio": 0.45,
+        "cpu_ms_per_mib": {"socket": socket_cpu, "grpc": ours["cpu_ms_per_mib"]},
+        "cpu_ratio": round(sum(socket_cpu) / sum(ours["cpu_ms_per_mib"]), 3),
         "prompt_tokens": PROMPT_TOKENS,
-        "prompt_kv_bytes": prompt_blocks * LAYOUT.block_bytes,
+        "prompt_kv_bytes": PROMPT_TOKENS // LAYOUT.block_size * LAYOUT.block_bytes,
         "prompt_pull_ms": round(statistics.median(prompt_s) * 1000, 2),
         "prompt_pull_best_ms": round(min(prompt_s) * 1000, 2),
         "target_prompt_pull_ms": 10.0,
@@ -158,7 +207,49 @@ def main() -> None:
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     }
-    print(json.dumps(result))
+    if "crc32" in samples:
+        result["crc32"] = summarize(samples["crc32"], socket_rounds, total_mib)
+    return json.dumps(result)
+
+
+def main() -> None:
+    """Start both processes, run the rounds and print one JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=256, help="bytes moved per run, MiB")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds (one run of each)")
+    parser.add_argument("--prompt-pulls", type=int, default=4, help="4K-prompt pulls per round")
+    parser.add_argument(
+        "--chunk-mib", type=float, default=TransferConfig().chunk_bytes / MIB, help="chunk size"
+    )
+    parser.add_argument("--compare-crc32", action="store_true", help="also time a v1 client")
+    parser.add_argument(
+        "--no-malloc-env", action="store_true", help="start both processes without MALLOC_ENV"
+    )
+    args = parser.parse_args()
+    if not args.no_malloc_env:
+        os.environ.update(MALLOC_ENV)  # inherited by the two spawned processes only
+    num_blocks = args.mib * MIB // LAYOUT.block_bytes
+    context = mp.get_context("spawn")
+    to_exporter, exporter_end = context.Pipe()
+    result, importer_result = context.Pipe()
+    exporter = context.Process(
+        target=exporter_main,
+        args=(exporter_end, num_blocks, int(args.chunk_mib * MIB)),
+        daemon=True,
+    )
+    importer = context.Process(
+        target=importer_main, args=(to_exporter, importer_result, args), daemon=True
+    )
+    exporter.start()
+    importer.start()
+    for end in (to_exporter, exporter_end, importer_result):
+        end.close()  # the children hold their own: a dead child now ends recv() with EOFError
+    try:
+        samples, prompt_s = result.recv()
+    finally:
+        importer.join(timeout=60)
+        exporter.join(timeout=30)
+    print(report(args, samples, prompt_s))
 
 
 if __name__ == "__main__":

@@ -2,23 +2,25 @@
 
 A pull streams the wanted blocks back to back, in the order the request lists them, as one
 logical byte string of ``len(wanted) * block_bytes``. That string is cut into chunks of at most
-``chunk_bytes`` (1-4 MiB): a chunk may pack several small blocks or hold part of a large one, and
-each carries its offset into the string and a zlib CRC-32 of its payload. The exporter takes
-views of a chunk's block slices (:func:`chunk_pieces`), checksums them and copies them exactly
-once, straight into the outgoing message (``transfer.codec``); the importer verifies a chunk's
-offset, size and checksum on the received buffer and only then copies it into its destination
-blocks (:class:`ChunkWriter`), so destination blocks never hold unverified bytes.
+``chunk_bytes`` (1-4 MiB; smaller pulls get smaller chunks, :func:`pull_chunk_bytes`): a chunk
+may pack several small blocks or hold part of a large one, and each carries its offset into the
+string and a checksum of its payload (``transfer.checksums``). The exporter takes views of a
+chunk's block slices (:func:`chunk_pieces`), checksums them and copies them exactly once,
+straight into the outgoing message (``transfer.codec``); the importer verifies a chunk's offset,
+size and checksum on the received buffer and only then copies it into its destination blocks
+(:class:`ChunkWriter`), so destination blocks never hold unverified bytes. Block views are
+fetched from the store as chunks need them (:class:`BlockViews`), not all before the first byte.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from core.errors import TransferError
 from core.kv_handle import TransferFailure
 from transfer.block_store import BlockStore
+from transfer.checksums import ChecksumAlgorithm, checksum
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,13 +29,29 @@ class ChunkData:
 
     offset_bytes: int
     total_bytes: int
-    crc32: int
+    checksum_algorithm: int
+    checksum: int
     payload: bytes
 
 
-def checksum(data: bytes | memoryview) -> int:
-    """The chunk checksum: zlib CRC-32 as an unsigned 32-bit int."""
-    return zlib.crc32(data) & 0xFFFFFFFF
+MIN_CHUNK_BYTES = 1 << 20
+"""Smallest chunk a pull is cut into (unless the configured chunk is smaller or the pull is)."""
+MIN_CHUNKS_PER_PULL = 8
+"""Pulls smaller than this many configured chunks get smaller chunks, down to 1 MiB."""
+_CHUNK_ALIGN_BYTES = 64 * 1024
+
+
+def pull_chunk_bytes(total_bytes: int, chunk_bytes: int) -> int:
+    """The chunk size for one pull: ``chunk_bytes``, or less for a pull of under 8 chunks.
+
+    A small pull (the KV of one prompt: a few MiB) cut into 1 MiB chunks instead of 2-4 MiB ones
+    pipelines better: the importer verifies and places one chunk while the exporter reads and
+    sends the next, so the last byte lands sooner. Never below 1 MiB, never above
+    ``chunk_bytes``; rounded up to 64 KiB.
+    """
+    wanted = -(-total_bytes // MIN_CHUNKS_PER_PULL)
+    wanted = -(-wanted // _CHUNK_ALIGN_BYTES) * _CHUNK_ALIGN_BYTES
+    return min(chunk_bytes, max(MIN_CHUNK_BYTES, wanted))
 
 
 def plan_chunks(total_bytes: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
@@ -42,27 +60,49 @@ def plan_chunks(total_bytes: int, chunk_bytes: int) -> Iterator[tuple[int, int]]
         yield offset, min(chunk_bytes, total_bytes - offset)
 
 
-def byte_views(store: BlockStore, block_ids: Sequence[int]) -> list[memoryview]:
-    """``store.block_view`` of each block as a flat unsigned-byte view, checked for size."""
-    block_bytes = store.layout.block_bytes
-    views = []
-    for block_id in block_ids:
-        view = store.block_view(block_id)
+class BlockViews:
+    """Flat unsigned-byte views of a list of blocks, each fetched from the store on first use.
+
+    ``store.block_view`` costs microseconds per block (more on torch-backed storage), so a pull
+    fetches views as its chunks reach them instead of all of them before the first byte moves.
+    Each view is checked to be exactly ``layout.block_bytes`` long.
+    """
+
+    def __init__(self, store: BlockStore, block_ids: Sequence[int]) -> None:
+        self.block_ids = tuple(block_ids)
+        self.block_bytes = store.layout.block_bytes
+        self._store = store
+        self._views: list[memoryview | None] = [None] * len(self.block_ids)
+
+    def __len__(self) -> int:
+        return len(self.block_ids)
+
+    def __getitem__(self, index: int) -> memoryview:
+        view = self._views[index]
+        if view is None:
+            view = self._views[index] = self._fetch(self.block_ids[index])
+        return view
+
+    def fetch_all(self) -> None:
+        """Fetch every view now (e.g. while waiting for the first chunk)."""
+        for index in range(len(self._views)):
+            self[index]
+
+    def _fetch(self, block_id: int) -> memoryview:
+        view = self._store.block_view(block_id)
         if view.ndim != 1 or view.format != "B":
             view = view.cast("B")
-        if view.nbytes != block_bytes:
+        if view.nbytes != self.block_bytes:
             raise TransferError(
-                f"block {block_id} view has {view.nbytes} bytes, layout says {block_bytes}",
+                f"block {block_id} view has {view.nbytes} bytes, layout says {self.block_bytes}",
                 reason=TransferFailure.INTERNAL,
             )
-        views.append(view)
-    return views
+        return view
 
 
-def chunk_pieces(
-    views: Sequence[memoryview], block_bytes: int, offset: int, size: int
-) -> list[bytes | memoryview]:
+def chunk_pieces(views: BlockViews, offset: int, size: int) -> list[bytes | memoryview]:
     """Views of the ``size`` bytes at ``offset`` of the concatenation of ``views`` (no copy)."""
+    block_bytes = views.block_bytes
     pieces: list[bytes | memoryview] = []
     while size > 0:
         index, start = divmod(offset, block_bytes)
@@ -73,19 +113,15 @@ def chunk_pieces(
     return pieces
 
 
-def checksum_pieces(pieces: Sequence[bytes | memoryview]) -> int:
-    """:func:`checksum` of the concatenation of ``pieces``."""
-    crc = 0
-    for piece in pieces:
-        crc = zlib.crc32(piece, crc)
-    return crc & 0xFFFFFFFF
-
-
 def to_chunk_data(
-    offset_bytes: int, total_bytes: int, crc32: int, pieces: Sequence[bytes | memoryview]
+    offset_bytes: int,
+    total_bytes: int,
+    algorithm: ChecksumAlgorithm,
+    checksum_value: int,
+    pieces: Sequence[bytes | memoryview],
 ) -> ChunkData:
     """An encoder for in-process pulls: the pieces joined into one ``bytes`` (one copy)."""
-    return ChunkData(offset_bytes, total_bytes, crc32, b"".join(pieces))
+    return ChunkData(offset_bytes, total_bytes, algorithm, checksum_value, b"".join(pieces))
 
 
 class ChunkWriter:
@@ -93,15 +129,28 @@ class ChunkWriter:
 
     def __init__(self, store: BlockStore, dst_block_ids: Sequence[int]) -> None:
         self._block_bytes = store.layout.block_bytes
-        self._views = byte_views(store, dst_block_ids)
+        self._views = BlockViews(store, dst_block_ids)
         self._dst_block_ids = tuple(dst_block_ids)
         self.total_bytes = len(self._views) * self._block_bytes
         self.bytes_done = 0
 
+    def prepare(self) -> None:
+        """Fetch every destination view now; call it while the first chunk is on its way."""
+        self._views.fetch_all()
+
     def write(
-        self, offset_bytes: int, total_bytes: int, crc32: int, payload: bytes | memoryview
+        self,
+        offset_bytes: int,
+        total_bytes: int,
+        algorithm: int,
+        checksum_value: int,
+        payload: bytes | memoryview,
     ) -> None:
-        """Check one chunk and copy it into place; raise ``TransferError`` if it is wrong."""
+        """Check one chunk and copy it into place; raise ``TransferError`` if it is wrong.
+
+        ``algorithm`` is the chunk's ``ChecksumAlgorithm`` number (an unknown one is a bad
+        chunk) and ``checksum_value`` its checksum of ``payload``.
+        """
         size = len(payload)
         if total_bytes != self.total_bytes or offset_bytes != self.bytes_done:
             raise TransferError(
@@ -115,9 +164,9 @@ class ChunkWriter:
                 reason=TransferFailure.BAD_CHUNK,
             )
         source = memoryview(payload)
-        if checksum(source) != crc32:
+        if checksum(algorithm, source) != checksum_value:
             raise TransferError(
-                f"chunk at offset {offset_bytes} fails its CRC-32 check",
+                f"chunk at offset {offset_bytes} fails its {_name(algorithm)} check",
                 reason=TransferFailure.CORRUPT_CHUNK,
             )
         done = 0
@@ -139,3 +188,7 @@ class ChunkWriter:
     def invalid_block_ids(self) -> tuple[int, ...]:
         """Destination blocks not completely written with verified bytes."""
         return self._dst_block_ids[self.bytes_done // self._block_bytes :]
+
+
+def _name(algorithm: int) -> str:
+    return ChecksumAlgorithm(algorithm).name  # known: checksum() accepted it

@@ -3,7 +3,8 @@
 :class:`KVImportClient` keeps one channel per exporter address, shared by every transfer to that
 peer, and runs pulls on the :class:`~transfer.importer.ImportRunner` thread pool. Every call has
 a deadline (``pull_deadline_s`` for a whole stream, ``rpc_deadline_s`` for Heartbeat and
-Release), carries the auth token and uses mTLS when configured. gRPC failures become
+Release), carries the auth token and uses mTLS when configured. Each Pull offers the checksum
+algorithms this importer verifies (``transfer.checksums``). gRPC failures become
 ``TransferError`` with a ``TransferFailure`` reason (``transfer.status_codes``).
 """
 
@@ -12,30 +13,37 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
+import grpc.experimental
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.config import TransferConfig
 from core.errors import TransferError
 from core.kv_handle import KVHandle, TransferFailure
 from transfer.block_store import BlockStore
+from transfer.checksums import ACCEPTED_CHECKSUMS, ChecksumAlgorithm
 from transfer.codec import ChunkDecodeError, ChunkView, decode_chunk
 from transfer.importer import ImportRunner
 from transfer.metrics import InMemoryTransferMetrics, TransferMetrics
 from transfer.proto._generated import kv_transfer_pb2 as pb
-from transfer.rpc import KVTransferClientMethods, message_options
+from transfer.rpc import SERVICE_NAME, KVTransferClientMethods, message_options
 from transfer.security import call_metadata, channel_credentials, resolve_auth_token
 from transfer.status_codes import details_of, reason_for
 from transfer.task import TransferTask
 
 logger = logging.getLogger(__name__)
 
-# Reconnect quickly after an exporter restarts at the same address.
-_RECONNECT_OPTIONS = [
+_CHANNEL_OPTIONS: list[tuple[str, str | int]] = [
+    # Reconnect quickly after an exporter restarts at the same address.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    # The pulling thread reads its own stream: no channel spin thread to start per call and no
+    # thread hand-off per chunk (lower latency, a little less CPU per byte). The stream still
+    # supports cancel() from another thread, deadlines and errors as before.
+    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
 ]
 
 
@@ -73,20 +81,24 @@ class KVImportClient:
         config: TransferConfig,
         *,
         metrics: TransferMetrics | None = None,
+        accepted_checksums: Sequence[ChecksumAlgorithm] = ACCEPTED_CHECKSUMS,
     ) -> None:
+        """``accepted_checksums``: what each Pull offers, best first (tests narrow it)."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self._config = config
+        self._accepted_checksums = [cast(pb.ChecksumAlgorithm, int(a)) for a in accepted_checksums]
         self._metadata = call_metadata(resolve_auth_token(config))
         self._credentials = channel_credentials(config)
         self._options: list[tuple[str, str | int]] = [
             *message_options(config),
-            *_RECONNECT_OPTIONS,
+            *_CHANNEL_OPTIONS,
         ]
         if config.tls_server_name:
             self._options.append(("grpc.ssl_target_name_override", config.tls_server_name))
         self._runner = ImportRunner(store, num_threads=config.import_threads, metrics=self.metrics)
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, KVTransferClientMethods]] = {}
+        self._connecting: dict[str, grpc.Future] = {}
         self._closed = False
 
     def pull(
@@ -131,13 +143,47 @@ class KVImportClient:
             block_indices=wanted,
             layout_fingerprint=handle.layout_fingerprint,
             exporter_epoch=handle.exporter_epoch,
+            accepted_checksums=self._accepted_checksums,
         )
         call = self._methods(handle.address).pull(
             request, timeout=self._config.pull_deadline_s, metadata=self._metadata
         )
         return _GrpcChunkStream(call, handle.transfer_id)
 
+    def connect(self, address: str) -> None:
+        """Open the channel to ``address`` and start connecting, without waiting.
+
+        The first pull from a peer otherwise pays the TCP (and TLS) handshake, ~5 ms here; call
+        this as soon as a peer is known. It sends one health check (``grpc.health.v1``), which
+        makes the channel connect. A no-op while a previous one is in flight or once closed; a
+        peer that is down costs nothing more, and a later pull fails or succeeds as usual.
+        """
+        if not self._may_connect(address):
+            return
+        try:
+            channel, _ = self._entry(address)
+        except TransferError:
+            return  # closed meanwhile
+        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+        check = health_pb2_grpc.HealthStub(channel).Check
+        with self._lock:
+            if self._may_connect_locked(address):
+                self._connecting[address] = check.future(
+                    request, timeout=self._config.rpc_deadline_s, metadata=self._metadata
+                )
+
+    def _may_connect(self, address: str) -> bool:
+        with self._lock:
+            return self._may_connect_locked(address)
+
+    def _may_connect_locked(self, address: str) -> bool:
+        previous = self._connecting.get(address)
+        return not self._closed and (previous is None or previous.done())
+
     def _methods(self, address: str) -> KVTransferClientMethods:
+        return self._entry(address)[1]
+
+    def _entry(self, address: str) -> tuple[grpc.Channel, KVTransferClientMethods]:
         with self._lock:
             if self._closed:
                 raise TransferError("import client is closed", reason=TransferFailure.CANCELLED)
@@ -149,7 +195,7 @@ class KVImportClient:
                     channel = grpc.secure_channel(address, self._credentials, options=self._options)
                 entry = (channel, KVTransferClientMethods(channel))
                 self._channels[address] = entry
-            return entry[1]
+            return entry
 
     def num_channels(self) -> int:
         """Open channels (one per exporter address seen)."""
@@ -166,6 +212,9 @@ class KVImportClient:
         with self._lock:
             self._closed = True
             channels, self._channels = list(self._channels.values()), {}
+            connecting, self._connecting = list(self._connecting.values()), {}
+        for future in connecting:
+            future.cancel()
         for channel, _ in channels:
             channel.close()
 

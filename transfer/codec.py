@@ -6,8 +6,10 @@ the message, then into the serialized string; out of the string, then out of the
 header and the block slices into the serialized message in one copy, and the importer reads the
 payload as a ``memoryview`` into the received buffer. The bytes on the wire are exactly what
 ``kv_transfer_pb2.Chunk.SerializeToString`` produces (zero fields omitted, fields in number
-order), and :func:`decode_chunk` accepts any valid encoding (any field order, unknown fields
-skipped), so other protobuf clients interoperate; the tests check both directions.
+order: fields 1-3, the payload, then the checksum algorithm and 64-bit checksum after it), and
+:func:`decode_chunk` accepts any valid encoding (any field order, unknown fields skipped), so
+other protobuf clients interoperate; the tests check both directions. The checksum travels in
+``crc32`` for CRC-32 and in ``checksum64`` otherwise (``transfer.checksums``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
-_OFFSET, _TOTAL, _CRC, _PAYLOAD = 1, 2, 3, 4  # field numbers in kv_transfer.proto
+# Field numbers of Chunk in kv_transfer.proto.
+_OFFSET, _TOTAL, _CRC, _PAYLOAD, _ALGORITHM, _CHECKSUM64 = 1, 2, 3, 4, 5, 6
 _FIXED32_STRUCT = struct.Struct("<I")
+_FIXED64_STRUCT = struct.Struct("<Q")
 
 
 class ChunkDecodeError(ValueError):
@@ -31,7 +35,8 @@ class ChunkView:
 
     offset_bytes: int
     total_bytes: int
-    crc32: int
+    checksum_algorithm: int
+    checksum: int
     payload: memoryview
 
 
@@ -45,7 +50,11 @@ def _varint(value: int) -> bytes:
 
 
 def encode_chunk(
-    offset_bytes: int, total_bytes: int, crc32: int, pieces: Sequence[bytes | memoryview]
+    offset_bytes: int,
+    total_bytes: int,
+    algorithm: int,
+    checksum_value: int,
+    pieces: Sequence[bytes | memoryview],
 ) -> bytes:
     """The serialized ``Chunk`` whose payload is the concatenation of ``pieces`` (one copy)."""
     payload_bytes = sum(len(p) for p in pieces)
@@ -54,11 +63,16 @@ def encode_chunk(
         header += _varint(_OFFSET << 3 | _VARINT) + _varint(offset_bytes)
     if total_bytes:
         header += _varint(_TOTAL << 3 | _VARINT) + _varint(total_bytes)
-    if crc32:
-        header += _varint(_CRC << 3 | _FIXED32) + _FIXED32_STRUCT.pack(crc32)
+    if algorithm == 0 and checksum_value:  # CRC-32
+        header += _varint(_CRC << 3 | _FIXED32) + _FIXED32_STRUCT.pack(checksum_value)
     if payload_bytes:
         header += _varint(_PAYLOAD << 3 | _LEN) + _varint(payload_bytes)
-    return b"".join([header, *pieces])
+    trailer = bytearray()
+    if algorithm:
+        trailer += _varint(_ALGORITHM << 3 | _VARINT) + _varint(algorithm)
+        if checksum_value:
+            trailer += _varint(_CHECKSUM64 << 3 | _FIXED64) + _FIXED64_STRUCT.pack(checksum_value)
+    return b"".join([header, *pieces, trailer])
 
 
 def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
@@ -77,7 +91,7 @@ def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
 def decode_chunk(data: bytes) -> ChunkView:
     """Parse a serialized ``Chunk``; the payload is a view into ``data`` (no copy)."""
     view = memoryview(data)
-    fields = {_OFFSET: 0, _TOTAL: 0, _CRC: 0}
+    fields = {_OFFSET: 0, _TOTAL: 0, _CRC: 0, _ALGORITHM: 0, _CHECKSUM64: 0}
     payload = view[0:0]
     pos = 0
     while pos < len(view):
@@ -91,8 +105,10 @@ def decode_chunk(data: bytes) -> ChunkView:
             value = _FIXED32_STRUCT.unpack_from(view, pos)[0]
             pos += 4
         elif wire_type == _FIXED64:
+            if pos + 8 > len(view):
+                raise ChunkDecodeError("truncated fixed64")
+            value = _FIXED64_STRUCT.unpack_from(view, pos)[0]
             pos += 8
-            continue
         elif wire_type == _LEN:
             size, pos = _read_varint(view, pos)
             if pos + size > len(view):
@@ -107,4 +123,6 @@ def decode_chunk(data: bytes) -> ChunkView:
             fields[number] = value
     if pos != len(view):
         raise ChunkDecodeError("trailing bytes after the last field")
-    return ChunkView(fields[_OFFSET], fields[_TOTAL], fields[_CRC], payload)
+    algorithm = fields[_ALGORITHM]
+    checksum_value = fields[_CRC] if algorithm == 0 else fields[_CHECKSUM64]
+    return ChunkView(fields[_OFFSET], fields[_TOTAL], algorithm, checksum_value, payload)

@@ -3,7 +3,8 @@
 :class:`KVExporter` lives in the prefill worker's process next to its block store. ``export``
 pins blocks under a lease and returns the :class:`~core.kv_handle.KVHandle`; ``pull`` validates a
 pull (epoch, layout fingerprint, block indices, one pull at a time) and yields its chunks read
-straight from the store, each checksummed and copied once into the caller's message type by an
+straight from the store, each checksummed (with the algorithm negotiated from the importer's
+offer, ``transfer.checksums``) and copied once into the caller's message type by an
 encoder (``transfer.codec.encode_chunk`` for gRPC). The gRPC servicer
 (``transfer.server``) and the in-process transport (``transfer.inproc``) both drive it, so both
 enforce the same rules and inject the same faults. Errors are ``TransferError`` with a
@@ -23,7 +24,8 @@ from core.errors import TransferError
 from core.ids import new_transfer_id
 from core.kv_handle import KVHandle, TransferFailure
 from transfer.block_store import BlockStore, check_block_ids
-from transfer.chunks import byte_views, checksum_pieces, chunk_pieces, plan_chunks
+from transfer.checksums import ChecksumAlgorithm, checksum_pieces, negotiate
+from transfer.chunks import BlockViews, chunk_pieces, plan_chunks, pull_chunk_bytes
 from transfer.faults import FaultInjection
 from transfer.leases import Lease, LeaseTable, OnRelease, ReleaseCause
 from transfer.metrics import TransferMetrics, TransferSide
@@ -31,8 +33,9 @@ from transfer.metrics import TransferMetrics, TransferSide
 logger = logging.getLogger(__name__)
 
 EncodedChunk = TypeVar("EncodedChunk")
-ChunkEncoder = Callable[[int, int, int, list[bytes | memoryview]], EncodedChunk]
-"""``encode(offset_bytes, total_bytes, crc32, pieces)``: copies the pieces into a message."""
+ChunkEncoder = Callable[[int, int, ChecksumAlgorithm, int, list[bytes | memoryview]], EncodedChunk]
+"""``encode(offset_bytes, total_bytes, algorithm, checksum, pieces)``: copies the pieces into a
+message."""
 
 _GONE_REASON = {
     ReleaseCause.EXPIRED: TransferFailure.LEASE_EXPIRED,
@@ -100,12 +103,14 @@ class KVExporter:
         exporter_epoch: str,
         cancelled: threading.Event,
         encode: ChunkEncoder[EncodedChunk],
+        accepted_checksums: Sequence[int] = (),
     ) -> Generator[EncodedChunk, None, None]:
         """Validate a pull and stream its chunks, each made by ``encode``.
 
         ``block_indices`` are positions in the export (empty: all, in order). ``cancelled`` is
-        set when the puller goes away; it cuts injected delays short. Validation errors raise
-        here; failures while streaming raise from ``next()``.
+        set when the puller goes away; it cuts injected delays short. ``accepted_checksums`` is
+        the importer's offer (empty: CRC-32 only). Validation errors raise here; failures while
+        streaming raise from ``next()``.
         """
         if exporter_epoch and exporter_epoch != self.epoch:
             raise TransferError(
@@ -127,7 +132,8 @@ class KVExporter:
                 f"{wanted[:16]}",
                 reason=TransferFailure.INVALID_REQUEST,
             )
-        return self._stream(transfer_id, wanted, self.faults, cancelled, encode)
+        algorithm = negotiate(accepted_checksums)
+        return self._stream(transfer_id, wanted, self.faults, cancelled, encode, algorithm)
 
     def _stream(
         self,
@@ -136,6 +142,7 @@ class KVExporter:
         faults: FaultInjection,
         cancelled: threading.Event,
         encode: ChunkEncoder[EncodedChunk],
+        algorithm: ChecksumAlgorithm,
     ) -> Generator[EncodedChunk, None, None]:
         lease = self._leases.begin_pull(transfer_id)  # on the first next(): paired with end_pull
         block_bytes = self.store.layout.block_bytes
@@ -145,8 +152,9 @@ class KVExporter:
         sent_bytes, completed = 0, False
         failure: TransferFailure | None = TransferFailure.CANCELLED
         try:
-            views = byte_views(self.store, [lease.block_ids[i] for i in wanted])
-            for seq, (offset, size) in enumerate(plan_chunks(total_bytes, self.chunk_bytes)):
+            views = BlockViews(self.store, [lease.block_ids[i] for i in wanted])
+            chunk_bytes = pull_chunk_bytes(total_bytes, self.chunk_bytes)
+            for seq, (offset, size) in enumerate(plan_chunks(total_bytes, chunk_bytes)):
                 self._inject_before(seq, faults, cancelled)
                 with lease.lock:
                     if lease.released is not None:
@@ -154,9 +162,11 @@ class KVExporter:
                             f"kv export {lease.transfer_id} was freed mid-pull ({lease.released})",
                             reason=_GONE_REASON[lease.released],
                         )
-                    pieces = chunk_pieces(views, block_bytes, offset, size)
-                    crc = checksum_pieces(pieces)
-                    message = encode(offset, total_bytes, crc, faults.corrupt(seq, pieces))
+                    pieces = chunk_pieces(views, offset, size)
+                    digest = checksum_pieces(algorithm, pieces)
+                    message = encode(
+                        offset, total_bytes, algorithm, digest, faults.corrupt(seq, pieces)
+                    )
                 self._leases.touch(lease)
                 yield message
                 sent_bytes += size

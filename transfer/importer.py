@@ -4,9 +4,9 @@
 at once and runs the pull on a small thread pool, so a decode engine keeps stepping while KV
 arrives. A transport supplies two callables: ``open_stream`` (start the pull, return a
 :class:`ChunkStream`) and ``release`` (free the export on the exporter). Every chunk goes through
-a :class:`~transfer.chunks.ChunkWriter` (offset, size, CRC-32, then one copy into the destination
-block). Any failure ends the task FAILED(reason) with the destination blocks that lack verified
-data, cancels the stream and releases the export, so neither side leaks.
+a :class:`~transfer.chunks.ChunkWriter` (offset, size, checksum, then one copy into the
+destination block). Any failure ends the task FAILED(reason) with the destination blocks that lack
+verified data, cancels the stream and releases the export, so neither side leaks.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _NO_RELEASE = {
 
 
 class ChunkLike(Protocol):
-    """What a stream yields: the proto ``Chunk`` or :class:`~transfer.chunks.ChunkData`."""
+    """What a stream yields: a decoded ``ChunkView`` or a :class:`~transfer.chunks.ChunkData`."""
 
     @property
     def offset_bytes(self) -> int:
@@ -52,8 +52,13 @@ class ChunkLike(Protocol):
         ...
 
     @property
-    def crc32(self) -> int:
-        """CRC-32 of the payload."""
+    def checksum_algorithm(self) -> int:
+        """The ``ChecksumAlgorithm`` number of :attr:`checksum`."""
+        ...
+
+    @property
+    def checksum(self) -> int:
+        """The payload's checksum."""
         ...
 
     @property
@@ -192,8 +197,15 @@ class ImportRunner:
         task.set_cancel_hook(stream.cancel)
         chunks = iter(stream)
         try:
+            writer.prepare()  # overlaps the exporter's work on the first chunk
             for chunk in chunks:
-                writer.write(chunk.offset_bytes, chunk.total_bytes, chunk.crc32, chunk.payload)
+                writer.write(
+                    chunk.offset_bytes,
+                    chunk.total_bytes,
+                    chunk.checksum_algorithm,
+                    chunk.checksum,
+                    chunk.payload,
+                )
                 task.mark_progress(writer.bytes_done)
             writer.finish()
         except TransferError as e:

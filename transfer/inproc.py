@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from core.errors import TransferError
 from core.kv_handle import KVHandle, TransferFailure
 from transfer.block_store import BlockStore
+from transfer.checksums import ACCEPTED_CHECKSUMS
 from transfer.chunks import ChunkData, to_chunk_data
 from transfer.exporter import KVExporter
 from transfer.faults import FaultInjection
@@ -77,6 +78,7 @@ class _InProcChunkStream:
             self._handle.exporter_epoch,
             self._cancelled,
             to_chunk_data,
+            ACCEPTED_CHECKSUMS,
         )
         try:
             for chunk in chunks:
@@ -140,6 +142,9 @@ class InProcKVTransport:
             lambda h, wanted: _InProcChunkStream(self._hub, h, wanted),
             self.release,
         )
+
+    def connect(self, address: str) -> None:
+        """Nothing to do in one process."""
 
     def heartbeat(self, handle: KVHandle) -> int:
         """Extend the export's lease."""

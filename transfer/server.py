@@ -51,6 +51,7 @@ class _KVTransferServicer:
                 request.exporter_epoch,
                 cancelled,
                 encode_chunk,
+                list(request.accepted_checksums),
             )
             with closing(chunks):
                 yield from chunks

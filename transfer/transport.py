@@ -49,6 +49,13 @@ class KVTransport(Protocol):
         """
         ...
 
+    def connect(self, address: str) -> None:
+        """Start connecting to the exporter at ``address`` now, so its first pull is faster.
+
+        A hint: returns at once, may do nothing, and never fails a later pull.
+        """
+        ...
+
     def heartbeat(self, handle: KVHandle) -> int:
         """Extend the export's lease; returns the new deadline (ms since the Unix epoch)."""
         ...
@@ -106,6 +113,10 @@ class GrpcKVTransport:
     ) -> TransferTask:
         """Pull from the handle's exporter; see :meth:`KVTransport.pull`."""
         return self.client.pull(handle, dst_block_ids, wanted_indices)
+
+    def connect(self, address: str) -> None:
+        """Open the channel to ``address`` and start connecting (no wait)."""
+        self.client.connect(address)
 
     def heartbeat(self, handle: KVHandle) -> int:
         """Extend the export's lease."""

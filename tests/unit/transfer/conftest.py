@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -93,11 +94,11 @@ def make_server() -> Iterator[Callable[..., KVExportServer]]:
 
 @pytest.fixture
 def make_client() -> Iterator[Callable[..., KVImportClient]]:
-    """``make_client(store, config)``; every client is closed at teardown."""
+    """``make_client(store, config, **kwargs)``; every client is closed at teardown."""
     clients: list[KVImportClient] = []
 
-    def make(store: NumpyBlockStore, config: TransferConfig) -> KVImportClient:
-        client = KVImportClient(store, config)
+    def make(store: NumpyBlockStore, config: TransferConfig, **kwargs: Any) -> KVImportClient:
+        client = KVImportClient(store, config, **kwargs)
         clients.append(client)
         return client
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Callable
 
 import grpc
@@ -21,6 +23,8 @@ from transfer import (
     ReleaseCause,
     TransferSide,
 )
+from transfer.proto._generated import kv_transfer_pb2 as pb
+from transfer.rpc import KVTransferClientMethods
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -178,3 +182,72 @@ def test_grpc_transport_and_health_service(
     finally:
         decode.close()
         prefill.close()
+
+
+def new_threads(before: set[threading.Thread]) -> set[threading.Thread]:
+    return set(threading.enumerate()) - before
+
+
+def test_connect_opens_the_channel_that_the_first_pull_then_reuses(
+    config: TransferConfig,
+    make_store: Callable[..., NumpyBlockStore],
+    make_server: Callable[..., KVExportServer],
+    make_client: Callable[..., KVImportClient],
+    waiter: Callable[..., bool],
+) -> None:
+    source, dest = make_store(4, seed=10), make_store(4)
+    server, client = make_server(source, config), make_client(dest, config)
+    client.connect(server.address)
+    client.connect(server.address)  # idempotent
+    assert client.num_channels() == 1
+    channel, _ = client._entry(server.address)
+    before = set(threading.enumerate())
+    states: list[grpc.ChannelConnectivity] = []
+    channel.subscribe(states.append, try_to_connect=False)  # observe only: never dials itself
+    try:
+        assert waiter(lambda: grpc.ChannelConnectivity.READY in states)
+    finally:
+        channel.unsubscribe(states.append)
+    # grpc's state watcher thread polls every 0.2 s; let it see the unsubscribe and end.
+    assert waiter(lambda: all(t.name.startswith("pdserve-kv") for t in new_threads(before)))
+    client.pull(server.export(range(4)), range(4)).result(timeout_s=10)
+    np.testing.assert_array_equal(dest.data, source.data)
+    assert client.num_channels() == 1
+
+
+def test_connecting_to_a_dead_peer_fails_nothing_and_closes_cleanly(
+    config: TransferConfig,
+    make_store: Callable[..., NumpyBlockStore],
+    waiter: Callable[..., bool],
+) -> None:
+    with socket.socket() as probe:  # a port with no listener
+        probe.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{probe.getsockname()[1]}"
+
+    before = set(threading.enumerate())
+    client = KVImportClient(make_store(1), config)
+    client.connect(dead)
+    started_s = time.monotonic()
+    client.close()
+    assert time.monotonic() - started_s < 5.0
+    assert waiter(lambda: not new_threads(before))  # nothing left running
+    client.connect(dead)  # after close: a no-op, not an error
+    assert client.num_channels() == 0
+
+
+def test_a_prompt_sized_pull_streams_in_1_mib_chunks(
+    make_store: Callable[..., NumpyBlockStore], make_server: Callable[..., KVExportServer]
+) -> None:
+    config = TransferConfig(bind_host="127.0.0.1", chunk_bytes=2 << 20)  # 2 MiB configured
+    source = make_store(512, seed=11)  # 8 MiB of 16 KiB blocks
+    server = make_server(source, config)
+    handle = server.export(range(512))
+    request = pb.PullRequest(
+        transfer_id=handle.transfer_id,
+        layout_fingerprint=handle.layout_fingerprint,
+        exporter_epoch=handle.exporter_epoch,
+    )
+    with grpc.insecure_channel(server.address) as channel:
+        chunks = [pb.Chunk.FromString(m) for m in KVTransferClientMethods(channel).pull(request)]
+    assert [len(c.payload) for c in chunks] == [1 << 20] * 8
+    assert b"".join(c.payload for c in chunks) == source.data.tobytes()

@@ -24,25 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+transfer/proto/_generated/kv_transfer.proto\x12\rpdserve.kv.v1\"m\n\x0bPullRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indices\x18\x02 \x03(\r\x12\x1a\n\x12layout_fingerprint\x18\x03 \x01(\t\x12\x16\n\x0e\x65xporter_epoch\x18\x04 \x01(\t\"R\n\x05\x43hunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\r\n\x05\x63rc32\x18\x03 \x01(\x07\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"\'\n\x10HeartbeatRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"3\n\x11HeartbeatResponse\x12\x1e\n\x16lease_deadline_unix_ms\x18\x01 \x01(\x04\"%\n\x0eReleaseRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse2\xe2\x01\n\nKVTransfer\x12:\n\x04Pull\x12\x1a.pdserve.kv.v1.PullRequest\x1a\x14.pdserve.kv.v1.Chunk0\x01\x12N\n\tHeartbeat\x12\x1f.pdserve.kv.v1.HeartbeatRequest\x1a .pdserve.kv.v1.HeartbeatResponse\x12H\n\x07Release\x12\x1d.pdserve.kv.v1.ReleaseRequest\x1a\x1e.pdserve.kv.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+transfer/proto/_generated/kv_transfer.proto\x12\rpdserve.kv.v1\"\xab\x01\n\x0bPullRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indices\x18\x02 \x03(\r\x12\x1a\n\x12layout_fingerprint\x18\x03 \x01(\t\x12\x16\n\x0e\x65xporter_epoch\x18\x04 \x01(\t\x12<\n\x12\x61\x63\x63\x65pted_checksums\x18\x05 \x03(\x0e\x32 .pdserve.kv.v1.ChecksumAlgorithm\"\xa4\x01\n\x05\x43hunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\r\n\x05\x63rc32\x18\x03 \x01(\x07\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12<\n\x12\x63hecksum_algorithm\x18\x05 \x01(\x0e\x32 .pdserve.kv.v1.ChecksumAlgorithm\x12\x12\n\nchecksum64\x18\x06 \x01(\x06\"\'\n\x10HeartbeatRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"3\n\x11HeartbeatResponse\x12\x1e\n\x16lease_deadline_unix_ms\x18\x01 \x01(\x04\"%\n\x0eReleaseRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse*Q\n\x11\x43hecksumAlgorithm\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_CRC32\x10\x00\x12\x1e\n\x1a\x43HECKSUM_ALGORITHM_XXH3_64\x10\x01\x32\xe2\x01\n\nKVTransfer\x12:\n\x04Pull\x12\x1a.pdserve.kv.v1.PullRequest\x1a\x14.pdserve.kv.v1.Chunk0\x01\x12N\n\tHeartbeat\x12\x1f.pdserve.kv.v1.HeartbeatRequest\x1a .pdserve.kv.v1.HeartbeatResponse\x12H\n\x07Release\x12\x1d.pdserve.kv.v1.ReleaseRequest\x1a\x1e.pdserve.kv.v1.ReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'transfer.proto._generated.kv_transfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PULLREQUEST']._serialized_start=62
-  _globals['_PULLREQUEST']._serialized_end=171
-  _globals['_CHUNK']._serialized_start=173
-  _globals['_CHUNK']._serialized_end=255
-  _globals['_HEARTBEATREQUEST']._serialized_start=257
-  _globals['_HEARTBEATREQUEST']._serialized_end=296
-  _globals['_HEARTBEATRESPONSE']._serialized_start=298
-  _globals['_HEARTBEATRESPONSE']._serialized_end=349
-  _globals['_RELEASEREQUEST']._serialized_start=351
-  _globals['_RELEASEREQUEST']._serialized_end=388
-  _globals['_RELEASERESPONSE']._serialized_start=390
-  _globals['_RELEASERESPONSE']._serialized_end=407
-  _globals['_KVTRANSFER']._serialized_start=410
-  _globals['_KVTRANSFER']._serialized_end=636
+  _globals['_CHECKSUMALGORITHM']._serialized_start=555
+  _globals['_CHECKSUMALGORITHM']._serialized_end=636
+  _globals['_PULLREQUEST']._serialized_start=63
+  _globals['_PULLREQUEST']._serialized_end=234
+  _globals['_CHUNK']._serialized_start=237
+  _globals['_CHUNK']._serialized_end=401
+  _globals['_HEARTBEATREQUEST']._serialized_start=403
+  _globals['_HEARTBEATREQUEST']._serialized_end=442
+  _globals['_HEARTBEATRESPONSE']._serialized_start=444
+  _globals['_HEARTBEATRESPONSE']._serialized_end=495
+  _globals['_RELEASEREQUEST']._serialized_start=497
+  _globals['_RELEASEREQUEST']._serialized_end=534
+  _globals['_RELEASERESPONSE']._serialized_start=536
+  _globals['_RELEASERESPONSE']._serialized_end=553
+  _globals['_KVTRANSFER']._serialized_start=639
+  _globals['_KVTRANSFER']._serialized_end=865
 # @@protoc_insertion_point(module_scope)

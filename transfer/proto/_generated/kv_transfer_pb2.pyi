@@ -1,34 +1,48 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ChecksumAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHECKSUM_ALGORITHM_CRC32: _ClassVar[ChecksumAlgorithm]
+    CHECKSUM_ALGORITHM_XXH3_64: _ClassVar[ChecksumAlgorithm]
+CHECKSUM_ALGORITHM_CRC32: ChecksumAlgorithm
+CHECKSUM_ALGORITHM_XXH3_64: ChecksumAlgorithm
+
 class PullRequest(_message.Message):
-    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch")
+    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch", "accepted_checksums")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     EXPORTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_indices: _containers.RepeatedScalarFieldContainer[int]
     layout_fingerprint: str
     exporter_epoch: str
-    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ...) -> None: ...
+    accepted_checksums: _containers.RepeatedScalarFieldContainer[ChecksumAlgorithm]
+    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ..., accepted_checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("offset_bytes", "total_bytes", "crc32", "payload")
+    __slots__ = ("offset_bytes", "total_bytes", "crc32", "payload", "checksum_algorithm", "checksum64")
     OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CRC32_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM64_FIELD_NUMBER: _ClassVar[int]
     offset_bytes: int
     total_bytes: int
     crc32: int
     payload: bytes
-    def __init__(self, offset_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
+    checksum_algorithm: ChecksumAlgorithm
+    checksum64: int
+    def __init__(self, offset_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., payload: _Optional[bytes] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., checksum64: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("transfer_id",)
