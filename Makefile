@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 serve: install
-	$(BIN)/pdserve generate --model builtin:tiny-moe --prompt "The quick brown fox" --max-tokens 32
+	$(BIN)/pdserve up configs/local.yaml
 
 lint: install
 	$(BIN)/ruff check .

@@ -10,11 +10,18 @@ import typer
 from rich.console import Console
 
 from cluster.loadtest.cli import bench_app
+from cluster.serve_cli import (
+    down_command,
+    scale_command,
+    status_command,
+    up_command,
+    validate_command,
+)
 from cluster.sizer.cli import size_command
 from core.errors import PdserveError
 
 
-class DTypeChoice(str, enum.Enum):
+class DTypeChoice(enum.StrEnum):
     """``--dtype`` values."""
 
     auto = "auto"
@@ -71,6 +78,11 @@ def generate(
 
 app.add_typer(bench_app, name="bench")
 app.command("size")(size_command)
+app.command("up")(up_command)
+app.command("down")(down_command)
+app.command("status")(status_command)
+app.command("scale")(scale_command)
+app.command("validate")(validate_command)
 
 
 def main() -> None:

@@ -1,63 +1,12 @@
-"""The configuration schema: pydantic models, unknown keys rejected, every field described.
-
-This module starts with the shared base and the model/engine sections; the serving issue adds the
-cluster sections (pools, transfer, scheduler, server) here, so one schema covers one YAML file.
-"""
+"""Load-test workloads (`pdserve bench --workload FILE`, configs/loadtest/*.yaml)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-DType = Literal["float32", "bfloat16", "float16", "auto"]
-
-
-class StrictModel(BaseModel):
-    """Base for every config section: frozen, unknown keys rejected."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EngineConfig(StrictModel):
-    """Options of the inference engine that both roles run."""
-
-    max_model_len: int | None = Field(
-        None, ge=1, description="Longest prompt + output in tokens; default: the model's limit."
-    )
-    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block.")
-    kv_cache_memory_bytes: int | None = Field(
-        None, ge=1, description="Bytes of KV storage; overrides kv_cache_memory_fraction."
-    )
-    kv_cache_memory_fraction: float = Field(
-        0.9, gt=0.0, le=1.0, description="Fraction of free device memory for KV on GPU."
-    )
-    max_num_batched_tokens: int = Field(
-        2048, ge=1, description="Token budget of one engine step (chunked prefill splits prompts)."
-    )
-    max_num_seqs: int = Field(64, ge=1, description="Most requests running at once.")
-    enable_prefix_caching: bool = Field(True, description="Reuse cached full prompt blocks.")
-
-    @model_validator(mode="after")
-    def _budget_fits_block(self) -> EngineConfig:
-        if self.max_num_batched_tokens < self.block_size:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"block_size ({self.block_size})"
-            )
-        return self
-
-
-class ModelConfig(StrictModel):
-    """Which model to serve and how to load it."""
-
-    name: str = Field(..., description="A built-in name (builtin:tiny-moe) or a local HF dir.")
-    dtype: DType = Field("auto", description="Weights/KV dtype; auto: fp32 on CPU, bf16 on GPU.")
-    seed: int = Field(0, description="Seed for built-in weights and default sampling.")
-    served_name: str | None = Field(None, description="Name clients use; default: name.")
-
-
-# --- Load-test workloads (`pdserve bench --workload FILE`, configs/loadtest/*.yaml) -------------
+from core.config.base import StrictModel
 
 
 class LengthConfig(StrictModel):
@@ -273,72 +222,3 @@ class LoadTestConfig(StrictModel):
 
 
 _MIB = 1024 * 1024
-
-
-class TransferConfig(StrictModel):
-    """The gRPC KV data plane between prefill and decode (ARCHITECTURE §3), both sides."""
-
-    bind_host: str | None = Field(
-        None,
-        description="Address the export server binds; None: the node's address. A wildcard "
-        "(0.0.0.0 or ::) only when set here explicitly.",
-    )
-    port: int = Field(
-        0, ge=0, le=65535, description="Export server port; 0 picks a free one per worker."
-    )
-    chunk_bytes: int = Field(
-        2 * _MIB, ge=_MIB, le=4 * _MIB, description="Payload bytes per streamed chunk (1-4 MiB)."
-    )
-    max_message_bytes: int = Field(
-        8 * _MIB,
-        le=32 * _MIB,
-        description="gRPC max send/receive message size, set on both sides; must exceed "
-        "chunk_bytes by >= 64 KiB of framing and stay <= 32 MiB.",
-    )
-    lease_s: float = Field(
-        30.0, gt=0.0, description="Seconds an export stays pinned without a pull or heartbeat."
-    )
-    pull_deadline_s: float = Field(30.0, gt=0.0, description="Deadline of one whole Pull stream.")
-    rpc_deadline_s: float = Field(
-        5.0, gt=0.0, description="Deadline of each Heartbeat and Release call."
-    )
-    server_threads: int = Field(
-        8, ge=1, le=256, description="Export server threads (Pull streams served at once)."
-    )
-    import_threads: int = Field(
-        4, ge=1, le=256, description="Importer threads (pulls run at once per decode worker)."
-    )
-    auth_token_env: str | None = Field(
-        "PDSERVE_KV_TOKEN", description="Environment variable holding the shared auth token."
-    )
-    auth_token_file: str | None = Field(
-        None, description="File holding the shared auth token; wins over auth_token_env."
-    )
-    insecure_test_token: str | None = Field(
-        None, description="The auth token inline: tests only, never a real token in YAML."
-    )
-    require_auth: bool = Field(
-        False, description="Refuse to start without a token (else: unauthenticated + warning)."
-    )
-    tls_cert_file: str | None = Field(None, description="PEM certificate of this worker (mTLS).")
-    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file.")
-    tls_ca_file: str | None = Field(
-        None, description="PEM CA bundle that signs every peer's certificate (mTLS)."
-    )
-    tls_server_name: str | None = Field(
-        None, description="Name to verify in the exporter's certificate instead of its host."
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TransferConfig:
-        if self.max_message_bytes < self.chunk_bytes + 64 * 1024:
-            raise ValueError(
-                f"max_message_bytes ({self.max_message_bytes}) must be >= chunk_bytes "
-                f"({self.chunk_bytes}) + 64 KiB"
-            )
-        tls = (self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
-        if any(tls) and not all(tls):
-            raise ValueError("mTLS needs tls_cert_file, tls_key_file and tls_ca_file together")
-        if self.auth_token_file and self.insecure_test_token:
-            raise ValueError("set at most one of auth_token_file and insecure_test_token")
-        return self

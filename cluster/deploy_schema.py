@@ -1,0 +1,77 @@
+"""Serve's declarative deploy config (the ``serve deploy`` schema) for a ``ClusterConfig``.
+
+pdserve deploys through Serve's REST API rather than ``serve.run`` so that the code version of
+the app is stable (it hashes ``import_path`` and ``args``): a later PUT that only changes a
+deployment's ``num_replicas`` is applied in place — replicas are added or removed, none is
+restarted. That is how ``pdserve scale`` resizes a pool live. Pure dict manipulation, no Ray.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from cluster.config_file import config_to_mapping
+from core.config import ClusterConfig
+from core.errors import ConfigError
+
+IMPORT_PATH = "cluster.app:build_app"
+"""The application builder Serve imports on the cluster."""
+
+
+def app_schema(config: ClusterConfig) -> dict[str, Any]:
+    """One application entry: the builder plus the whole config as its ``args``."""
+    return {
+        "name": config.cluster.app_name,
+        "route_prefix": "/",
+        "import_path": IMPORT_PATH,
+        "args": {"config": config_to_mapping(config)},
+    }
+
+
+def deploy_schema(
+    config: ClusterConfig, others: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The full PUT body: HTTP options plus pdserve's app and any ``others`` left as they are.
+
+    A PUT replaces every declaratively deployed app, so the apps already on the cluster that
+    are not ours (``others``: name -> deployed app config) are sent back unchanged.
+    """
+    server = config.server
+    http: dict[str, Any] = {"host": server.host, "port": server.port}
+    if server.request_timeout_s is not None:
+        http["request_timeout_s"] = server.request_timeout_s
+    apps = [dict(app) for name, app in (others or {}).items() if name != config.cluster.app_name]
+    return {
+        "proxy_location": server.proxy_location,
+        "http_options": http,
+        "applications": [*apps, app_schema(config)],
+    }
+
+
+def scaled_schema(
+    current: Mapping[str, Any], app_name: str, replicas: Mapping[str, int]
+) -> dict[str, Any]:
+    """``current`` (a PUT body) with deployments of ``app_name`` set to fixed replica counts.
+
+    ``replicas`` maps a deployment name (``Prefill``, ``Decode``) to its new count. A pool that
+    autoscaled gets a fixed count: its ``autoscaling_config`` is cleared for this deployment.
+    """
+    schema = copy.deepcopy(dict(current))
+    apps = schema.get("applications", [])
+    app = next((a for a in apps if a.get("name") == app_name), None)
+    if app is None:
+        raise ConfigError(f"no application {app_name!r} is deployed", param="app")
+    overrides: list[dict[str, Any]] = list(app.get("deployments") or [])
+    for name, count in replicas.items():
+        if count < 0:
+            raise ConfigError(f"replicas of {name} must be >= 0, got {count}", param=name)
+        entry = next((d for d in overrides if d.get("name") == name), None)
+        if entry is None:
+            entry = {"name": name}
+            overrides.append(entry)
+        entry["num_replicas"] = count
+        entry["autoscaling_config"] = None  # a range set in code yields to the fixed count
+    app["deployments"] = overrides
+    return schema

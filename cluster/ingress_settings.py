@@ -1,0 +1,73 @@
+"""``IngressSettings`` and API keys from a ``ClusterConfig`` (the ingress never reads YAML).
+
+The effective ``max_model_len`` is the smaller of the two pools' limits (each the pool's
+``engine.max_model_len`` or the checkpoint's own limit), so the ingress rejects a prompt that
+either pool would refuse. API keys come from the file or environment variable the config
+names, read inside the ingress replica so no key ever travels in the deployment's arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from cluster.ingress.settings import IngressSettings
+from core.config import ClusterConfig, ServerConfig
+from core.errors import ConfigError
+from engine.models import ModelArchConfig
+
+
+def load_api_keys(server: ServerConfig, environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The accepted API keys (empty: no authentication); ConfigError when the source is empty."""
+    if server.api_keys_file:
+        try:
+            lines = Path(server.api_keys_file).expanduser().read_text().splitlines()
+        except OSError as e:
+            raise ConfigError(
+                f"cannot read server.api_keys_file: {e}", param="server.api_keys_file"
+            ) from e
+        keys = frozenset(line.strip() for line in lines if line.strip())
+        source, param = server.api_keys_file, "server.api_keys_file"
+    elif server.api_keys_env:
+        # NOTE: the config names the variable; reading it is the only env access outside
+        # core/env.py in this package (like transfer's auth token).
+        value = (environ if environ is not None else os.environ).get(server.api_keys_env, "")
+        keys = frozenset(part.strip() for part in value.split(",") if part.strip())
+        source, param = f"${server.api_keys_env}", "server.api_keys_env"
+    else:
+        return frozenset()
+    if not keys:
+        raise ConfigError(f"no API keys in {source}", param=param)
+    return keys
+
+
+def effective_max_model_len(config: ClusterConfig, arch: ModelArchConfig) -> int:
+    """The longest prompt + output both pools accept."""
+    limits = []
+    for role in ("prefill", "decode"):
+        configured = config.engine_for(role).max_model_len
+        limits.append(arch.max_model_len if configured is None else configured)
+    return min(limits)
+
+
+def build_ingress_settings(
+    config: ClusterConfig, model_dir: Path, environ: Mapping[str, str] | None = None
+) -> IngressSettings:
+    """The ingress's settings for ``config``, whose checkpoint lives in ``model_dir``."""
+    arch = ModelArchConfig.from_dir(model_dir)
+    names = tuple(dict.fromkeys(n for n in (config.model.served_name, config.model.name) if n))
+    server, scheduler = config.server, config.scheduler
+    return IngressSettings(
+        served_model_names=names,
+        max_model_len=effective_max_model_len(config, arch),
+        block_size=config.engine_for("decode").block_size,
+        local_prefill_threshold_tokens=scheduler.local_prefill_threshold_tokens,
+        fallback_to_local_prefill=scheduler.fallback_to_local_prefill,
+        api_keys=load_api_keys(server, environ),
+        max_in_flight_requests=server.max_in_flight_requests,
+        retry_after_s=server.retry_after_s,
+        max_request_body_bytes=server.max_request_body_bytes,
+        prefill_timeout_s=server.prefill_timeout_s,
+        chunk_timeout_s=server.chunk_timeout_s,
+    )

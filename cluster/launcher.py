@@ -1,0 +1,204 @@
+"""``pdserve up`` / ``down`` / ``scale``: deploy the app from its YAML and manage its lifetime.
+
+``up`` on ``cluster.address: local`` starts a Ray owned by this process, deploys through
+Serve's REST API, waits until ``/ready`` answers, records a :class:`RunState` and then holds
+the Ray until SIGINT/SIGTERM. ``--detach`` runs that same foreground process in the background
+(its own session, output to a log file) and returns once it is ready. On an existing cluster
+(``auto``, ``ray://``) ``up`` only deploys; in the foreground it removes the app on Ctrl-C.
+``down`` signals the recorded owner process (by pid) or removes the app through REST.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from cluster import run_state
+from cluster.pool_options import DECODE_DEPLOYMENT, PREFILL_DEPLOYMENT
+from cluster.ray_session import attach, attached, shutdown, start_local_ray
+from cluster.run_state import RunState
+from cluster.serve_rest import ServeRest
+from core.config import ClusterConfig
+from core.errors import ConfigError, UnavailableError
+
+logger = logging.getLogger(__name__)
+
+DEPLOY_TIMEOUT_S = 600.0
+"""How long ``up`` waits for the app to run and answer ``/ready``."""
+
+
+def endpoint_of(config: ClusterConfig) -> str:
+    """The base URL clients use."""
+    host = config.server.host
+    if config.cluster.address.startswith("ray://"):
+        host = config.cluster.address.removeprefix("ray://").rsplit(":", 1)[0]
+    elif host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://{host}:{config.server.port}"
+
+
+def wait_http_ready(
+    endpoint: str, timeout_s: float, alive: Callable[[], bool] = lambda: True
+) -> None:
+    """Poll ``GET /ready`` until 200; UnavailableError on timeout or when ``alive()`` fails."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline and alive():
+        try:
+            response = httpx.get(f"{endpoint}/ready", timeout=5.0)
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code} {response.text[:200]}"
+        except httpx.HTTPError as e:
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(0.5)
+    raise UnavailableError(f"{endpoint}/ready did not answer 200 ({last})")
+
+
+def deploy(config: ClusterConfig, dashboard_url: str, timeout_s: float = DEPLOY_TIMEOUT_S) -> str:
+    """Deploy ``config`` through REST and wait until it serves; returns the endpoint."""
+    rest = ServeRest(dashboard_url)
+    rest.deploy(config)
+    rest.wait_running(config.cluster.app_name, timeout_s)
+    endpoint = endpoint_of(config)
+    wait_http_ready(endpoint, timeout_s)
+    return endpoint
+
+
+def run_foreground(config: ClusterConfig, on_ready: Callable[[RunState], None]) -> None:
+    """Start (or join), deploy, call ``on_ready``, then hold until SIGINT/SIGTERM."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    cluster = config.cluster
+    owner_pid = os.getpid() if cluster.is_local else None
+    if cluster.is_local:
+        session = start_local_ray(cluster)
+    else:
+        session = attach(cluster.address, cluster.namespace)  # also loads the auth token
+    dashboard_url = session.dashboard_url if cluster.is_local else cluster.resolved_dashboard_url()
+    ray_address = session.gcs_address if cluster.is_local else cluster.address
+    try:
+        endpoint = deploy(config, dashboard_url)
+        state = RunState(
+            cluster.app_name,
+            dashboard_url,
+            endpoint,
+            ray_address,
+            owner_pid,
+            ray_auth_mode=session.auth_mode,
+        )
+        run_state.write_state(state)
+        on_ready(state)
+        stop.wait()
+    finally:
+        if not cluster.is_local:
+            _remove_quietly(dashboard_url, cluster.app_name)
+        shutdown()  # stops the local Ray this process started; else only disconnects
+        run_state.clear_state(cluster.app_name, owner_pid=owner_pid)
+
+
+def start_detached(config_path: Path, config: ClusterConfig) -> RunState:
+    """Run ``pdserve up CONFIG`` in the background; return once it is ready."""
+    app_name = config.cluster.app_name
+    log_path = run_state.log_path(app_name)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "cluster.cli", "up", str(config_path)]
+    with log_path.open("ab") as log:
+        child = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + DEPLOY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        state = run_state.read_state(app_name)
+        if state is not None and state.owner_pid in (child.pid, None):
+            return RunState(**{**state.__dict__, "log_path": str(log_path)})
+        if child.poll() is not None:
+            raise UnavailableError(f"pdserve up exited with {child.returncode}; see {log_path}")
+        time.sleep(0.5)
+    raise UnavailableError(f"pdserve up not ready after {DEPLOY_TIMEOUT_S:.0f}s; see {log_path}")
+
+
+def down(
+    app_name: str,
+    dashboard_url: str | None = None,
+    ray_address: str = "auto",
+    timeout_s: float = 120.0,
+) -> str:
+    """Stop the app (and the local Ray that ``up`` started); returns what was done."""
+    state = run_state.read_state(app_name)
+    if state is not None and state.owner_pid is not None and dashboard_url is None:
+        _stop_owner(state.owner_pid, timeout_s)
+        run_state.clear_state(app_name)
+        return f"stopped pdserve (pid {state.owner_pid}) and its local Ray"
+    url, address, auth_mode = _target(app_name, dashboard_url, ray_address)
+    with attached(address, auth_mode=auth_mode):
+        ServeRest(url).remove(app_name)
+    run_state.clear_state(app_name)
+    return f"removed app {app_name} from {url}"
+
+
+def scale(
+    app_name: str,
+    num_prefill: int | None,
+    num_decode: int | None,
+    dashboard_url: str | None = None,
+    ray_address: str = "auto",
+) -> dict[str, int]:
+    """Set the pools' replica counts in place; returns the counts asked for."""
+    replicas = {
+        name: count
+        for name, count in ((PREFILL_DEPLOYMENT, num_prefill), (DECODE_DEPLOYMENT, num_decode))
+        if count is not None
+    }
+    if not replicas:
+        raise ConfigError("give --prefill N and/or --decode M", param="scale")
+    if replicas.get(DECODE_DEPLOYMENT) == 0:
+        raise ConfigError("decode needs at least one replica", param="decode")
+    url, address, auth_mode = _target(app_name, dashboard_url, ray_address)
+    with attached(address, auth_mode=auth_mode):
+        ServeRest(url).scale(app_name, replicas)
+    return replicas
+
+
+def _target(
+    app_name: str, dashboard_url: str | None, ray_address: str
+) -> tuple[str, str, str | None]:
+    """Dashboard URL, Ray address and auth mode: explicit ones, else what ``up`` recorded."""
+    if dashboard_url:
+        return dashboard_url, ray_address, None
+    state = run_state.read_state(app_name)
+    if state is None:
+        raise ConfigError(f"no running app {app_name!r} recorded; pass --dashboard", param="app")
+    return state.dashboard_url, state.ray_address, state.ray_auth_mode
+
+
+def _stop_owner(pid: int, timeout_s: float) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    raise UnavailableError(f"pdserve (pid {pid}) did not stop within {timeout_s:.0f}s")
+
+
+def _remove_quietly(dashboard_url: str, app_name: str) -> None:
+    try:
+        ServeRest(dashboard_url).remove(app_name)
+    except (ConfigError, UnavailableError) as e:
+        logger.warning("could not remove app %s: %s", app_name, e.message)

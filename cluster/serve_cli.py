@@ -1,0 +1,136 @@
+"""The serving subcommands of ``pdserve``: ``up``, ``down``, ``status``, ``scale``, ``validate``.
+
+Registered on the main typer app in ``cluster/cli.py``. Everything heavy (Ray, Serve, torch)
+is imported inside the commands so ``pdserve --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import typer
+from rich.console import Console
+
+from core.errors import PdserveError
+
+_APP_HELP = "Serve application name (cluster.app_name of the config)."
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(error: PdserveError) -> None:
+    err_console.print(f"[bold red]error:[/] {error.message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def validate_command(
+    config: str = typer.Argument(..., help="Cluster YAML (or a name under configs/)."),
+) -> None:
+    """Check a cluster YAML against the schema; print a summary or every field error."""
+    from cluster.config_file import load_cluster_config
+
+    try:
+        cfg = load_cluster_config(config)
+    except PdserveError as e:
+        _fail(e)
+        return
+    pools = ", ".join(
+        f"{role} x{pool.initial_replicas}"
+        + (f" (autoscale {pool.autoscaling.min_replicas}-{pool.autoscaling.max_replicas})"
+           if pool.autoscaling else "")
+        for role, pool in (("prefill", cfg.prefill), ("decode", cfg.decode))
+    )  # fmt: skip
+    console.print(
+        f"[green]ok[/] {config}: model {cfg.model.name}, {pools}, "
+        f"ray {cfg.cluster.address}, http {cfg.server.host}:{cfg.server.port}",
+        highlight=False,
+    )
+
+
+def up_command(
+    config: str = typer.Argument(..., help="Cluster YAML (or a name under configs/)."),
+    detach: bool = typer.Option(False, "--detach", help="Leave it running in the background."),
+) -> None:
+    """Start (or join) Ray, deploy the pools and the OpenAI endpoint, serve until Ctrl-C."""
+    from cluster import launcher
+    from cluster.config_file import load_cluster_config, resolve_config_path
+
+    try:
+        cfg = load_cluster_config(config)
+        if detach and cfg.cluster.is_local:
+            state = launcher.start_detached(resolve_config_path(config).resolve(), cfg)
+            console.print(f"pdserve is up at [bold]{state.endpoint}[/] (log: {state.log_path})")
+            console.print("stop it with: pdserve down")
+            return
+        if detach:
+            endpoint = launcher.deploy(cfg, cfg.cluster.resolved_dashboard_url())
+            console.print(f"pdserve is up at [bold]{endpoint}[/]")
+            return
+        launcher.run_foreground(
+            cfg,
+            lambda state: console.print(
+                f"pdserve is up at [bold]{state.endpoint}[/]  (Ctrl-C to stop)", highlight=False
+            ),
+        )
+    except PdserveError as e:
+        _fail(e)
+
+
+def down_command(
+    app_name: str = typer.Option("pdserve", "--app", help=_APP_HELP),
+    dashboard: str | None = typer.Option(
+        None, "--dashboard", help="Ray dashboard URL (default: the one `up` recorded)."
+    ),
+    address: str = typer.Option("auto", "--address", help="Ray address with --dashboard."),
+) -> None:
+    """Stop the app; also stops the local Ray that `pdserve up` started."""
+    from cluster import launcher
+
+    try:
+        console.print(launcher.down(app_name, dashboard, address))
+    except PdserveError as e:
+        _fail(e)
+
+
+def scale_command(
+    prefill: int | None = typer.Option(None, "--prefill", min=0, help="Prefill replicas."),
+    decode: int | None = typer.Option(None, "--decode", min=1, help="Decode replicas."),
+    app_name: str = typer.Option("pdserve", "--app", help=_APP_HELP),
+    dashboard: str | None = typer.Option(None, "--dashboard", help="Ray dashboard URL."),
+    address: str = typer.Option("auto", "--address", help="Ray address with --dashboard."),
+) -> None:
+    """Resize the pools live: replicas are added or drained in place, none restarts."""
+    from cluster import launcher
+
+    try:
+        replicas = launcher.scale(app_name, prefill, decode, dashboard, address)
+    except PdserveError as e:
+        _fail(e)
+        return
+    asked = ", ".join(f"{name} -> {count}" for name, count in replicas.items())
+    console.print(f"scaling {app_name}: {asked}")
+
+
+def status_command(
+    app_name: str = typer.Option("pdserve", "--app", help=_APP_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    no_stats: bool = typer.Option(False, "--no-stats", help="Skip per-replica worker stats."),
+) -> None:
+    """Pools, replicas and their nodes, KV usage and transfers in flight."""
+    from cluster import run_state
+    from cluster.status_view import collect_status, render_status
+
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the handle's INFO chatter
+    try:
+        state = run_state.read_state(app_name)
+        if state is None:
+            raise PdserveError(f"no running app {app_name!r} recorded (start it with pdserve up)")
+        status = collect_status(state, with_stats=not no_stats)
+    except PdserveError as e:
+        _fail(e)
+        return
+    if as_json:
+        typer.echo(json.dumps(status, indent=2))
+    else:
+        render_status(status, console)

@@ -1,0 +1,103 @@
+"""Where every prefill and decode replica posts its ``stats()``: the cluster's live view.
+
+``StatsBoard`` is a small Serve deployment (one replica, no CPU reserved) that keeps the latest
+report of each replica and forgets a replica that stops reporting (killed, scaled away) after
+``stale_after_s``. The ingress reads it for ``/metrics`` and for "is any prefill replica
+alive", and ``pdserve status`` for per-replica KV usage and transfers in flight.
+
+Replicas report through a :class:`BoardReporter`, which the app builder hands to the role
+deployments; they call it once with their role and their worker's ``stats`` function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray import serve
+
+from cluster.pool_options import BOARD_DEPLOYMENT
+
+logger = logging.getLogger(__name__)
+
+StatsFn = Callable[[], Mapping[str, float | int]]
+
+
+class StatsBoard:
+    """The latest report of every live replica, by role."""
+
+    def __init__(self, stale_after_s: float = 3.0) -> None:
+        self._stale_after_s = stale_after_s
+        self._reports: dict[str, dict[str, Any]] = {}
+
+    def report(self, replica: dict[str, Any]) -> None:
+        """Store one replica's report (keys: role, replica_id, node_id, node_ip, stats ...)."""
+        self._reports[str(replica["replica_id"])] = {**replica, "received_s": time.monotonic()}
+
+    def forget(self, replica_id: str) -> None:
+        """Drop a replica's report at once (it is shutting down)."""
+        self._reports.pop(replica_id, None)
+
+    def snapshot(self) -> dict[str, list[dict[str, Any]]]:
+        """Fresh reports grouped by role (``{"prefill": [...], "decode": [...]}``)."""
+        now = time.monotonic()
+        stale = [k for k, r in self._reports.items() if now - r["received_s"] > self._stale_after_s]
+        for replica_id in stale:
+            del self._reports[replica_id]
+        grouped: dict[str, list[dict[str, Any]]] = {"prefill": [], "decode": []}
+        for report in sorted(self._reports.values(), key=lambda r: str(r["replica_id"])):
+            grouped.setdefault(str(report["role"]), []).append(
+                {k: v for k, v in report.items() if k != "received_s"}
+            )
+        return grouped
+
+
+@dataclass(frozen=True)
+class BoardReporter:
+    """Posts a replica's stats to the board of ``app_name`` every ``interval_s``.
+
+    Called once from a role deployment's constructor (inside the replica's event loop):
+    ``stop = reporter("prefill", worker.stats)``; ``stop()`` on shutdown ends the reports and
+    removes the replica from the board at once.
+    """
+
+    app_name: str
+    interval_s: float = 0.5
+
+    def __call__(self, role: str, stats: StatsFn) -> Callable[[], None]:
+        """Start reporting ``stats()`` as ``role`` in the background; returns ``stop``."""
+        replica_id = serve.get_replica_context().replica_id.unique_id
+        task = asyncio.get_running_loop().create_task(self._report_forever(role, replica_id, stats))
+
+        def stop() -> None:
+            task.cancel()
+            self._board().forget.remote(replica_id)
+
+        return stop
+
+    def _board(self) -> Any:
+        return serve.get_deployment_handle(BOARD_DEPLOYMENT, self.app_name)
+
+    async def _report_forever(self, role: str, replica_id: str, stats: StatsFn) -> None:
+        context = ray.get_runtime_context()
+        identity = {
+            "role": role,
+            "replica_id": replica_id,
+            "actor_name": context.get_actor_name(),
+            "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+        }
+        board = self._board()
+        while True:
+            try:
+                await board.report.remote({**identity, "stats": dict(stats())})
+            except Exception as e:  # the board restarting must not stop the reports
+                logger.warning("stats report of %s failed: %s", replica_id, e)
+            await asyncio.sleep(self.interval_s)

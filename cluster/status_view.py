@@ -1,0 +1,108 @@
+"""``pdserve status``: pools, their replicas and nodes, KV usage and transfers in flight.
+
+Serve's REST details give each deployment's status, target and replicas (with node ids and
+IPs); the stats board gives each live replica's worker ``stats()``. :func:`collect_status`
+joins them by replica id into plain dicts (``--json`` prints those); :func:`render_status`
+draws them as a table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cluster.pool_options import (
+    BOARD_DEPLOYMENT,
+    DECODE_DEPLOYMENT,
+    INGRESS_DEPLOYMENT,
+    PREFILL_DEPLOYMENT,
+)
+from cluster.ray_session import attached
+from cluster.run_state import RunState
+from cluster.serve_rest import ServeRest
+from core.errors import UnavailableError
+
+POOLS = ((PREFILL_DEPLOYMENT, "prefill"), (DECODE_DEPLOYMENT, "decode"), (INGRESS_DEPLOYMENT, ""))
+
+
+def board_snapshot(app_name: str) -> dict[str, list[dict[str, Any]]]:
+    """The stats board's reports (needs an attached Ray driver)."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(BOARD_DEPLOYMENT, app_name)
+    snapshot: dict[str, list[dict[str, Any]]] = handle.snapshot.remote().result(timeout_s=30)
+    return snapshot
+
+
+def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:
+    """Pools with their replicas, each with node and (when reporting) worker stats."""
+    with attached(state.ray_address, auth_mode=state.ray_auth_mode):
+        app = ServeRest(state.dashboard_url).app_details(state.app_name)
+        if app is None:
+            raise UnavailableError(f"app {state.app_name} is not deployed at {state.dashboard_url}")
+        reports = board_snapshot(state.app_name) if with_stats else {}
+    by_replica = {r["replica_id"]: r for role in reports.values() for r in role}
+    pools = []
+    for deployment, role in POOLS:
+        details = app.get("deployments", {}).get(deployment, {})
+        replicas = [
+            {
+                "replica_id": r.get("replica_id"),
+                "state": r.get("state"),
+                "node_id": r.get("node_id"),
+                "node_ip": r.get("node_ip"),
+                "stats": by_replica.get(r.get("replica_id"), {}).get("stats"),
+            }
+            for r in details.get("replicas", [])
+        ]
+        pools.append(
+            {
+                "pool": deployment,
+                "role": role,
+                "status": details.get("status"),
+                "target_replicas": details.get("target_num_replicas"),
+                "replicas": replicas,
+            }
+        )
+    return {
+        "app": state.app_name,
+        "status": app.get("status"),
+        "endpoint": state.endpoint,
+        "dashboard": state.dashboard_url,
+        "pools": pools,
+    }
+
+
+def render_status(status: dict[str, Any], console: Console) -> None:
+    """The status as a header line plus one table row per replica."""
+    console.print(
+        f"[bold]{status['app']}[/] {status['status']}  endpoint {status['endpoint']}  "
+        f"dashboard {status['dashboard']}"
+    )
+    table = Table(
+        "pool", "replica", "state", "node", "KV used/total", "running", "waiting", "xfers"
+    )
+    for pool in status["pools"]:
+        label = f"{pool['pool']} ({len(pool['replicas'])}/{pool['target_replicas']})"
+        for i, replica in enumerate(pool["replicas"]):
+            stats = replica["stats"] or {}
+            kv = (
+                f"{stats['kv_blocks_used']}/{stats['kv_blocks_total']}"
+                if "kv_blocks_total" in stats
+                else "-"
+            )
+            table.add_row(
+                label if i == 0 else "",
+                str(replica["replica_id"]),
+                str(replica["state"]),
+                str(replica["node_ip"] or replica["node_id"]),
+                kv,
+                str(stats.get("num_running", "-")),
+                str(stats.get("num_waiting", "-")),
+                str(stats.get("transfers_in_flight", "-")),
+            )
+        if not pool["replicas"]:
+            table.add_row(label, "-", "-", "-", "-", "-", "-", "-")
+    console.print(table)

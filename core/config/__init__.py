@@ -1,0 +1,62 @@
+"""The configuration schema: pydantic models, unknown keys rejected, every field described.
+
+One schema for one YAML file, split by section: ``base`` (the strict base), ``engine`` (model and
+engine), ``transfer`` (the KV data plane), ``cluster`` (pools, scheduler, server, Ray) and
+``loadtest`` (``pdserve bench`` workloads). Import from ``core.config``.
+"""
+
+from core.config.base import DType, StrictModel
+from core.config.cluster import (
+    AutoscalingConfig,
+    ClusterConfig,
+    DecodePoolConfig,
+    NodeSelectorConfig,
+    PoolConfig,
+    PrefillPoolConfig,
+    RayClusterConfig,
+    Role,
+    SchedulerConfig,
+    ServerConfig,
+)
+from core.config.engine import EngineConfig, ModelConfig
+from core.config.loadtest import (
+    ArrivalConfig,
+    LengthConfig,
+    LoadTestConfig,
+    LoadTestTargetConfig,
+    MultiTurnWorkloadConfig,
+    RandomWorkloadConfig,
+    SharedPrefixWorkloadConfig,
+    SloConfig,
+    SweepConfig,
+    TraceWorkloadConfig,
+)
+from core.config.transfer import TransferConfig
+
+__all__ = [
+    "ArrivalConfig",
+    "AutoscalingConfig",
+    "ClusterConfig",
+    "DType",
+    "DecodePoolConfig",
+    "EngineConfig",
+    "LengthConfig",
+    "LoadTestConfig",
+    "LoadTestTargetConfig",
+    "ModelConfig",
+    "MultiTurnWorkloadConfig",
+    "NodeSelectorConfig",
+    "PoolConfig",
+    "PrefillPoolConfig",
+    "RandomWorkloadConfig",
+    "RayClusterConfig",
+    "Role",
+    "SchedulerConfig",
+    "ServerConfig",
+    "SharedPrefixWorkloadConfig",
+    "SloConfig",
+    "StrictModel",
+    "SweepConfig",
+    "TraceWorkloadConfig",
+    "TransferConfig",
+]

@@ -1,0 +1,45 @@
+"""Model and engine sections: which checkpoint, and how the engine runs it."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from core.config.base import DType, StrictModel
+
+
+class EngineConfig(StrictModel):
+    """Options of the inference engine that both roles run."""
+
+    max_model_len: int | None = Field(
+        None, ge=1, description="Longest prompt + output in tokens; default: the model's limit."
+    )
+    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block.")
+    kv_cache_memory_bytes: int | None = Field(
+        None, ge=1, description="Bytes of KV storage; overrides kv_cache_memory_fraction."
+    )
+    kv_cache_memory_fraction: float = Field(
+        0.9, gt=0.0, le=1.0, description="Fraction of free device memory for KV on GPU."
+    )
+    max_num_batched_tokens: int = Field(
+        2048, ge=1, description="Token budget of one engine step (chunked prefill splits prompts)."
+    )
+    max_num_seqs: int = Field(64, ge=1, description="Most requests running at once.")
+    enable_prefix_caching: bool = Field(True, description="Reuse cached full prompt blocks.")
+
+    @model_validator(mode="after")
+    def _budget_fits_block(self) -> EngineConfig:
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"block_size ({self.block_size})"
+            )
+        return self
+
+
+class ModelConfig(StrictModel):
+    """Which model to serve and how to load it."""
+
+    name: str = Field(..., description="A built-in name (builtin:tiny-moe) or a local HF dir.")
+    dtype: DType = Field("auto", description="Weights/KV dtype; auto: fp32 on CPU, bf16 on GPU.")
+    seed: int = Field(0, description="Seed for built-in weights and default sampling.")
+    served_name: str | None = Field(None, description="Name clients use; default: name.")

@@ -1,0 +1,112 @@
+"""The ``Prefill`` Ray Serve deployment: one replica runs one :class:`PrefillWorker`.
+
+Plain class; ``cluster.app`` turns it into a deployment with the pool's options
+(``serve.deployment(PrefillDeployment).options(...)``), so no constants are baked in here.
+Across the Serve boundary everything is a JSON-shaped dict: a request is
+``PrefillRequest.to_dict()``; the reply is ``{"result": PrefillResult.to_dict()}`` or, on a
+typed failure, ``{"error": {"class", "message", "param", "reason", "retry_after_s"}}`` so the
+caller can re-raise the same ``core.errors`` class without unpickling anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import ray
+from ray import serve
+
+from core.config import EngineConfig, ModelConfig, TransferConfig
+from core.errors import PdserveError
+from core.kv_events import KVEventBatch
+from core.messages import PrefillRequest
+from prefill.worker import build_prefill_worker
+
+logger = logging.getLogger(__name__)
+
+StatsReporter = Callable[[str, Callable[[], Mapping[str, float | int]]], Callable[[], None]]
+"""``reporter(role, stats_fn) -> stop``: publishes the worker's stats while the replica lives."""
+
+
+class KVEventPublisher(Protocol):
+    """A running feed of this replica's KV events to the cluster's KV index."""
+
+    def callback(self, batch: KVEventBatch) -> None:
+        """The engine's ``kv_event_callback``."""
+        ...
+
+    def close(self) -> None:
+        """Stop publishing (the replica is going away)."""
+        ...
+
+
+class KVEventPublisherFactory(Protocol):
+    """Picklable settings from the app builder; ``start`` runs inside the replica."""
+
+    def start(self, replica_id: str, app_name: str) -> KVEventPublisher:
+        """Begin publishing for ``replica_id`` of ``app_name``."""
+        ...
+
+
+def error_to_dict(error: PdserveError) -> dict[str, Any]:
+    """A typed error as plain values (``cluster`` rebuilds the same class from it)."""
+    return {
+        "class": type(error).__name__,
+        "message": error.message,
+        "param": error.param,
+        "reason": getattr(error, "reason", None),
+        "retry_after_s": getattr(error, "retry_after_s", None),
+    }
+
+
+class PrefillDeployment:
+    """One prefill replica: the engine in prefill mode plus its KV export server."""
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        engine: dict[str, Any],
+        transfer: dict[str, Any],
+        stats_reporter: StatsReporter | None = None,
+        kv_events: KVEventPublisherFactory | None = None,
+    ) -> None:
+        context = serve.get_replica_context()
+        self._publisher = (
+            kv_events.start(context.replica_id.unique_id, context.app_name) if kv_events else None
+        )
+        self._worker = build_prefill_worker(
+            ModelConfig.model_validate(model),
+            EngineConfig.model_validate(engine),
+            TransferConfig.model_validate(transfer),
+            node_host=ray.util.get_node_ip_address(),
+            kv_event_callback=self._publisher.callback if self._publisher else None,
+        )
+        self._stop_reporting = (
+            stats_reporter("prefill", self._worker.stats) if stats_reporter else None
+        )
+
+    async def prefill(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run one prompt: ``{"result": PrefillResult dict}`` or ``{"error": ...}``."""
+        try:
+            result = await self._worker.prefill(PrefillRequest.from_dict(request))
+        except PdserveError as e:
+            logger.info("prefill %s failed: %s", request.get("request_id"), e.message)
+            return {"error": error_to_dict(e)}
+        return {"result": result.to_dict()}
+
+    def stats(self) -> dict[str, float | int]:
+        """The worker's stats (KV blocks, pinned exports, transfer counters)."""
+        return dict(self._worker.stats())
+
+    def record_routing_stats(self) -> dict[str, float | int]:
+        """Serve's routing-stats hook: what a request router reads (KV blocks, queue)."""
+        return dict(self._worker.stats())
+
+    async def __del__(self) -> None:
+        """Serve calls this once when the replica stops: end reports, free the engine."""
+        if self._stop_reporting is not None:
+            self._stop_reporting()
+        if self._publisher is not None:
+            self._publisher.close()
+        await self._worker.shutdown()

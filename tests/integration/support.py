@@ -1,0 +1,125 @@
+"""Helpers shared by the integration tests: waiting on conditions, ports, the test config."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+PREFILL_LABEL = {"pdserve.io/pool": "prefill"}
+"""Node label of the simulated prefill nodes (the prefill pool selects it)."""
+DECODE_RESOURCE = "decode_node"
+"""Custom resource of the simulated decode nodes (the decode pool claims a bit of it)."""
+APP_NAME = "pdserve-test"
+MODEL = "builtin:tiny-moe"
+SERVED_NAME = "tiny-moe"
+MAX_MODEL_LEN = 2048
+KV_BYTES = 16 * 1024 * 1024
+BATCHED_TOKENS = 256
+THRESHOLD_TOKENS = 24
+"""Prompts shorter than this prefill locally on decode; longer ones go to the prefill pool."""
+
+
+def wait_until(
+    predicate: Callable[[], T], timeout_s: float, message: str = "", poll_s: float = 0.2
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value (returned); fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as e:  # the condition may be unreadable while things restart
+            last_error = e
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_error!r})" if last_error else ""
+            raise AssertionError(f"timed out after {timeout_s}s: {message}{detail}")
+        time.sleep(poll_s)
+
+
+def descendant_pids(root_pid: int) -> list[int]:
+    """Every live descendant of ``root_pid`` (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root_pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def is_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def engine_section() -> dict[str, Any]:
+    """The engine options of the test app (and of the offline reference ``LLM``)."""
+    return {
+        "max_model_len": MAX_MODEL_LEN,
+        "kv_cache_memory_bytes": KV_BYTES,
+        "max_num_batched_tokens": BATCHED_TOKENS,
+        "max_num_seqs": 8,
+    }
+
+
+def app_config(http_port: int, **overrides: Any) -> dict[str, Any]:
+    """The cluster config of the shared test app: prefill on label-selected nodes, decode on
+    nodes with the decode resource, small KV budgets, a low in-flight cap (for 429s)."""
+    config: dict[str, Any] = {
+        "model": {"name": MODEL, "dtype": "float32", "served_name": SERVED_NAME},
+        "engine": engine_section(),
+        "prefill": {
+            "num_replicas": 1,
+            "num_cpus": 0.5,
+            "node_selector": {"labels": PREFILL_LABEL},
+            "graceful_shutdown_timeout_s": 10.0,
+        },
+        "decode": {
+            # autoscaling that never triggers: `scale` must turn it into a fixed count in place
+            "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 100},
+            "num_cpus": 0.5,
+            "node_selector": {"resource": DECODE_RESOURCE},
+            "graceful_shutdown_timeout_s": 10.0,
+        },
+        "transfer": {"lease_s": 10.0},
+        "scheduler": {"local_prefill_threshold_tokens": THRESHOLD_TOKENS},
+        "server": {
+            "port": http_port,
+            "num_cpus": 0.25,
+            "max_in_flight_requests": 4,
+            "retry_after_s": 2.0,
+            "prefill_timeout_s": 60.0,
+            "chunk_timeout_s": 60.0,
+        },
+        "cluster": {"address": "auto", "app_name": APP_NAME},
+    }
+    for section, values in overrides.items():
+        config[section] = {**config.get(section, {}), **values}
+    return config

@@ -1,0 +1,111 @@
+"""``pdserve up --detach`` / ``status`` / ``down`` on the embedded default (configs/local.yaml),
+as a user runs them: a local Ray started by the CLI, answering HTTP, under 4 GiB resident in
+total, and gone without a trace after ``down``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from cluster.config_file import REPO_CONFIGS
+from tests.integration.support import descendant_pids, free_port, is_running, wait_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+GIB = 1024**3
+
+
+def pdserve(
+    *args: str, env: dict[str, str], timeout_s: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would (``python -m cluster.cli``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "cluster.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` (0 once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.fixture
+def local_config(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """configs/local.yaml on free ports, and an environment with a private run-state dir."""
+    config = yaml.safe_load((REPO_CONFIGS / "local.yaml").read_text())
+    config["server"]["port"] = free_port()
+    config["cluster"]["dashboard_port"] = free_port()
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PDSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    yield path, env
+    pdserve("down", env=env)  # no-op when the test already stopped it
+
+
+def test_up_detach_status_down_on_the_local_default(
+    local_config: tuple[Path, dict[str, str]],
+) -> None:
+    path, env = local_config
+    up = pdserve("up", str(path), "--detach", env=env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state_file = Path(env["PDSERVE_CACHE_DIR"]) / "run" / "pdserve.json"
+    state: dict[str, Any] = json.loads(state_file.read_text())
+    endpoint, owner = state["endpoint"], int(state["owner_pid"])
+    assert endpoint in up.stdout
+
+    body = {"model": "tiny-moe", "prompt": "Hello from the command line test!", "max_tokens": 4}
+    response = httpx.post(f"{endpoint}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+
+    processes = [owner, *descendant_pids(owner)]
+    total_rss = sum(rss_bytes(pid) for pid in processes)
+    assert total_rss < 4 * GIB, (
+        f"{total_rss / GIB:.2f} GiB resident over {len(processes)} processes"
+    )
+
+    status = pdserve("status", "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    pools = {p["pool"]: p for p in json.loads(status.stdout)["pools"]}
+    for name in ("Prefill", "Decode"):
+        (replica,) = pools[name]["replicas"]
+        assert replica["state"] == "RUNNING"
+        assert replica["stats"]["kv_blocks_total"] > 0
+
+    down = pdserve("down", env=env)
+    assert down.returncode == 0, down.stderr
+    wait_until(lambda: not any(is_running(pid) for pid in processes), 60, "processes left")
+    assert not state_file.exists()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{endpoint}/health", timeout=5)
+
+
+def test_validate_reports_field_errors(tmp_path: Path) -> None:
+    env = {**os.environ, "PDSERVE_CACHE_DIR": str(tmp_path)}
+    ok = pdserve("validate", str(REPO_CONFIGS / "local.yaml"), env=env)
+    assert ok.returncode == 0 and "ok" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {name: builtin:tiny-moe}\ndecode: {num_replicas: 1, gpus: 2}\n")
+    result = pdserve("validate", str(bad), env=env)
+    assert result.returncode == 2
+    assert "decode.gpus" in result.stderr

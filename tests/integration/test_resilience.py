@@ -1,0 +1,188 @@
+"""The shared app under change: live scaling with traffic, clients that vanish mid-stream and a
+prefill replica killed while requests flow. Nothing may fail, hang or leak KV."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+import ray
+
+from cluster.launcher import scale
+from tests.integration.conftest import ServingApp, SimCluster
+from tests.integration.support import APP_NAME, SERVED_NAME, wait_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+PROMPTS = [
+    "A long enough prompt to be prefilled remotely by the prefill pool, please.",
+    "Short one",
+]
+
+
+@dataclass
+class Traffic:
+    """Outcomes of the background requests: status codes, error bodies, exceptions."""
+
+    statuses: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, status: int, detail: str = "") -> None:
+        """Note one finished request."""
+        with self.lock:
+            self.statuses.append(status)
+            if status != 200:
+                self.failures.append(f"{status}: {detail[:300]}")
+
+    @property
+    def num_ok(self) -> int:
+        """Requests that succeeded so far."""
+        with self.lock:
+            return self.statuses.count(200)
+
+
+@contextmanager
+def traffic(app: ServingApp, num_clients: int = 2, max_tokens: int = 4) -> Iterator[Traffic]:
+    """Clients sending completions back to back (long and short prompts) until the block ends;
+    each request is bounded, so a hang shows up as a failure, never as a stuck test."""
+    outcome, stop = Traffic(), threading.Event()
+
+    def client_loop(index: int) -> None:
+        with httpx.Client(timeout=90) as client:
+            i = index
+            while not stop.is_set():
+                body = {
+                    "model": SERVED_NAME,
+                    "prompt": PROMPTS[i % len(PROMPTS)],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                }
+                i += 1
+                try:
+                    response = client.post(app.url("/v1/completions"), json=body)
+                    outcome.record(response.status_code, response.text)
+                except httpx.HTTPError as e:
+                    outcome.record(-1, repr(e))
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(num_clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield outcome
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a request hung"
+
+
+def _reporting(app: ServingApp, role: str) -> int:
+    return len(app.board().get(role, []))
+
+
+def _scaled(app: ServingApp, deployment: str, role: str, count: int) -> bool:
+    return len(app.running_replicas(deployment)) == count and _reporting(app, role) == count
+
+
+def test_each_pool_scales_up_and_down_while_requests_flow(
+    app: ServingApp, sim_cluster: SimCluster
+) -> None:
+    steps = [("Prefill", "prefill", 2), ("Prefill", "prefill", 1)]
+    steps += [("Decode", "decode", 2), ("Decode", "decode", 1)]
+    with traffic(app) as outcome:
+        for deployment, role, count in steps:
+            before = outcome.num_ok
+            kept = {r["replica_id"] for r in app.running_replicas(deployment)}
+            scale(
+                APP_NAME,
+                count if role == "prefill" else None,
+                count if role == "decode" else None,
+                dashboard_url=sim_cluster.dashboard_url,
+            )
+            wait_until(
+                lambda d=deployment, r=role, c=count: _scaled(app, d, r, c),  # type: ignore[misc]
+                120,
+                f"{deployment}={count}",
+            )
+            now = {r["replica_id"] for r in app.running_replicas(deployment)}
+            assert kept <= now or now <= kept, "scaling restarted replicas instead of resizing"
+            node = sim_cluster.prefill_node_id if role == "prefill" else sim_cluster.decode_node_id
+            assert {r["node_id"] for r in app.running_replicas(deployment)} == {node}
+            wait_until(
+                lambda n=before: outcome.num_ok >= n + 3,  # type: ignore[misc]
+                60,
+                "requests keep completing",
+            )
+    assert not outcome.failures, outcome.failures
+    assert outcome.num_ok >= 12
+
+
+def _kv_idle(app: ServingApp) -> bool:
+    board = app.board()
+    decode, prefill = board.get("decode", []), board.get("prefill", [])
+    return (
+        bool(decode and prefill)
+        and all(
+            r["stats"]["kv_blocks_used"] == 0 and r["stats"]["num_running"] == 0
+            for r in decode + prefill
+        )
+        and all(r["stats"]["exports_pinned"] == 0 for r in prefill)
+    )
+
+
+def test_client_disconnect_mid_stream_frees_kv_on_both_sides(app: ServingApp) -> None:
+    body = {
+        "model": SERVED_NAME,
+        "prompt": PROMPTS[0],
+        "max_tokens": 1500,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", app.url("/v1/completions"), json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()  # NOTE: held open; dropping it would close the stream
+        events = 0
+        while events < 3:
+            line = next(lines)
+            if line.startswith("data: "):
+                assert json.loads(line[6:])["choices"]
+                events += 1
+        wait_until(
+            lambda: any(r["stats"]["kv_blocks_used"] > 0 for r in app.board()["decode"]),
+            30,
+            "decode holds the request's KV while it streams",
+        )
+        lines.close()
+    # the connection is closed here, long before the 1500th token
+    wait_until(lambda: _kv_idle(app), 60, "decode and prefill free everything")
+    metrics = httpx.get(app.url("/metrics"), timeout=30).text
+    assert 'reason="client_disconnected"' in metrics
+
+
+def test_killed_prefill_replica_fails_no_request_and_leaks_nothing(app: ServingApp) -> None:
+    victim = app.board()["prefill"][0]
+    with traffic(app, num_clients=3, max_tokens=6) as outcome:
+        wait_until(lambda: outcome.num_ok >= 3, 60, "traffic flows before the kill")
+        ray.kill(ray.get_actor(victim["actor_name"], namespace="serve"), no_restart=True)
+        killed_at = len(outcome.statuses)
+        wait_until(
+            lambda: (
+                {r["replica_id"] for r in app.running_replicas("Prefill")} - {victim["replica_id"]}
+            ),
+            120,
+            "Serve replaces the killed prefill replica",
+        )
+        wait_until(lambda: len(outcome.statuses) >= killed_at + 6, 60, "requests keep finishing")
+    clean = [f for f in outcome.failures if f.startswith(("503", "500"))]
+    assert clean == outcome.failures, f"unclean failures: {outcome.failures}"
+    for failure in clean:
+        assert '"error"' in failure  # the OpenAI error shape, not a dropped connection
+    assert outcome.num_ok >= 6
+    wait_until(lambda: _kv_idle(app), 60, "KV gauges back to 0 after the kill")
