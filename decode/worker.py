@@ -194,13 +194,8 @@ class DecodeWorker:
         stats: dict[str, float | int] = dict(self._engine.kv_stats())
         with self._lock:
             stats["imports_in_progress"] = len(self._imports)
-        snapshot = None if self._metrics is None else self._metrics.snapshot()
-        side = TransferSide.IMPORT
-        stats["transfers_in_flight"] = 0 if snapshot is None else snapshot.in_flight.get(side, 0)
-        stats["transfer_bytes_total"] = 0 if snapshot is None else snapshot.bytes_total.get(side, 0)
-        stats["transfer_failures_total"] = (
-            0 if snapshot is None else sum(snapshot.failures(side).values())
-        )
+        if self._metrics is not None:
+            stats.update(self._metrics.snapshot().role_stats(TransferSide.IMPORT))
         return stats
 
     async def shutdown(self) -> None:

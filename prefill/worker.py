@@ -164,16 +164,8 @@ class PrefillWorker:
         stats: dict[str, float | int] = dict(self._engine.kv_stats())
         with self._lock:
             stats["exports_pinned"] = len(self._pinned)
-        snapshot = None if self._metrics is None else self._metrics.snapshot()
-        side = TransferSide.EXPORT
-        stats["transfers_in_flight"] = 0 if snapshot is None else snapshot.in_flight.get(side, 0)
-        stats["transfer_bytes_total"] = 0 if snapshot is None else snapshot.bytes_total.get(side, 0)
-        stats["transfer_failures_total"] = (
-            0 if snapshot is None else sum(snapshot.failures(side).values())
-        )
-        stats["leases_expired_total"] = (
-            0 if snapshot is None else snapshot.lease_releases.get(ReleaseCause.EXPIRED, 0)
-        )
+        if self._metrics is not None:
+            stats.update(self._metrics.snapshot().role_stats(TransferSide.EXPORT))
         return stats
 
     async def shutdown(self) -> None:

@@ -73,6 +73,22 @@ class TransferMetricsSnapshot:
             if s == side and outcome != "ok"
         }
 
+    def role_stats(self, side: TransferSide) -> dict[str, int | float]:
+        """The transfer keys of a role worker's ``stats()`` for ``side``: in flight, bytes,
+        finished transfers, seconds, failures (total and ``transfer_failures_<reason>_total``)
+        and expired leases."""
+        failures = self.failures(side)
+        stats: dict[str, int | float] = {
+            "transfers_in_flight": self.in_flight.get(side, 0),
+            "transfer_bytes_total": self.bytes_total.get(side, 0),
+            "transfers_total": sum(n for (s, _), n in self.transfers_total.items() if s == side),
+            "transfer_seconds_total": self.duration_sum_s.get(side, 0.0),
+            "transfer_failures_total": sum(failures.values()),
+            "leases_expired_total": self.lease_releases.get("expired", 0),
+        }
+        stats.update({f"transfer_failures_{reason}_total": n for reason, n in failures.items()})
+        return stats
+
 
 class InMemoryTransferMetrics:
     """Thread-safe counters and histograms kept in memory."""

@@ -109,11 +109,17 @@ def make_client() -> Iterator[Callable[..., KVImportClient]]:
 
 @pytest.fixture(autouse=True)
 def no_leaked_threads() -> Iterator[None]:
-    """Fail a test that leaves transfer-layer threads running after its teardown."""
+    """Fail a test that leaves transfer-layer threads running after its teardown (threads that
+    were already running before it — e.g. session fixtures of other suites — do not count)."""
+    before = {t.ident for t in threading.enumerate()}
     yield
 
     def leaked() -> list[str]:
-        return [t.name for t in threading.enumerate() if t.name.startswith("pdserve-kv")]
+        return [
+            t.name
+            for t in threading.enumerate()
+            if t.name.startswith("pdserve-kv") and t.ident not in before
+        ]
 
     assert wait_until(lambda: not leaked(), timeout_s=5.0), leaked()
 
