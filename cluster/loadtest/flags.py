@@ -13,11 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
-
 from cluster.loadtest.presets import preset_workload
 from core.config import LoadTestConfig
+from core.config.files import read_yaml_mapping, resolve_yaml, validate_mapping
 from core.errors import ConfigError
 
 _REPO_WORKLOADS = Path(__file__).resolve().parents[2] / "configs" / "loadtest"
@@ -63,36 +61,12 @@ class BenchFlags:
 
 def resolve_workload_path(name: str) -> Path:
     """A YAML path, or a bare name of a file in the repo's ``configs/loadtest/``."""
-    path = Path(name).expanduser()
-    if path.is_file():
-        return path
-    candidate = _REPO_WORKLOADS / f"{name}.yaml"
-    if not path.suffix and candidate.is_file():
-        return candidate
-    raise ConfigError(f"no workload file {name!r}", param="workload")
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML mapping; ConfigError for unreadable or non-mapping files."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"cannot read workload {path}: {e}", param="workload") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"workload {path} is not a YAML mapping", param="workload")
-    return data
+    return resolve_yaml(name, _REPO_WORKLOADS, kind="workload", param="workload")
 
 
 def validate(data: dict[str, Any], source: str) -> LoadTestConfig:
     """``LoadTestConfig`` from a dict, pydantic errors folded into one readable ConfigError."""
-    try:
-        return LoadTestConfig.model_validate(data)
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in e.errors()
-        )
-        raise ConfigError(f"invalid load-test config ({source}): {problems}") from e
+    return validate_mapping(LoadTestConfig, data, kind="load-test config", source=source)
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:
@@ -212,7 +186,7 @@ def build_config(flags: BenchFlags) -> tuple[LoadTestConfig, Path | None]:
     base_dir = None
     if flags.workload:
         path = resolve_workload_path(flags.workload)
-        data, base_dir = read_yaml(path), path.parent
+        data, base_dir = read_yaml_mapping(path, kind="workload", param="workload"), path.parent
     workload = _workload(data, flags)
     merged = {
         **data,
