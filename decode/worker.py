@@ -154,7 +154,13 @@ class DecodeWorker:
             await self._engine.abort(request_id)  # the stream then ends with finish "abort"
             return 0
         if status.state is TransferState.DONE:
-            await self._engine.call(lambda engine: engine.mark_kv_ready(request_id))
+            pulled = [] if kv.task is None else list(kv.task.dst_block_ids)
+
+            def ready(engine: LLMEngine) -> bool:
+                engine.parts.storage.stage_to_device(pulled)  # GPU KV: from the host mirror
+                return engine.mark_kv_ready(request_id)
+
+            await self._engine.call(ready)
             logger.info(
                 "request %s: pulled %d of %d blocks (%d bytes); decoding",
                 request_id,
@@ -250,12 +256,6 @@ def build_decode_worker(
         )
     policy: KVFailurePolicy = "recompute" if kv_failure_policy == "recompute" else "fail"
     parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
-    if parts.storage.device.type != "cpu":
-        raise ConfigError(
-            f"disaggregated decode needs host-memory KV storage; this engine keeps its KV on "
-            f"{parts.storage.device} (GPU staging is not implemented yet)",
-            param="decode",
-        )
     metrics = InMemoryTransferMetrics()
     transport = GrpcKVTransport(parts.storage, transfer, serve=False, metrics=metrics)
     logger.info(

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import ConfigError, TransferError, UnavailableError
+from core.errors import TransferError, UnavailableError
 from core.kv_events import KVEventBatch
 from core.kv_handle import KVHandle
 from core.messages import PrefillRequest, PrefillResult, sampling_from_dict
@@ -120,6 +120,7 @@ class PrefillWorker:
         with self._lock:
             self._pinned.add(request_id)
         try:
+            engine.parts.storage.stage_to_host(pinned.block_ids)  # GPU KV: via the host mirror
             return self._transport.export(
                 pinned.block_ids, on_release=lambda cause: self._on_release(request_id, cause)
             )
@@ -196,12 +197,6 @@ def build_prefill_worker(
 ) -> PrefillWorker:
     """A prefill worker on a real engine and a serving :class:`GrpcKVTransport`."""
     parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
-    if parts.storage.device.type != "cpu":
-        raise ConfigError(
-            f"disaggregated prefill needs host-memory KV storage; this engine keeps its KV on "
-            f"{parts.storage.device} (GPU staging is not implemented yet)",
-            param="prefill",
-        )
     metrics = InMemoryTransferMetrics()
     transport = GrpcKVTransport(
         parts.storage, transfer, serve=True, node_host=node_host, metrics=metrics

@@ -5,6 +5,11 @@ Bookkeeping (which block belongs to whom) lives in the block pool; this module o
 Every block is one contiguous byte span, so :meth:`KVStorage.block_view` hands the transfer layer
 a writable ``memoryview`` of it — the storage satisfies the transfer layer's block-store protocol
 structurally, without the engine importing ``transfer``.
+
+KV on a GPU is staged through a host mirror of the same shape (pinned memory): the prefill role
+calls :meth:`KVStorage.stage_to_host` on the blocks it exports, the decode role
+:meth:`KVStorage.stage_to_device` on the blocks it pulled, and byte views always point at host
+memory. On CPU the mirror is the KV tensor itself and both calls do nothing.
 """
 
 from __future__ import annotations
@@ -62,7 +67,16 @@ def kv_budget_bytes(
 class KVStorage:
     """The KV tensor of one worker plus typed accessors; owns no bookkeeping."""
 
-    def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        layout: KVLayout,
+        num_blocks: int,
+        device: torch.device,
+        *,
+        host_staging: bool | None = None,
+    ) -> None:
+        """``host_staging`` (default: when ``device`` is not the CPU) keeps a host mirror for the
+        transfer layer's byte views."""
         self.layout = layout
         self.num_blocks = num_blocks
         self.device = device
@@ -78,7 +92,12 @@ class KVStorage:
             dtype=TORCH_DTYPES[layout.dtype],
             device=device,
         )
-        self._bytes = self.kv.view(torch.uint8).view(num_blocks, layout.block_bytes)
+        staged = device.type != "cpu" if host_staging is None else host_staging
+        self.host = self.kv
+        if staged:
+            pin = torch.cuda.is_available()
+            self.host = torch.zeros(self.kv.shape, dtype=self.kv.dtype, pin_memory=pin)
+        self._bytes = self.host.view(torch.uint8).view(num_blocks, layout.block_bytes)
         logger.info(
             "KV storage: %d blocks x %d tokens, %.1f MiB on %s",
             num_blocks,
@@ -91,10 +110,25 @@ class KVStorage:
         """Layer ``layer_idx``'s strided view ``[N, 2, bs, Hkv, D]``."""
         return self.kv[:, layer_idx]
 
+    @property
+    def staged(self) -> bool:
+        """True when byte views point at a host mirror rather than the KV tensor itself."""
+        return self.host is not self.kv
+
+    def stage_to_host(self, block_ids: list[int]) -> None:
+        """Copy blocks KV -> host mirror before the transfer layer reads them (no-op on CPU)."""
+        if self.staged and block_ids:
+            ids = torch.tensor(block_ids, dtype=torch.long)
+            self.host[ids] = self.kv[ids.to(self.device)].to("cpu")
+
+    def stage_to_device(self, block_ids: list[int]) -> None:
+        """Copy blocks host mirror -> KV after the transfer layer wrote them (no-op on CPU)."""
+        if self.staged and block_ids:
+            ids = torch.tensor(block_ids, dtype=torch.long)
+            self.kv[ids.to(self.device)] = self.host[ids].to(self.device)
+
     def block_view(self, block_id: int) -> memoryview:
-        """A writable byte view of one block (all layers, K and V); CPU storage only."""
-        if self.device.type != "cpu":
-            raise KVCacheError("block_view needs host memory; stage GPU blocks through the host")
+        """A writable byte view of one block (all layers, K and V) in host memory."""
         if not 0 <= block_id < self.num_blocks:
             raise KVCacheError(f"block id {block_id} out of range [0, {self.num_blocks})")
         return memoryview(self._bytes[block_id].numpy().data)
