@@ -30,8 +30,6 @@ from ray import serve
 from ray.serve import Application, Deployment
 
 from cluster.config_file import config_to_mapping, load_cluster_config
-from cluster.routing.index_actor import IndexPublisherFactory
-from cluster.routing.router_config import request_router_config
 from cluster.pool_options import (
     BOARD_DEPLOYMENT,
     DECODE_DEPLOYMENT,
@@ -41,6 +39,8 @@ from cluster.pool_options import (
     ingress_deployment_options,
     pool_deployment_options,
 )
+from cluster.routing.index_actor import IndexPublisherFactory
+from cluster.routing.router_config import request_router_config
 from cluster.serve_ingress import IngressDeployment
 from cluster.stats_board import BoardReporter, StatsBoard
 from core.config import ClusterConfig, Role

@@ -9,9 +9,8 @@ thresholds the KV data plane needs from process start: ``transfer.process_env``)
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Mapping
+from typing import Any
 
 from core.config import PoolConfig, ServerConfig
 from transfer.process_env import MALLOC_ENV

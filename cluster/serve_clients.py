@@ -6,13 +6,20 @@ are translated: backpressure (``max_queued_requests``) -> ``OverloadedError`` (4
 missing replica -> ``UnavailableError`` (the ingress then prefills locally or fails cleanly).
 Pool health comes from the :class:`PoolWatch`, which mirrors the stats board: a pool is healthy
 while at least one of its replicas reports.
+
+Routing keys: both clients send ``{**request.to_dict(), "block_hashes": ..., "session_id": ...}``
+(:class:`RoutingKeys`), what the pools' request routers read (``cluster.routing``). The hashes
+are the engines' chained block hashes of the prompt; the session id is the one the ingress's
+middleware put in :data:`CURRENT_SESSION_ID` for the request being served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from ray.exceptions import RayActorError
@@ -23,13 +30,31 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from cluster.routing.request_features import BLOCK_HASHES_KEY, SESSION_ID_KEY
 from core import errors
 from core.errors import OverloadedError, PdserveError, UnavailableError
+from core.hashing import hash_prompt_blocks
 from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
 
 logger = logging.getLogger(__name__)
 
 _SERVE_UNAVAILABLE = (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError)
+
+CURRENT_SESSION_ID: ContextVar[str | None] = ContextVar("pdserve_session_id", default=None)
+"""The session id of the HTTP request being served (set by the ingress's middleware)."""
+
+
+@dataclass(frozen=True)
+class RoutingKeys:
+    """Adds the routers' keys to a request dict (same block size and seed as the engines)."""
+
+    block_size: int
+    hash_seed: int = 0
+
+    def payload(self, request: dict[str, Any], prompt_ids: Sequence[int]) -> dict[str, Any]:
+        """``request`` plus its prompt's ``block_hashes`` and the current ``session_id``."""
+        hashes = hash_prompt_blocks(prompt_ids, self.block_size, seed=self.hash_seed)
+        return {**request, BLOCK_HASHES_KEY: hashes, SESSION_ID_KEY: CURRENT_SESSION_ID.get()}
 
 
 def error_from_dict(data: Mapping[str, Any]) -> PdserveError:
@@ -93,14 +118,16 @@ class PoolWatch:
 class ServePrefillClient:
     """``PrefillClient`` over the Prefill deployment's handle."""
 
-    def __init__(self, handle: DeploymentHandle, watch: PoolWatch) -> None:
+    def __init__(self, handle: DeploymentHandle, watch: PoolWatch, keys: RoutingKeys) -> None:
         self._prefill = handle.options(method_name="prefill")
         self._watch = watch
+        self._keys = keys
 
     async def prefill(self, request: PrefillRequest) -> PrefillResult:
         """Run the prompt on one prefill replica (see the module docstring for errors)."""
         try:
-            reply: dict[str, Any] = await self._prefill.remote(request.to_dict())
+            payload = self._keys.payload(request.to_dict(), request.prompt_token_ids)
+            reply: dict[str, Any] = await self._prefill.remote(payload)
         except BackPressureError as e:
             raise OverloadedError(f"prefill pool is at capacity: {e}") from e
         except _SERVE_UNAVAILABLE as e:
@@ -130,13 +157,16 @@ class NoPrefillPool:
 class ServeDecodeClient:
     """``DecodeClient`` over the Decode deployment's streaming handle."""
 
-    def __init__(self, handle: DeploymentHandle, watch: PoolWatch) -> None:
+    def __init__(self, handle: DeploymentHandle, watch: PoolWatch, keys: RoutingKeys) -> None:
         self._generate = handle.options(method_name="generate", stream=True)
         self._watch = watch
+        self._keys = keys
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
         """Stream the request's chunks; closing this iterator cancels the replica's stream."""
-        stream = self._generate.remote(request.to_dict())
+        stream = self._generate.remote(
+            self._keys.payload(request.to_dict(), request.prompt_token_ids)
+        )
         assert isinstance(stream, DeploymentResponseGenerator)  # stream=True handle
         try:
             async for data in stream:

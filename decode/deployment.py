@@ -71,13 +71,13 @@ class DecodeDeployment:
             kv_failure_policy=kv_failure_policy,
             kv_event_callback=self._publisher.callback if self._publisher else None,
         )
-        self._stop_reporting = (
-            stats_reporter("decode", self._worker.stats) if stats_reporter else None
-        )
+        self._num_requests = 0
+        self._stop_reporting = stats_reporter("decode", self.stats) if stats_reporter else None
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Stream ``TokenChunk`` dicts; a typed failure ends the stream with an error chunk."""
         decode_request = DecodeRequest.from_dict(request)
+        self._num_requests += 1
         try:
             stream = cast(AsyncGenerator[TokenChunk, None], self._worker.generate(decode_request))
             async with contextlib.aclosing(stream) as chunks:
@@ -97,8 +97,9 @@ class DecodeDeployment:
             ).to_dict()
 
     def stats(self) -> dict[str, float | int]:
-        """The worker's stats (KV blocks in use, running requests, transfers in flight)."""
-        return dict(self._worker.stats())
+        """The worker's stats (KV blocks in use, running requests, transfers in flight) plus
+        ``requests_total``, the streams this replica was asked for."""
+        return {**self._worker.stats(), "requests_total": self._num_requests}
 
     def record_routing_stats(self) -> dict[str, float | int]:
         """Serve's routing-stats hook: what a request router reads (KV blocks, queue)."""

@@ -82,12 +82,12 @@ class PrefillDeployment:
             node_host=ray.util.get_node_ip_address(),
             kv_event_callback=self._publisher.callback if self._publisher else None,
         )
-        self._stop_reporting = (
-            stats_reporter("prefill", self._worker.stats) if stats_reporter else None
-        )
+        self._num_requests = 0
+        self._stop_reporting = stats_reporter("prefill", self.stats) if stats_reporter else None
 
     async def prefill(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run one prompt: ``{"result": PrefillResult dict}`` or ``{"error": ...}``."""
+        self._num_requests += 1
         try:
             result = await self._worker.prefill(PrefillRequest.from_dict(request))
         except PdserveError as e:
@@ -96,8 +96,9 @@ class PrefillDeployment:
         return {"result": result.to_dict()}
 
     def stats(self) -> dict[str, float | int]:
-        """The worker's stats (KV blocks, pinned exports, transfer counters)."""
-        return dict(self._worker.stats())
+        """The worker's stats (KV blocks, pinned exports, transfer counters) plus
+        ``requests_total``, the prefill calls this replica received."""
+        return {**self._worker.stats(), "requests_total": self._num_requests}
 
     def record_routing_stats(self) -> dict[str, float | int]:
         """Serve's routing-stats hook: what a request router reads (KV blocks, queue)."""
