@@ -10,7 +10,6 @@ types); the real engines are wired by the serving deployments.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,20 +25,13 @@ from cluster.routing.index_actor import (
 from cluster.routing.metrics import routing_metrics
 from cluster.routing.router_config import request_router_config
 from core.kv_events import BlockStored, KVEventBatch
+from tests.integration.support import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
 APP = "routing-it"
 BLOCK_SIZE = 4
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
 
 
 class FakePrefill:
@@ -108,14 +100,14 @@ def index_replicas() -> set[str]:
 
 def test_shared_prefixes_follow_the_cache_and_survive_a_replica_leaving(handle: Any) -> None:
     holder, holder_actor = handle.remote(request(1, 6)).result()
-    wait_until(router_sees(6))
+    wait_until(router_sees(6), 30.0, "router sees 6 blocks", poll_s=0.05)
     chosen = {handle.remote(request(1, 8)).result()[0] for _ in range(6)}
     assert chosen == {holder}  # the holder now caches 8 blocks of prefix 1
-    wait_until(router_sees(8))
+    wait_until(router_sees(8), 30.0, "router sees 8 blocks", poll_s=0.05)
     decisions = routing_metrics().snapshot()["pools"]["prefill"]["decisions_total"]
     assert decisions.get("cache_hit", 0) >= 5
     # the holder dies: Serve drops it, the router removes it from the index, routing goes on
     ray.kill(ray.get_actor(holder_actor, namespace="serve"), no_restart=True)
-    wait_until(lambda: holder not in index_replicas())
+    wait_until(lambda: holder not in index_replicas(), 30.0, "replica left the index", poll_s=0.05)
     survivors = {handle.remote(request(1, 8)).result()[0] for _ in range(3)}
     assert holder not in survivors
