@@ -30,6 +30,7 @@ from ray import serve
 from ray.serve import Application, Deployment
 
 from cluster.config_file import config_to_mapping, load_cluster_config
+from cluster.gang import gang_engine_factory, gang_options
 from cluster.pool_options import (
     BOARD_DEPLOYMENT,
     DECODE_DEPLOYMENT,
@@ -69,6 +70,7 @@ def build_app_from_config(config: ClusterConfig) -> Application:
             transfer,
             reporter,
             IndexPublisherFactory("prefill"),
+            gang_engine_factory(config.prefill),
         )
     decode = _deployment(DecodeDeployment, DECODE_DEPLOYMENT, _pool_options(config, "decode")).bind(
         model,
@@ -77,6 +79,7 @@ def build_app_from_config(config: ClusterConfig) -> Application:
         config.decode.kv_failure_policy,
         reporter,
         IndexPublisherFactory("decode"),
+        gang_engine_factory(config.decode),
     )
     ingress = _deployment(
         IngressDeployment, INGRESS_DEPLOYMENT, ingress_deployment_options(config.server)
@@ -89,6 +92,7 @@ def _pool_options(config: ClusterConfig, role: Role) -> dict[str, Any]:
     pool = config.prefill if role == "prefill" else config.decode
     return {
         **pool_deployment_options(pool),
+        **gang_options(pool),
         "request_router_config": request_router_config(
             role,
             config.scheduler.policy,

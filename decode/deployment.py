@@ -17,10 +17,13 @@ from typing import Any, Protocol, cast
 from ray import serve
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import PdserveError
+from core.errors import ConfigError, PdserveError, UnavailableError
 from core.kv_events import KVEventBatch
 from core.messages import DecodeRequest, TokenChunk
-from decode.worker import build_decode_worker
+from decode.worker import DecodeWorker, KVFailurePolicy, build_decode_worker
+from engine.async_engine import AsyncEngine
+from engine.parallel.async_ep import expert_load_stats
+from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,21 @@ class KVEventPublisherFactory(Protocol):
         ...
 
 
+class GangEngineFactory(Protocol):
+    """Picklable settings from the app builder for an expert-parallel pool; ``start`` runs
+    inside the replica: it joins the replica's gang and returns its rank's engine."""
+
+    def start(
+        self,
+        model: ModelConfig,
+        engine: EngineConfig,
+        *,
+        kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    ) -> AsyncEngine:
+        """Join this replica's gang; the rank's engine, stepping in lockstep with its peers."""
+        ...
+
+
 class DecodeDeployment:
     """One decode replica: KV import, local prefill when asked, token streaming."""
 
@@ -59,18 +77,30 @@ class DecodeDeployment:
         kv_failure_policy: str = "recompute",
         stats_reporter: StatsReporter | None = None,
         kv_events: KVEventPublisherFactory | None = None,
+        gang: GangEngineFactory | None = None,
     ) -> None:
         context = serve.get_replica_context()
         self._publisher = (
             kv_events.start(context.replica_id.unique_id, context.app_name) if kv_events else None
         )
-        self._worker = build_decode_worker(
+        model_cfg, engine_cfg = (
             ModelConfig.model_validate(model),
             EngineConfig.model_validate(engine),
-            TransferConfig.model_validate(transfer),
-            kv_failure_policy=kv_failure_policy,
-            kv_event_callback=self._publisher.callback if self._publisher else None,
         )
+        callback = self._publisher.callback if self._publisher else None
+        if gang is None:
+            self._worker = build_decode_worker(
+                model_cfg,
+                engine_cfg,
+                TransferConfig.model_validate(transfer),
+                kv_failure_policy=kv_failure_policy,
+                kv_event_callback=callback,
+            )
+        else:
+            rank_engine = gang.start(model_cfg, engine_cfg, kv_event_callback=callback)
+            self._worker = _worker_on(
+                rank_engine, TransferConfig.model_validate(transfer), kv_failure_policy
+            )
         self._num_requests = 0
         self._stop_reporting = stats_reporter("decode", self.stats) if stats_reporter else None
 
@@ -99,7 +129,17 @@ class DecodeDeployment:
     def stats(self) -> dict[str, float | int]:
         """The worker's stats (KV blocks in use, running requests, transfers in flight) plus
         ``requests_total``, the streams this replica was asked for."""
-        return {**self._worker.stats(), "requests_total": self._num_requests}
+        return {
+            **self._worker.stats(),
+            **expert_load_stats(self._worker.engine),
+            "requests_total": self._num_requests,
+        }
+
+    def check_health(self) -> None:
+        """Serve's health check: unhealthy once the engine stopped (for an expert-parallel
+        rank: its gang broke, so Serve restarts the whole gang)."""
+        if not self._worker.engine.is_running():
+            raise UnavailableError("the decode engine stopped")
 
     def record_routing_stats(self) -> dict[str, float | int]:
         """Serve's routing-stats hook: what a request router reads (KV blocks, queue)."""
@@ -112,3 +152,18 @@ class DecodeDeployment:
         if self._publisher is not None:
             self._publisher.close()
         await self._worker.shutdown()
+
+
+def _worker_on(
+    engine: AsyncEngine, transfer: TransferConfig, kv_failure_policy: str
+) -> DecodeWorker:
+    """A decode worker on an already built engine (an expert-parallel rank's)."""
+    if kv_failure_policy not in ("recompute", "fail"):
+        raise ConfigError(
+            f"kv_failure_policy must be recompute or fail, got {kv_failure_policy!r}",
+            param="kv_failure_policy",
+        )
+    metrics = InMemoryTransferMetrics()
+    transport = GrpcKVTransport(engine.engine.parts.storage, transfer, serve=False, metrics=metrics)
+    policy: KVFailurePolicy = "recompute" if kv_failure_policy == "recompute" else "fail"
+    return DecodeWorker(engine, transport, kv_failure_policy=policy, metrics=metrics)

@@ -5,7 +5,9 @@ thread loops: run every queued command (add, abort, release, an arbitrary ``call
 while some request can progress, and block on the command queue when none can — including while
 requests only wait for imported KV — so an idle engine costs no CPU. Each request's outputs go
 to an asyncio queue on the caller's loop via ``loop.call_soon_threadsafe``; the event loop never
-blocks on the engine.
+blocks on the engine. A :class:`StepDriver` (e.g. an expert-parallel rank's lockstep driver)
+may replace ``engine.step()`` and the pacing: the thread then steps through it and waits for
+commands only as long as it says.
 
 A failing ``step()`` does not kill the thread: every request that could have been in the batch
 ends with a typed ``PdserveError`` and its blocks are freed; the engine keeps serving. Requests
@@ -25,7 +27,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from core.errors import PdserveError, UnavailableError
 from core.sampling import SamplingParams
@@ -120,12 +122,40 @@ class RequestStream:
             self._on_close(self.request_id)
 
 
+class StepDriver(Protocol):
+    """Replaces the engine thread's own pacing: the thread steps through the driver whenever
+    it is not running commands (e.g. one rank of an expert-parallel gang, which must keep
+    stepping in lockstep with its peers even when it has no work of its own)."""
+
+    def wait_s(self) -> float | None:
+        """How long the thread may wait for a command before the next step (0: step at once,
+        None: until a command arrives)."""
+        ...
+
+    def step(self) -> list[RequestOutput]:
+        """One step of the engine; its request outputs."""
+        ...
+
+    @property
+    def usable(self) -> bool:
+        """False once stepping can never succeed again: the thread fails everything and stops."""
+        ...
+
+    def close(self) -> None:
+        """Release what the driver holds (called once, on the engine thread, as it stops)."""
+        ...
+
+
 class AsyncEngine:
     """Runs one :class:`LLMEngine` on a dedicated thread; every method is safe from any thread
-    and none blocks the event loop (except :meth:`shutdown`, which joins the thread)."""
+    and none blocks the event loop (except :meth:`shutdown`, which joins the thread).
 
-    def __init__(self, engine: LLMEngine) -> None:
+    ``driver``: step through it instead of ``engine.step()``, paced by it (see
+    :class:`StepDriver`)."""
+
+    def __init__(self, engine: LLMEngine, *, driver: StepDriver | None = None) -> None:
         self.engine = engine
+        self._driver = driver
         """The wrapped engine: touch it only through :meth:`call` (its ``parts`` are immutable)."""
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
@@ -135,6 +165,7 @@ class AsyncEngine:
         self._stats = engine.scheduler.stats()  # replaced whole, never mutated: safe to read
         self._lock = threading.Lock()
         self._closed = False
+        self._stop_reason = "the engine is shut down"
         self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
         self._thread.start()
 
@@ -252,6 +283,11 @@ class AsyncEngine:
             "num_pinned": s.num_pinned,
         }
 
+    @property
+    def driver(self) -> StepDriver | None:
+        """The step driver given at construction, if any."""
+        return self._driver
+
     def is_running(self) -> bool:
         """False once :meth:`shutdown` ran or the engine thread died (for health checks)."""
         return self._thread.is_alive() and not self._closed
@@ -285,9 +321,9 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
-            while self._run_commands(block=not self._can_step()):
-                if self._can_step():
-                    self._step()
+            while self._run_commands(self._wait_s()):
+                if (self._driver is not None or self._can_step()) and not self._step():
+                    break
         except BaseException:
             logger.exception("engine thread crashed")
             raise
@@ -298,11 +334,21 @@ class AsyncEngine:
         stats = self.engine.scheduler.stats()
         return not self._stalled and stats.num_running + stats.num_waiting > 0
 
-    def _run_commands(self, *, block: bool) -> bool:
-        """Run queued commands (waiting for one when ``block``); False once told to stop."""
-        timeout_s = _STALLED_RECHECK_S if self._stalled else None
+    def _wait_s(self) -> float | None:
+        """How long to wait for a command before stepping (0: not at all, None: forever)."""
+        if self._driver is not None:
+            return self._driver.wait_s()
+        if self._can_step():
+            return 0.0
+        return _STALLED_RECHECK_S if self._stalled else None
+
+    def _run_commands(self, wait_s: float | None) -> bool:
+        """Run queued commands (waiting up to ``wait_s`` for one); False once told to stop."""
         try:
-            command = self._commands.get(block=block, timeout=timeout_s)
+            if wait_s == 0.0:
+                command = self._commands.get_nowait()
+            else:
+                command = self._commands.get(timeout=wait_s)
         except queue.Empty:
             self._stalled = False  # (stalled only) re-plan once as a safety net
             return True
@@ -336,13 +382,18 @@ class AsyncEngine:
     def _refresh_stats(self) -> None:
         self._stats = self.engine.scheduler.stats()
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One step and its outputs; False when the driver can never step again."""
         preemptions_before = self._stats.num_preemptions_total
         try:
-            outputs = self.engine.step()
+            outputs = self.engine.step() if self._driver is None else self._driver.step()
         except Exception as e:
+            if self._driver is not None and not self._driver.usable:
+                logger.error("engine step failed for good (%r); stopping the engine", e)
+                self._stop_reason = f"the engine stopped: {e}"
+                return False
             self._fail_batch(e)
-            return
+            return True
         self._refresh_stats()
         for output in outputs:
             sink = self._sinks.get(output.request_id)
@@ -359,6 +410,7 @@ class AsyncEngine:
             and stats.num_running == 0
             and stats.num_preemptions_total == preemptions_before
         )
+        return True
 
     def _push(self, request_id: str, sink: _Sink, item: _Item) -> None:
         try:
@@ -411,7 +463,7 @@ class AsyncEngine:
             except Exception:
                 logger.exception("request %s: abort at shutdown raised", request_id)
         for request_id, sink in self._sinks.items():
-            self._push(request_id, sink, UnavailableError("the engine is shut down"))
+            self._push(request_id, sink, UnavailableError(self._stop_reason))
         self._sinks.clear()
         while True:
             try:
@@ -421,4 +473,9 @@ class AsyncEngine:
             if command.future is not None and command.future.set_running_or_notify_cancel():
                 command.future.set_exception(UnavailableError("the engine is shut down"))
         self._refresh_stats()
+        if self._driver is not None:
+            try:
+                self._driver.close()
+            except Exception:
+                logger.exception("closing the step driver raised")
         logger.info("engine thread stopped")

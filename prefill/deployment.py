@@ -18,10 +18,13 @@ import ray
 from ray import serve
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import PdserveError
+from core.errors import PdserveError, UnavailableError
 from core.kv_events import KVEventBatch
 from core.messages import PrefillRequest
-from prefill.worker import build_prefill_worker
+from engine.async_engine import AsyncEngine
+from engine.parallel.async_ep import expert_load_stats
+from prefill.worker import PrefillWorker, build_prefill_worker
+from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,21 @@ class KVEventPublisherFactory(Protocol):
         ...
 
 
+class GangEngineFactory(Protocol):
+    """Picklable settings from the app builder for an expert-parallel pool; ``start`` runs
+    inside the replica: it joins the replica's gang and returns its rank's engine."""
+
+    def start(
+        self,
+        model: ModelConfig,
+        engine: EngineConfig,
+        *,
+        kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    ) -> AsyncEngine:
+        """Join this replica's gang; the rank's engine, stepping in lockstep with its peers."""
+        ...
+
+
 def error_to_dict(error: PdserveError) -> dict[str, Any]:
     """A typed error as plain values (``cluster`` rebuilds the same class from it)."""
     return {
@@ -70,18 +88,26 @@ class PrefillDeployment:
         transfer: dict[str, Any],
         stats_reporter: StatsReporter | None = None,
         kv_events: KVEventPublisherFactory | None = None,
+        gang: GangEngineFactory | None = None,
     ) -> None:
         context = serve.get_replica_context()
         self._publisher = (
             kv_events.start(context.replica_id.unique_id, context.app_name) if kv_events else None
         )
-        self._worker = build_prefill_worker(
+        model_cfg, engine_cfg = (
             ModelConfig.model_validate(model),
             EngineConfig.model_validate(engine),
-            TransferConfig.model_validate(transfer),
-            node_host=ray.util.get_node_ip_address(),
-            kv_event_callback=self._publisher.callback if self._publisher else None,
         )
+        transfer_cfg = TransferConfig.model_validate(transfer)
+        callback = self._publisher.callback if self._publisher else None
+        node_host = ray.util.get_node_ip_address()
+        if gang is None:
+            self._worker = build_prefill_worker(
+                model_cfg, engine_cfg, transfer_cfg, node_host=node_host, kv_event_callback=callback
+            )
+        else:
+            rank_engine = gang.start(model_cfg, engine_cfg, kv_event_callback=callback)
+            self._worker = _worker_on(rank_engine, transfer_cfg, node_host)
         self._num_requests = 0
         self._stop_reporting = stats_reporter("prefill", self.stats) if stats_reporter else None
 
@@ -98,7 +124,17 @@ class PrefillDeployment:
     def stats(self) -> dict[str, float | int]:
         """The worker's stats (KV blocks, pinned exports, transfer counters) plus
         ``requests_total``, the prefill calls this replica received."""
-        return {**self._worker.stats(), "requests_total": self._num_requests}
+        return {
+            **self._worker.stats(),
+            **expert_load_stats(self._worker.engine),
+            "requests_total": self._num_requests,
+        }
+
+    def check_health(self) -> None:
+        """Serve's health check: unhealthy once the engine stopped (for an expert-parallel
+        rank: its gang broke, so Serve restarts the whole gang)."""
+        if not self._worker.engine.is_running():
+            raise UnavailableError("the prefill engine stopped")
 
     def record_routing_stats(self) -> dict[str, float | int]:
         """Serve's routing-stats hook: what a request router reads (KV blocks, queue)."""
@@ -111,3 +147,12 @@ class PrefillDeployment:
         if self._publisher is not None:
             self._publisher.close()
         await self._worker.shutdown()
+
+
+def _worker_on(engine: AsyncEngine, transfer: TransferConfig, node_host: str) -> PrefillWorker:
+    """A prefill worker on an already built engine (an expert-parallel rank's)."""
+    metrics = InMemoryTransferMetrics()
+    transport = GrpcKVTransport(
+        engine.engine.parts.storage, transfer, serve=True, node_host=node_host, metrics=metrics
+    )
+    return PrefillWorker(engine, transport, metrics=metrics)

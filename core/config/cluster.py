@@ -100,17 +100,54 @@ class PoolConfig(StrictModel):
     graceful_shutdown_timeout_s: float = Field(
         20.0, gt=0.0, description="How long a replica being removed may finish its requests."
     )
+    expert_parallel: int = Field(
+        1,
+        ge=1,
+        description="Ranks per expert-parallel gang (MoE models only): the pool runs as gangs "
+        "of this many replicas, each owning its own requests and KV and 1/N of the experts; "
+        "replica counts must be multiples of it. 1: no expert parallelism.",
+    )
+    ep_timeout_s: float = Field(
+        60.0,
+        gt=0.0,
+        description="Expert-parallel gangs only: bound on the rendezvous and on every "
+        "collective, so a stalled rank makes its peers fail (and the gang restart) this fast.",
+    )
 
     @model_validator(mode="after")
     def _one_replica_mode(self) -> PoolConfig:
         if self.num_replicas is not None and self.autoscaling is not None:
             raise ValueError("set either num_replicas or autoscaling, not both")
+        self._check_gang_multiples()
         if self.node_selector.resource and self.node_selector.resource in self.resources:
             raise ValueError(
                 f"resource {self.node_selector.resource!r} is both the node_selector and "
                 "in resources; keep it in node_selector only"
             )
         return self
+
+    def _check_gang_multiples(self) -> None:
+        """Serve starts and stops whole gangs: every replica count is a multiple of the gang."""
+        size = self.expert_parallel
+        if size == 1:
+            return
+        counts = {"num_replicas": self.num_replicas}
+        if self.autoscaling is not None:
+            counts = {
+                "autoscaling.min_replicas": self.autoscaling.min_replicas,
+                "autoscaling.max_replicas": self.autoscaling.max_replicas,
+                "autoscaling.initial_replicas": self.autoscaling.initial_replicas,
+            }
+        for name, count in counts.items():
+            if count is not None and count % size != 0:
+                raise ValueError(
+                    f"{name} ({count}) must be a multiple of expert_parallel ({size}): "
+                    "replicas come in whole gangs"
+                )
+        if self.autoscaling is None and self.num_replicas is None:
+            raise ValueError(
+                f"expert_parallel ({size}) needs num_replicas (a multiple of it) or autoscaling"
+            )
 
     @property
     def initial_replicas(self) -> int:

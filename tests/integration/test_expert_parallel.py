@@ -1,0 +1,185 @@
+"""An expert-parallel decode pool (``expert_parallel: 2``) as a Serve gang, in its own app.
+
+The app shares the cluster and HTTP proxy with the shared app but lives under ``/ep`` and is
+removed at the end. Through the OpenAI API its greedy output equals the offline engine's; its
+two decode replicas form one gang (ranks 0 and 1) reporting expert load; killing one rank
+restarts the whole gang, every in-flight request ends within a bound (done, or a clean error),
+and the restarted gang serves the same output again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import ray
+from ray import serve
+from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+from cluster.config_file import load_cluster_config
+from cluster.deploy_schema import deploy_schema
+from cluster.pool_options import BOARD_DEPLOYMENT
+from cluster.serve_rest import ServeRest
+from core.config import ClusterConfig
+from core.sampling import SamplingParams
+from engine import LLM
+from tests.integration.conftest import ServingApp, SimCluster
+from tests.integration.support import (
+    APP_NAME,
+    MODEL,
+    SERVED_NAME,
+    app_config,
+    engine_section,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+EP_APP = "pdserve-ep-test"
+ROUTE = "/ep"
+PROMPTS = [
+    "Experts in parallel: each rank holds half of them.",
+    "Hi",
+    "The gang steps in lockstep, idle ranks run empty forwards.",
+]
+MAX_TOKENS = 8
+REQUEST_BOUND_S = 60.0  # no in-flight request may take longer than this after a kill
+
+
+def ep_config(port: int) -> ClusterConfig:
+    """The EP app: one prefill replica, one decode gang of two ranks, under its own name."""
+    return load_cluster_config(
+        app_config(
+            port,
+            decode={
+                "autoscaling": None,
+                "num_replicas": 2,
+                "expert_parallel": 2,
+                "ep_timeout_s": 20.0,
+                "num_cpus": 0.25,
+            },
+            prefill={"num_cpus": 0.25},
+            cluster={"address": "auto", "app_name": EP_APP},
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def ep_app(serving_app: ServingApp, sim_cluster: SimCluster) -> Iterator[tuple[str, ServeRest]]:
+    """Deploy the EP app next to the shared one (same proxy, route ``/ep``); remove it after."""
+    config = ep_config(serving_app.config.server.port)
+    rest = ServeRest(sim_cluster.dashboard_url)
+    others = {
+        name: app["deployed_app_config"]
+        for name, app in rest.details().get("applications", {}).items()
+        if name != EP_APP and app.get("deployed_app_config")
+    }
+    assert APP_NAME in others
+    schema = deploy_schema(config, others)
+    for entry in schema["applications"]:
+        if entry["name"] == EP_APP:
+            entry["route_prefix"] = ROUTE
+    ServeSubmissionClient(sim_cluster.dashboard_url).deploy_applications(schema)
+    try:
+        rest.wait_running(EP_APP, 180)
+        endpoint = f"{serving_app.endpoint}{ROUTE}"
+        wait_until(
+            lambda: httpx.get(f"{endpoint}/ready", timeout=10).status_code == 200,
+            60,
+            "EP app ready",
+        )
+        yield endpoint, rest
+    finally:
+        rest.remove(EP_APP)
+        wait_until(lambda: rest.app_details(EP_APP) is None, 60, "EP app removed")
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[str]:
+    """Greedy completions of the offline engine (every expert local), with the app's options."""
+    llm = LLM(MODEL, dtype="float32", **engine_section())
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    return [out.text for out in llm.generate(PROMPTS, sampling_params=params)]
+
+
+def decode_replicas(rest: ServeRest) -> list[dict[str, Any]]:
+    """RUNNING replicas of the EP app's decode gang."""
+    app = rest.app_details(EP_APP) or {}
+    replicas = app.get("deployments", {}).get("Decode", {}).get("replicas", [])
+    return [r for r in replicas if r["state"] == "RUNNING"]
+
+
+def greedy_text(endpoint: str, prompt: str) -> str:
+    """One greedy completion through the official client."""
+    client = openai.OpenAI(base_url=f"{endpoint}/v1", api_key="unused", max_retries=0)
+    completion = client.completions.create(
+        model=SERVED_NAME,
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        timeout=60,
+    )
+    assert completion.usage is not None and completion.usage.completion_tokens == MAX_TOKENS
+    return completion.choices[0].text
+
+
+def test_ep_decode_gang_matches_offline_engine(
+    ep_app: tuple[str, ServeRest], reference: list[str]
+) -> None:
+    endpoint, rest = ep_app
+    replicas = decode_replicas(rest)
+    assert len(replicas) == 2
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        got = list(pool.map(lambda p: greedy_text(endpoint, p), PROMPTS * 2))
+    assert got == reference * 2
+    board = serve.get_deployment_handle(BOARD_DEPLOYMENT, EP_APP)
+
+    def both_ranks_report() -> list[dict[str, Any]]:
+        reports: dict[str, list[dict[str, Any]]] = board.snapshot.remote().result(timeout_s=30)
+        stats = sorted((r["stats"] for r in reports.get("decode", [])), key=lambda s: s["ep_rank"])
+        done = [s["ep_rank"] for s in stats] == [0, 1]
+        return stats if done and all(s["ep_expert_tokens_total"] > 0 for s in stats) else []
+
+    # Both ranks computed expert rows, whichever got the requests.
+    stats = wait_until(both_ranks_report, 30, "both decode ranks report expert load")
+    assert all(s["ep_steps_total"] > 0 and s["ep_all_to_all_bytes_total"] > 0 for s in stats)
+
+
+def test_killing_a_rank_restarts_the_gang_and_no_request_hangs(
+    ep_app: tuple[str, ServeRest], reference: list[str]
+) -> None:
+    endpoint, rest = ep_app
+    before = {r["replica_id"] for r in decode_replicas(rest)}
+    victim = decode_replicas(rest)[1]
+
+    def long_request(i: int) -> int:
+        body = {
+            "model": SERVED_NAME,
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "max_tokens": 400,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        response = httpx.post(f"{endpoint}/v1/completions", json=body, timeout=REQUEST_BOUND_S)
+        return response.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        in_flight = [pool.submit(long_request, i) for i in range(4)]
+        ray.kill(ray.get_actor(victim["actor_name"], namespace="serve"), no_restart=True)
+        statuses = [f.result(timeout=REQUEST_BOUND_S + 10) for f in in_flight]
+    assert set(statuses) <= {200, 500, 502, 503}, statuses
+    wait_until(
+        lambda: (
+            len(decode_replicas(rest)) == 2
+            and not {r["replica_id"] for r in decode_replicas(rest)} & before
+        ),
+        150,
+        "Serve restarts the whole decode gang (both ranks replaced)",
+    )
+    got = wait_until(lambda: greedy_text(endpoint, PROMPTS[0]), 60, "restarted gang serves")
+    assert got == reference[0]

@@ -1,0 +1,72 @@
+"""A pool's ``expert_parallel``: replicas come in whole gangs, fixed or autoscaled."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from core.config import ClusterConfig, PoolConfig
+
+
+def pool(**fields: Any) -> PoolConfig:
+    return PoolConfig.model_validate(fields)
+
+
+def test_default_is_no_expert_parallelism() -> None:
+    assert pool().expert_parallel == 1
+    assert pool().ep_timeout_s == 60.0
+    assert pool(num_replicas=3).initial_replicas == 3  # any count without gangs
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"expert_parallel": 2, "num_replicas": 2},
+        {"expert_parallel": 2, "num_replicas": 4, "ep_timeout_s": 5.0},
+        {"expert_parallel": 2, "autoscaling": {"min_replicas": 2, "max_replicas": 6}},
+        {"expert_parallel": 4, "autoscaling": {"min_replicas": 0, "max_replicas": 8}},
+    ],
+)
+def test_whole_gangs_are_accepted(fields: dict[str, Any]) -> None:
+    config = pool(**fields)
+    assert config.initial_replicas % config.expert_parallel == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"expert_parallel": 2, "num_replicas": 3}, "num_replicas (3) must be a multiple"),
+        ({"expert_parallel": 2}, "needs num_replicas"),
+        (
+            {"expert_parallel": 2, "autoscaling": {"min_replicas": 2, "max_replicas": 5}},
+            "autoscaling.max_replicas (5)",
+        ),
+        (
+            {
+                "expert_parallel": 2,
+                "autoscaling": {"min_replicas": 2, "max_replicas": 4, "initial_replicas": 3},
+            },
+            "autoscaling.initial_replicas (3)",
+        ),
+        ({"expert_parallel": 0, "num_replicas": 2}, "greater than or equal to 1"),
+        ({"expert_parallel": 2, "num_replicas": 2, "ep_timeout_s": 0}, "greater than 0"),
+    ],
+)
+def test_partial_gangs_and_bad_values_are_rejected(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        pool(**fields)
+
+
+def test_pools_choose_expert_parallelism_independently() -> None:
+    config = ClusterConfig.model_validate(
+        {
+            "model": {"name": "builtin:tiny-moe"},
+            "prefill": {"num_replicas": 2, "expert_parallel": 2},
+            "decode": {"num_replicas": 1},
+        }
+    )
+    assert (config.prefill.expert_parallel, config.decode.expert_parallel) == (2, 1)
+    assert all(field.description for field in PoolConfig.model_fields.values())
