@@ -11,59 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from typing import Any, Protocol, cast
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, cast
 
 from ray import serve
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import ConfigError, PdserveError, UnavailableError
-from core.kv_events import KVEventBatch
+from core.errors import PdserveError, UnavailableError
 from core.messages import DecodeRequest, TokenChunk
-from decode.worker import DecodeWorker, KVFailurePolicy, build_decode_worker
-from engine.async_engine import AsyncEngine
+from decode.worker import build_decode_worker
 from engine.parallel.async_ep import expert_load_stats
-from transfer import GrpcKVTransport, InMemoryTransferMetrics
+from engine.replica_hooks import GangEngineFactory, KVEventPublisherFactory, StatsReporter
 
 logger = logging.getLogger(__name__)
-
-StatsReporter = Callable[[str, Callable[[], Mapping[str, float | int]]], Callable[[], None]]
-"""``reporter(role, stats_fn) -> stop``: publishes the worker's stats while the replica lives."""
-
-
-class KVEventPublisher(Protocol):
-    """A running feed of this replica's KV events to the cluster's KV index."""
-
-    def callback(self, batch: KVEventBatch) -> None:
-        """The engine's ``kv_event_callback``."""
-        ...
-
-    def close(self) -> None:
-        """Stop publishing (the replica is going away)."""
-        ...
-
-
-class KVEventPublisherFactory(Protocol):
-    """Picklable settings from the app builder; ``start`` runs inside the replica."""
-
-    def start(self, replica_id: str, app_name: str) -> KVEventPublisher:
-        """Begin publishing for ``replica_id`` of ``app_name``."""
-        ...
-
-
-class GangEngineFactory(Protocol):
-    """Picklable settings from the app builder for an expert-parallel pool; ``start`` runs
-    inside the replica: it joins the replica's gang and returns its rank's engine."""
-
-    def start(
-        self,
-        model: ModelConfig,
-        engine: EngineConfig,
-        *,
-        kv_event_callback: Callable[[KVEventBatch], None] | None = None,
-    ) -> AsyncEngine:
-        """Join this replica's gang; the rank's engine, stepping in lockstep with its peers."""
-        ...
 
 
 class DecodeDeployment:
@@ -88,19 +48,17 @@ class DecodeDeployment:
             EngineConfig.model_validate(engine),
         )
         callback = self._publisher.callback if self._publisher else None
-        if gang is None:
-            self._worker = build_decode_worker(
-                model_cfg,
-                engine_cfg,
-                TransferConfig.model_validate(transfer),
-                kv_failure_policy=kv_failure_policy,
-                kv_event_callback=callback,
-            )
-        else:
-            rank_engine = gang.start(model_cfg, engine_cfg, kv_event_callback=callback)
-            self._worker = _worker_on(
-                rank_engine, TransferConfig.model_validate(transfer), kv_failure_policy
-            )
+        rank_engine = (
+            gang.start(model_cfg, engine_cfg, kv_event_callback=callback) if gang else None
+        )
+        self._worker = build_decode_worker(
+            model_cfg,
+            engine_cfg,
+            TransferConfig.model_validate(transfer),
+            kv_failure_policy=kv_failure_policy,
+            kv_event_callback=callback,
+            async_engine=rank_engine,
+        )
         self._num_requests = 0
         self._stop_reporting = stats_reporter("decode", self.stats) if stats_reporter else None
 
@@ -152,18 +110,3 @@ class DecodeDeployment:
         if self._publisher is not None:
             self._publisher.close()
         await self._worker.shutdown()
-
-
-def _worker_on(
-    engine: AsyncEngine, transfer: TransferConfig, kv_failure_policy: str
-) -> DecodeWorker:
-    """A decode worker on an already built engine (an expert-parallel rank's)."""
-    if kv_failure_policy not in ("recompute", "fail"):
-        raise ConfigError(
-            f"kv_failure_policy must be recompute or fail, got {kv_failure_policy!r}",
-            param="kv_failure_policy",
-        )
-    metrics = InMemoryTransferMetrics()
-    transport = GrpcKVTransport(engine.engine.parts.storage, transfer, serve=False, metrics=metrics)
-    policy: KVFailurePolicy = "recompute" if kv_failure_policy == "recompute" else "fail"
-    return DecodeWorker(engine, transport, kv_failure_policy=policy, metrics=metrics)

@@ -247,15 +247,22 @@ def build_decode_worker(
     *,
     kv_failure_policy: str = "recompute",
     kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    async_engine: AsyncEngine | None = None,
 ) -> DecodeWorker:
-    """A decode worker on a real engine and an import-only :class:`GrpcKVTransport`."""
+    """A decode worker on a real engine and an import-only :class:`GrpcKVTransport`.
+
+    ``async_engine``: an engine built elsewhere (an expert-parallel rank's); default: build one.
+    """
     if kv_failure_policy not in ("recompute", "fail"):
         raise ConfigError(
             f"kv_failure_policy must be recompute or fail, got {kv_failure_policy!r}",
             param="kv_failure_policy",
         )
     policy: KVFailurePolicy = "recompute" if kv_failure_policy == "recompute" else "fail"
-    parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
+    if async_engine is None:
+        parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
+        async_engine = AsyncEngine(LLMEngine(parts))
+    parts = async_engine.engine.parts
     metrics = InMemoryTransferMetrics()
     transport = GrpcKVTransport(parts.storage, transfer, serve=False, metrics=metrics)
     logger.info(
@@ -265,7 +272,7 @@ def build_decode_worker(
         policy,
     )
     return DecodeWorker(
-        AsyncEngine(LLMEngine(parts)),
+        async_engine,
         transport,
         kv_failure_policy=policy,
         metrics=metrics,

@@ -11,60 +11,19 @@ caller can re-raise the same ``core.errors`` class without unpickling anything.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import ray
 from ray import serve
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.errors import PdserveError, UnavailableError
-from core.kv_events import KVEventBatch
 from core.messages import PrefillRequest
-from engine.async_engine import AsyncEngine
 from engine.parallel.async_ep import expert_load_stats
-from prefill.worker import PrefillWorker, build_prefill_worker
-from transfer import GrpcKVTransport, InMemoryTransferMetrics
+from engine.replica_hooks import GangEngineFactory, KVEventPublisherFactory, StatsReporter
+from prefill.worker import build_prefill_worker
 
 logger = logging.getLogger(__name__)
-
-StatsReporter = Callable[[str, Callable[[], Mapping[str, float | int]]], Callable[[], None]]
-"""``reporter(role, stats_fn) -> stop``: publishes the worker's stats while the replica lives."""
-
-
-class KVEventPublisher(Protocol):
-    """A running feed of this replica's KV events to the cluster's KV index."""
-
-    def callback(self, batch: KVEventBatch) -> None:
-        """The engine's ``kv_event_callback``."""
-        ...
-
-    def close(self) -> None:
-        """Stop publishing (the replica is going away)."""
-        ...
-
-
-class KVEventPublisherFactory(Protocol):
-    """Picklable settings from the app builder; ``start`` runs inside the replica."""
-
-    def start(self, replica_id: str, app_name: str) -> KVEventPublisher:
-        """Begin publishing for ``replica_id`` of ``app_name``."""
-        ...
-
-
-class GangEngineFactory(Protocol):
-    """Picklable settings from the app builder for an expert-parallel pool; ``start`` runs
-    inside the replica: it joins the replica's gang and returns its rank's engine."""
-
-    def start(
-        self,
-        model: ModelConfig,
-        engine: EngineConfig,
-        *,
-        kv_event_callback: Callable[[KVEventBatch], None] | None = None,
-    ) -> AsyncEngine:
-        """Join this replica's gang; the rank's engine, stepping in lockstep with its peers."""
-        ...
 
 
 def error_to_dict(error: PdserveError) -> dict[str, Any]:
@@ -101,13 +60,17 @@ class PrefillDeployment:
         transfer_cfg = TransferConfig.model_validate(transfer)
         callback = self._publisher.callback if self._publisher else None
         node_host = ray.util.get_node_ip_address()
-        if gang is None:
-            self._worker = build_prefill_worker(
-                model_cfg, engine_cfg, transfer_cfg, node_host=node_host, kv_event_callback=callback
-            )
-        else:
-            rank_engine = gang.start(model_cfg, engine_cfg, kv_event_callback=callback)
-            self._worker = _worker_on(rank_engine, transfer_cfg, node_host)
+        rank_engine = (
+            gang.start(model_cfg, engine_cfg, kv_event_callback=callback) if gang else None
+        )
+        self._worker = build_prefill_worker(
+            model_cfg,
+            engine_cfg,
+            transfer_cfg,
+            node_host=node_host,
+            kv_event_callback=callback,
+            async_engine=rank_engine,
+        )
         self._num_requests = 0
         self._stop_reporting = stats_reporter("prefill", self.stats) if stats_reporter else None
 
@@ -147,12 +110,3 @@ class PrefillDeployment:
         if self._publisher is not None:
             self._publisher.close()
         await self._worker.shutdown()
-
-
-def _worker_on(engine: AsyncEngine, transfer: TransferConfig, node_host: str) -> PrefillWorker:
-    """A prefill worker on an already built engine (an expert-parallel rank's)."""
-    metrics = InMemoryTransferMetrics()
-    transport = GrpcKVTransport(
-        engine.engine.parts.storage, transfer, serve=True, node_host=node_host, metrics=metrics
-    )
-    return PrefillWorker(engine, transport, metrics=metrics)

@@ -194,9 +194,16 @@ def build_prefill_worker(
     *,
     node_host: str | None = None,
     kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    async_engine: AsyncEngine | None = None,
 ) -> PrefillWorker:
-    """A prefill worker on a real engine and a serving :class:`GrpcKVTransport`."""
-    parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
+    """A prefill worker on a real engine and a serving :class:`GrpcKVTransport`.
+
+    ``async_engine``: an engine built elsewhere (an expert-parallel rank's); default: build one.
+    """
+    if async_engine is None:
+        parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
+        async_engine = AsyncEngine(LLMEngine(parts))
+    parts = async_engine.engine.parts
     metrics = InMemoryTransferMetrics()
     transport = GrpcKVTransport(
         parts.storage, transfer, serve=True, node_host=node_host, metrics=metrics
@@ -207,4 +214,4 @@ def build_prefill_worker(
         transport.address,
         parts.layout.fingerprint(),
     )
-    return PrefillWorker(AsyncEngine(LLMEngine(parts)), transport, metrics=metrics)
+    return PrefillWorker(async_engine, transport, metrics=metrics)

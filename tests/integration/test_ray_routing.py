@@ -25,6 +25,7 @@ from cluster.routing.index_actor import (
 from cluster.routing.metrics import routing_metrics
 from cluster.routing.router_config import request_router_config
 from core.kv_events import BlockStored, KVEventBatch
+from tests.integration.conftest import SimCluster
 from tests.integration.support import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
@@ -59,8 +60,8 @@ class FakePrefill:
 
 
 @pytest.fixture(scope="module")
-def handle() -> Iterator[Any]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+def handle(sim_cluster: SimCluster) -> Iterator[Any]:
+    """The stand-in app on the suite's shared cluster (beside the shared pdserve app)."""
     try:
         deployment = serve.deployment(
             num_replicas=2,
@@ -73,9 +74,8 @@ def handle() -> Iterator[Any]:
             deployment.bind(IndexPublisherFactory(pool="prefill")), name=APP, route_prefix=None
         )
     finally:
-        serve.shutdown()
+        serve.delete(APP)
         kill_index_actor(APP)
-        ray.shutdown()
 
 
 def request(prefix: int, num_blocks: int) -> dict[str, Any]:
