@@ -11,21 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster.loadtest.types import THROUGHPUT_KEYS
 from core.errors import ConfigError
 
-_HEADLINE = (
-    "completed",
-    "failed",
-    "duration",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "request_goodput",
-    "output_throughput",
-    "total_token_throughput",
-    "max_output_tokens_per_s",
-    "max_concurrent_requests",
-)
+_HEADLINE = (*THROUGHPUT_KEYS, "max_output_tokens_per_s", "max_concurrent_requests")
 _HIGHER_IS_BETTER = {
     "completed",
     "request_throughput",

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from cluster.loadtest.compare import ComparisonRow
 from cluster.loadtest.metrics import METRIC_NAMES
-from cluster.loadtest.types import StreamOutcome
+from cluster.loadtest.types import THROUGHPUT_KEYS, StreamOutcome
 
 
 class BenchProgress:
@@ -83,19 +83,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"Serving benchmark result: {summary.get('label', '')}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in (
-        "model_id",
-        "completed",
-        "failed",
-        "duration",
-        "total_input_tokens",
-        "total_output_tokens",
-        "request_throughput",
-        "request_goodput",
-        "output_throughput",
-        "total_token_throughput",
-        "max_concurrent_requests",
-    ):
+    for key in ("model_id", *THROUGHPUT_KEYS, "max_concurrent_requests"):
         table.add_row(key, _fmt(summary.get(key)))
     for kind, count in (summary.get("failures_by_kind") or {}).items():
         table.add_row(f"failed: {kind}", str(count))

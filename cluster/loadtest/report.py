@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.loadtest.metrics import METRIC_NAMES
-from cluster.loadtest.types import RequestRecord
+from cluster.loadtest.types import THROUGHPUT_KEYS, RequestRecord
 
 _METRIC_TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
 
@@ -98,17 +98,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines.append(f"| max_concurrency | {_fmt(summary.get('max_concurrency'))} |")
     lines.append(f"| token_counts | {_fmt(summary.get('token_counts'))} |")
     lines += ["", "| result | value |", "|---|---|"]
-    for key in (
-        "completed",
-        "failed",
-        "duration",
-        "total_input_tokens",
-        "total_output_tokens",
-        "request_throughput",
-        "request_goodput",
-        "output_throughput",
-        "total_token_throughput",
-    ):
+    for key in THROUGHPUT_KEYS:
         lines.append(f"| {key} | {_fmt(summary.get(key))} |")
     percentile_keys = sorted(
         {k.split("_")[0] for k in summary if k.startswith("p") and k.endswith("_ms")},

@@ -89,3 +89,17 @@ class RequestRecord:
         if not self.success or self.output_tokens <= 1:
             return 0.0
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+THROUGHPUT_KEYS = (
+    "completed",
+    "failed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+)
+"""The summary's headline counts and rates, in the order every report shows them."""
