@@ -61,7 +61,7 @@ def build_app_from_config(config: ClusterConfig) -> Application:
     reporter = BoardReporter(config.cluster.app_name)
     board = _deployment(StatsBoard, BOARD_DEPLOYMENT, board_deployment_options()).bind()
     prefill = None
-    if config.prefill.autoscaling is not None or config.prefill.initial_replicas > 0:
+    if config.prefill.deployed:
         prefill = _deployment(
             PrefillDeployment, PREFILL_DEPLOYMENT, _pool_options(config, "prefill")
         ).bind(

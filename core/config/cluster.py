@@ -165,6 +165,11 @@ class PoolConfig(StrictModel):
 class PrefillPoolConfig(PoolConfig):
     """The prefill pool: runs prompts, samples the first token, exports the KV."""
 
+    @property
+    def deployed(self) -> bool:
+        """False for ``num_replicas: 0`` (colocated serving: every request prefills on decode)."""
+        return self.autoscaling is not None or self.initial_replicas > 0
+
 
 class DecodePoolConfig(PoolConfig):
     """The decode pool: pulls the KV, or prefills locally, and streams the tokens."""

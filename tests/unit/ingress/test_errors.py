@@ -193,6 +193,26 @@ def test_ready_needs_both_pools(make_harness: Callable[..., Harness]) -> None:
         assert (r.json()["prefill"], r.json()["decode"]) == (prefill_ok, decode_ok)
 
 
+def test_ready_without_a_prefill_pool_needs_decode_only(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """Colocated serving (``prefill.num_replicas: 0``): no prefill pool to wait for."""
+    statuses = []
+    for decode_ok in (True, False):
+        h = make_harness(
+            prefill=FakePrefill(is_healthy=False),
+            decode=FakeDecode(is_healthy=decode_ok),
+            prefill_pool=False,
+        )
+
+        async def ready(h: Harness = h) -> Any:
+            async with h.client() as client:
+                return await client.get("/ready")
+
+        statuses.append(run(ready()).status_code)
+    assert statuses == [200, 503]
+
+
 def test_unknown_route_is_openai_shaped(make_harness: Callable[..., Harness]) -> None:
     h = make_harness()
 
