@@ -121,12 +121,19 @@ class TorchEPCollective:
         return [int(v) for v in tensor.tolist()]
 
     def close(self) -> None:
-        """Destroy the group if this collective created it; idempotent."""
+        """Destroy the group if this collective created it; idempotent.
+
+        NOTE: a group whose collective failed is left alone: destroying a gloo group after a
+        timed-out or torn collective can block for the whole timeout or abort the process, and a
+        broken gang's processes are restarted anyway.
+        """
+        failed = self._broken not in (None, "closed")
         if self._broken is None:
             self._broken = "closed"
         if self._owns_group and dist.is_initialized():
             self._owns_group = False
-            dist.destroy_process_group(self._group)
+            if not failed:
+                dist.destroy_process_group(self._group)
 
     def _check_usable(self, op: str) -> None:
         if self._broken is not None:
