@@ -17,17 +17,24 @@ from typing import Any, cast
 from ray import serve
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import PdserveError, UnavailableError
+from core.errors import PdserveError
 from core.messages import DecodeRequest, TokenChunk
-from decode.worker import build_decode_worker
-from engine.parallel.async_ep import expert_load_stats
-from engine.replica_hooks import GangEngineFactory, KVEventPublisherFactory, StatsReporter
+from decode.worker import DecodeWorker, build_decode_worker
+from engine.replica_hooks import (
+    GangEngineFactory,
+    KVEventPublisherFactory,
+    RoleReplica,
+    StatsReporter,
+)
 
 logger = logging.getLogger(__name__)
 
 
-class DecodeDeployment:
+class DecodeDeployment(RoleReplica):
     """One decode replica: KV import, local prefill when asked, token streaming."""
+
+    role = "decode"
+    _worker: DecodeWorker
 
     def __init__(
         self,
@@ -82,31 +89,5 @@ class DecodeDeployment:
                 num_prompt_tokens=len(decode_request.prompt_token_ids),
                 error_type=e.error_type,
                 error_message=e.message,
+                error_param=e.param,
             ).to_dict()
-
-    def stats(self) -> dict[str, float | int]:
-        """The worker's stats (KV blocks in use, running requests, transfers in flight) plus
-        ``requests_total``, the streams this replica was asked for."""
-        return {
-            **self._worker.stats(),
-            **expert_load_stats(self._worker.engine),
-            "requests_total": self._num_requests,
-        }
-
-    def check_health(self) -> None:
-        """Serve's health check: unhealthy once the engine stopped (for an expert-parallel
-        rank: its gang broke, so Serve restarts the whole gang)."""
-        if not self._worker.engine.is_running():
-            raise UnavailableError("the decode engine stopped")
-
-    def record_routing_stats(self) -> dict[str, float | int]:
-        """Serve's routing-stats hook: what a request router reads (KV blocks, queue)."""
-        return dict(self._worker.stats())
-
-    async def __del__(self) -> None:
-        """Serve calls this once when the replica stops: end reports, free the engine."""
-        if self._stop_reporting is not None:
-            self._stop_reporting()
-        if self._publisher is not None:
-            self._publisher.close()
-        await self._worker.shutdown()

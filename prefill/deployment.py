@@ -17,11 +17,15 @@ import ray
 from ray import serve
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import PdserveError, UnavailableError
+from core.errors import PdserveError
 from core.messages import PrefillRequest
-from engine.parallel.async_ep import expert_load_stats
-from engine.replica_hooks import GangEngineFactory, KVEventPublisherFactory, StatsReporter
-from prefill.worker import build_prefill_worker
+from engine.replica_hooks import (
+    GangEngineFactory,
+    KVEventPublisherFactory,
+    RoleReplica,
+    StatsReporter,
+)
+from prefill.worker import PrefillWorker, build_prefill_worker
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +41,11 @@ def error_to_dict(error: PdserveError) -> dict[str, Any]:
     }
 
 
-class PrefillDeployment:
+class PrefillDeployment(RoleReplica):
     """One prefill replica: the engine in prefill mode plus its KV export server."""
+
+    role = "prefill"
+    _worker: PrefillWorker
 
     def __init__(
         self,
@@ -83,30 +90,3 @@ class PrefillDeployment:
             logger.info("prefill %s failed: %s", request.get("request_id"), e.message)
             return {"error": error_to_dict(e)}
         return {"result": result.to_dict()}
-
-    def stats(self) -> dict[str, float | int]:
-        """The worker's stats (KV blocks, pinned exports, transfer counters) plus
-        ``requests_total``, the prefill calls this replica received."""
-        return {
-            **self._worker.stats(),
-            **expert_load_stats(self._worker.engine),
-            "requests_total": self._num_requests,
-        }
-
-    def check_health(self) -> None:
-        """Serve's health check: unhealthy once the engine stopped (for an expert-parallel
-        rank: its gang broke, so Serve restarts the whole gang)."""
-        if not self._worker.engine.is_running():
-            raise UnavailableError("the prefill engine stopped")
-
-    def record_routing_stats(self) -> dict[str, float | int]:
-        """Serve's routing-stats hook: what a request router reads (KV blocks, queue)."""
-        return dict(self._worker.stats())
-
-    async def __del__(self) -> None:
-        """Serve calls this once when the replica stops: end reports, free the engine."""
-        if self._stop_reporting is not None:
-            self._stop_reporting()
-        if self._publisher is not None:
-            self._publisher.close()
-        await self._worker.shutdown()
