@@ -31,7 +31,7 @@ class LLMEngine:
         self.parts = parts
         self.tokenizer = parts.tokenizer
         self.scheduler: Scheduler = parts.scheduler
-        self.runner = ModelRunner(parts.model, parts.storage)
+        self.runner = ModelRunner(parts.model, parts.storage, compiled=parts.compiled)
         self.sampler = Sampler(seed=parts.seed)
         self.outputs = OutputProcessor(parts.tokenizer)
         self._states: dict[str, RequestState] = {}

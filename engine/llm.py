@@ -33,6 +33,7 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         max_num_seqs: int = 64,
         enable_prefix_caching: bool = True,
+        compile_model: bool = False,
     ) -> None:
         model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed)
         engine_cfg = EngineConfig(
@@ -42,6 +43,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             enable_prefix_caching=enable_prefix_caching,
+            compile_model=compile_model,
         )
         self.engine = LLMEngine(build_engine_parts(model_cfg, engine_cfg))
         self.tokenizer = self.engine.tokenizer

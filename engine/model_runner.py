@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.compiled_forward import CompiledForward
 from engine.kv.storage import KVStorage
 from engine.models import CausalLM
 from engine.scheduler.output import ScheduledRequest
@@ -28,11 +29,15 @@ class StepLogits:
 class ModelRunner:
     """Owns the model and the KV storage of one engine; executes one step at a time."""
 
-    def __init__(self, model: CausalLM, storage: KVStorage) -> None:
+    def __init__(self, model: CausalLM, storage: KVStorage, *, compiled: bool = False) -> None:
         self.model = model
         self.storage = storage
         self.device = storage.device
         self.block_size = storage.layout.block_size
+        self.compiled: CompiledForward | None = None
+        if compiled:
+            self.compiled = CompiledForward(model)
+            self.compiled.warm_up(storage.kv, self.block_size)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> StepLogits:
@@ -56,6 +61,11 @@ class ModelRunner:
         )
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)  # [T]
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)  # [T]
+        if self.compiled is not None:
+            # NOTE: always at least one row (the last token), so the graph never sees S == 0.
+            rows = torch.tensor(sample_rows or [len(token_ids) - 1], device=self.device)
+            logits = self.compiled(input_ids, pos, self.storage.kv, meta, rows)
+            return StepLogits(sample_ids, logits if sample_rows else logits[:0])
         hidden = self.model(input_ids, pos, self.storage.kv, meta)  # [T, hidden]
         if not sample_rows:
             return StepLogits([], hidden.new_empty((0, 0), dtype=torch.float32))

@@ -44,6 +44,7 @@ class EngineParts:
     layout: KVLayout
     eos_token_ids: tuple[int, ...]
     seed: int
+    compiled: bool = False
 
 
 def pick_device() -> torch.device:
@@ -105,7 +106,16 @@ def build_engine_parts(
     )
     eos_ids = tuple(dict.fromkeys(tokenizer.eos_token_ids + arch.eos_token_ids))
     return EngineParts(
-        model_dir, arch, model, tokenizer, storage, scheduler, layout, eos_ids, model_cfg.seed
+        model_dir,
+        arch,
+        model,
+        tokenizer,
+        storage,
+        scheduler,
+        layout,
+        eos_ids,
+        model_cfg.seed,
+        compiled=engine_cfg.compile_model,
     )
 
 

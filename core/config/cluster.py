@@ -345,6 +345,13 @@ class ClusterConfig(StrictModel):
                 f"decode.engine.block_size ({engines['decode'].block_size}): the KV layouts "
                 "must match"
             )
+        for role, engine in engines.items():
+            pool: PoolConfig = self.prefill if role == "prefill" else self.decode
+            if engine.compile_model and pool.expert_parallel > 1:
+                raise ValueError(
+                    f"{role}: engine.compile_model cannot be combined with expert_parallel "
+                    f"({pool.expert_parallel})"
+                )
         if self.decode.autoscaling is None and self.decode.initial_replicas == 0:
             raise ValueError("decode needs at least one replica (decode.num_replicas >= 1)")
         if self.decode.autoscaling is not None and self.decode.autoscaling.min_replicas == 0:

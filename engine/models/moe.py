@@ -66,6 +66,9 @@ class MoELayer(nn.Module):
             topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
         return topk_ids, topk_weights
 
+    # NOTE: the per-expert loop sizes come from the data (``counts``); traced, every new mix of
+    # counts would recompile the graph, so a compiled model runs this part eagerly.
+    @torch.compiler.disable
     def expert_forward(
         self, hidden: torch.Tensor, expert_ids: torch.Tensor, rows_per_token: int = 1
     ) -> torch.Tensor:

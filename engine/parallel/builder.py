@@ -34,7 +34,12 @@ def build_ep_stepper(
     """This rank's engine with expert-parallel MoE layers, driven by an :class:`EPStepper`.
 
     Collective: one agreement round (the placement fingerprint), so every rank must call it.
+    Raises :class:`ConfigError` for ``compile_model`` (collectives are not traced).
     """
+    if engine_cfg.compile_model:
+        raise ConfigError(
+            "compile_model cannot be combined with expert parallelism", param="compile_model"
+        )
     check_placement_agreement(collective, placement)
     parts = build_engine_parts(
         model_cfg,

@@ -70,3 +70,23 @@ def test_pools_choose_expert_parallelism_independently() -> None:
     )
     assert (config.prefill.expert_parallel, config.decode.expert_parallel) == (2, 1)
     assert all(field.description for field in PoolConfig.model_fields.values())
+
+
+def test_compiled_engine_and_expert_parallelism_are_exclusive_per_pool() -> None:
+    base = {"model": {"name": "builtin:tiny-moe"}, "decode": {"num_replicas": 1}}
+    compiled_decode = {
+        **base,
+        "prefill": {"num_replicas": 2, "expert_parallel": 2},
+        "decode": {"num_replicas": 1, "engine": {"compile_model": True}},
+    }
+    config = ClusterConfig.model_validate(compiled_decode)  # the EP pool is not compiled
+    assert config.engine_for("decode").compile_model
+    assert not config.engine_for("prefill").compile_model
+    with pytest.raises(ValidationError, match=re.escape("prefill: engine.compile_model")):
+        ClusterConfig.model_validate(
+            {
+                **base,
+                "engine": {"compile_model": True},
+                "prefill": {"num_replicas": 2, "expert_parallel": 2},
+            }
+        )

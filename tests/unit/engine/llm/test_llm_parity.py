@@ -1,5 +1,5 @@
 """The paged engine behind ``LLM`` is token-identical to HF transformers under batching,
-prefix caching, chunked prefill and preemption (greedy, fp32)."""
+prefix caching, chunked prefill and preemption (greedy, fp32), eager and compiled."""
 
 from __future__ import annotations
 
@@ -39,18 +39,31 @@ def check_integrity_whole(llm: LLM) -> None:
     assert stats.num_running == stats.num_waiting == stats.num_pinned == 0
 
 
-@pytest.mark.parametrize("preset", ["llama", "qwen2", "mixtral", "qwen2-moe"])
-def test_mixed_batch_matches_hf(preset: str, checkpoint: Callable[[str], HFCheckpoint]) -> None:
+@pytest.mark.parametrize(
+    ("preset", "compiled"),
+    [
+        ("llama", False),
+        ("qwen2", False),
+        ("mixtral", False),
+        ("qwen2-moe", False),
+        ("qwen2-moe", True),  # MoE routing inside the compiled graph
+    ],
+)
+def test_mixed_batch_matches_hf(
+    preset: str, compiled: bool, checkpoint: Callable[[str], HFCheckpoint]
+) -> None:
     ckpt = checkpoint(preset)
-    llm = LLM(str(ckpt.path), block_size=8)
+    llm = LLM(str(ckpt.path), block_size=8, compile_model=compiled)
+    assert (llm.engine.runner.compiled is not None) is compiled
     prompts = prompts_of([3, 17, 40, 9], llm.tokenizer.vocab_size or 100, seed=1)
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY_32)
     assert [list(o.token_ids) for o in outs] == hf_reference(ckpt, prompts, 32)
     check_integrity_whole(llm)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 def test_prefix_hits_chunked_prefill_and_preemption_keep_outputs(
-    checkpoint: Callable[[str], HFCheckpoint],
+    compiled: bool, checkpoint: Callable[[str], HFCheckpoint]
 ) -> None:
     ckpt = checkpoint("llama")
     shared = prompts_of([48], 200, seed=2)[0]
@@ -59,7 +72,7 @@ def test_prefix_hits_chunked_prefill_and_preemption_keep_outputs(
     expected = hf_reference(ckpt, prompts, 32)
 
     # Prefix cache: the second wave reuses the shared prefix's blocks.
-    llm = LLM(str(ckpt.path), block_size=8, max_num_batched_tokens=32)
+    llm = LLM(str(ckpt.path), block_size=8, max_num_batched_tokens=32, compile_model=compiled)
     first = llm.generate(prompt_token_ids=prompts[:1], sampling_params=GREEDY_32)
     rest = llm.generate(prompt_token_ids=prompts[1:], sampling_params=GREEDY_32)
     outs = first + rest
@@ -75,6 +88,7 @@ def test_prefix_hits_chunked_prefill_and_preemption_keep_outputs(
         block_size=8,
         max_num_batched_tokens=32,
         kv_cache_memory_bytes=24 * layout_bytes,
+        compile_model=compiled,
     )
     outs = tight.generate(prompt_token_ids=prompts, sampling_params=GREEDY_32)
     assert tight.engine.scheduler.stats().num_preemptions_total > 0

@@ -172,3 +172,11 @@ def test_ranks_with_different_placements_refuse_to_start() -> None:
         return "refused"
 
     assert run_ranks(2, rank_fn) == ["refused", "refused"]
+
+
+def test_a_compiled_engine_is_refused_before_any_collective() -> None:
+    compiled = ENGINE.model_copy(update={"compile_model": True})
+    alone = InProcGroup(1).member(0)
+    with pytest.raises(ConfigError, match="compile_model") as err:
+        build_ep_stepper(MODEL, compiled, alone, ExpertPlacement.contiguous(8, 1))
+    assert err.value.param == "compile_model"

@@ -1,0 +1,101 @@
+"""Paged attention as one opaque custom op, so ``torch.compile`` can take the rest of the model.
+
+Attention is the one part of a step whose work depends on host-side metadata: per-sequence
+lengths, block tables, prefix/decode routing. Traced by dynamo, those Python values would become
+guards and recompile the model at every step. Instead the whole attention call (KV write plus
+attention) is the custom op ``pdserve::paged_attention``: the compiler sees the new tokens' q, k
+and v in and a tensor out, and fuses everything around it (norms, RoPE, residuals, MLP) into
+generated kernels. The step's metadata, the KV cache and the real backend reach the op through
+:func:`attention_step`, not through the graph (as vLLM's forward context does): a KV cache that
+is a graph input and written by an op gets functionalised — the op writes a copy.
+
+:class:`OpaqueAttention` is the backend each layer of a compiled model holds: it calls the op
+with its layer index, and the op runs the configured backend (torch on CPU, Triton on CUDA) on
+that layer's cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class _Step:
+    backend: AttentionBackend
+    kv_cache: torch.Tensor  # [num_blocks, L, 2, block_size, Hkv, D]
+    meta: AttentionMetadata
+
+
+_ACTIVE: ContextVar[_Step | None] = ContextVar("pdserve_attention_step", default=None)
+
+
+@contextmanager
+def attention_step(
+    backend: AttentionBackend, kv_cache: torch.Tensor, meta: AttentionMetadata
+) -> Iterator[None]:
+    """Make ``backend``, the cache and this step's ``meta`` what the op uses meanwhile."""
+    token = _ACTIVE.set(_Step(backend, kv_cache, meta))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+@torch.library.custom_op("pdserve::paged_attention", mutates_args=())
+def paged_attention(
+    q: torch.Tensor,  # [T, num_heads, head_dim]
+    k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    layer_idx: int,
+    scale: float,
+) -> torch.Tensor:  # [T, num_heads, head_dim] contiguous
+    """The active step's backend on layer ``layer_idx``; only valid inside :func:`attention_step`.
+
+    Writes ``k``/``v`` into the step's cache: a side effect the compiler is not told about, which
+    is safe because nothing in the graph reads the cache (only this op does, in layer order).
+    """
+    step = _ACTIVE.get()
+    if step is None:
+        raise RuntimeError("pdserve::paged_attention called outside an attention_step()")
+    layer_kv = step.kv_cache[:, layer_idx]
+    return step.backend.forward(q, k, v, layer_kv, step.meta, scale).contiguous()
+
+
+@paged_attention.register_fake
+def _paged_attention_fake(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float
+) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+class OpaqueAttention:
+    """The :class:`AttentionBackend` of one layer of a compiled model: calls the custom op.
+
+    ``kv_cache`` and ``meta`` are ignored here (a compiled model is called with ``meta=None``);
+    the op takes both from :func:`attention_step`.
+    """
+
+    name = "opaque"
+
+    def __init__(self, layer_idx: int) -> None:
+        self.layer_idx = layer_idx
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """``pdserve::paged_attention(q, k, v, layer_idx, scale)``."""
+        return paged_attention(q, k, v, self.layer_idx, scale)
