@@ -89,7 +89,7 @@ def build_app_from_config(config: ClusterConfig) -> Application:
 
 def _pool_options(config: ClusterConfig, role: Role) -> dict[str, Any]:
     """A pool's deployment options plus its request router for the configured policy."""
-    pool = config.prefill if role == "prefill" else config.decode
+    pool = config.pool_for(role)
     return {
         **pool_deployment_options(pool),
         **gang_options(pool),

@@ -5,7 +5,8 @@ as much as their arithmetic on a CPU. Compiled, inductor fuses the norms, RoPE, 
 the gated MLP's activation into generated kernels around the matmuls; attention stays the opaque
 ``pdserve::paged_attention`` op (see :mod:`engine.attention.opaque`), so host-side metadata never
 enters the graph and one graph serves every step: the token count is a dynamic dimension (one
-extra specialisation for a single token), compiled on first use and cached by inductor on disk.
+extra specialisation for a single token), compiled by :meth:`CompiledForward.warm_up` when the
+engine is built and cached by inductor on disk.
 
 Wrapping a model gives each of its layers an :class:`~engine.attention.opaque.OpaqueAttention`
 backend: from then on the model runs only through :class:`CompiledForward`.

@@ -328,9 +328,13 @@ class ClusterConfig(StrictModel):
         description="The Ray cluster to run on.",
     )
 
+    def pool_for(self, role: Role) -> PoolConfig:
+        """The pool config of ``role``."""
+        return self.prefill if role == "prefill" else self.decode
+
     def engine_for(self, role: Role) -> EngineConfig:
         """The engine options of ``role``: the top-level ones with the pool's overrides."""
-        pool: PoolConfig = self.prefill if role == "prefill" else self.decode
+        pool = self.pool_for(role)
         if pool.engine is None:
             return self.engine
         overrides = pool.engine.model_dump(include=pool.engine.model_fields_set)
@@ -338,7 +342,8 @@ class ClusterConfig(StrictModel):
 
     @model_validator(mode="after")
     def _pools_agree(self) -> ClusterConfig:
-        engines = {role: self.engine_for(role) for role in ("prefill", "decode")}
+        roles: tuple[Role, Role] = ("prefill", "decode")
+        engines = {role: self.engine_for(role) for role in roles}
         if engines["prefill"].block_size != engines["decode"].block_size:
             raise ValueError(
                 f"prefill.engine.block_size ({engines['prefill'].block_size}) must equal "
@@ -346,11 +351,11 @@ class ClusterConfig(StrictModel):
                 "must match"
             )
         for role, engine in engines.items():
-            pool: PoolConfig = self.prefill if role == "prefill" else self.decode
-            if engine.compile_model and pool.expert_parallel > 1:
+            ranks = self.pool_for(role).expert_parallel
+            if engine.compile_model and ranks > 1:
                 raise ValueError(
                     f"{role}: engine.compile_model cannot be combined with expert_parallel "
-                    f"({pool.expert_parallel})"
+                    f"({ranks})"
                 )
         if self.decode.autoscaling is None and self.decode.initial_replicas == 0:
             raise ValueError("decode needs at least one replica (decode.num_replicas >= 1)")

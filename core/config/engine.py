@@ -28,8 +28,8 @@ class EngineConfig(StrictModel):
     compile_model: bool = Field(
         False,
         description="Run the model through torch.compile (attention stays an opaque op): "
-        "fused kernels, fewer ops per step; compiles on the first steps (seconds to a minute, "
-        "cached on disk). Not with expert_parallel > 1.",
+        "fused kernels, fewer ops per step; compiles while the engine is built (seconds to a "
+        "minute, cached on disk). Not with expert_parallel > 1.",
     )
 
     @model_validator(mode="after")
