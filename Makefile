@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-CHECKED := core engine transfer prefill decode cluster
+CHECKED := core engine transfer replica prefill decode cluster
 
 .PHONY: install serve test lint unit integration proto bench clean
 

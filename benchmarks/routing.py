@@ -108,7 +108,7 @@ def working_set_blocks(waves: list[list[Turn]]) -> int:
 def cluster_config(args: argparse.Namespace, policy: str, app: str) -> dict[str, Any]:
     """The app of one policy (everything else identical)."""
     arch = ModelArchConfig.from_dir(resolve_model(MODEL))
-    block_bytes = arch.kv_layout(MODEL, "float32", BLOCK_SIZE).block_bytes
+    block_bytes = arch.kv_layout(MODEL, "float32", BLOCK_SIZE, 0).block_bytes
     pool = {"num_cpus": 1.0, "max_ongoing_requests": 64}
     return {
         "model": {"name": MODEL, "dtype": "float32", "served_name": SERVED},

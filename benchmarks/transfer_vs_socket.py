@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from core.codec import from_plain, to_plain
 from core.config import TransferConfig
 from core.kv_handle import KVHandle, TransferState
 from core.kv_layout import KVLayout
@@ -46,7 +47,7 @@ from transfer.process_env import MALLOC_ENV
 
 MIB = 1024 * 1024
 # builtin:tiny-llama: 4 layers, 2 KV heads, head_dim 32, fp32, 16-token blocks -> 32 KiB blocks.
-LAYOUT = KVLayout("builtin:tiny-llama", "float32", 16, 4, 2, 32)
+LAYOUT = KVLayout("builtin:tiny-llama", "float32", 16, 4, 2, 32, 0)
 PROMPT_TOKENS = 4096
 HOST = "127.0.0.1"
 
@@ -81,7 +82,7 @@ def exporter_main(conn: Connection, num_blocks: int, chunk_bytes: int) -> None:
                     peer.sendall(store.data.reshape(-1).data)
                 conn.send("sent")
             elif command == "export":
-                conn.send(server.export(list(range(arg))).to_dict())
+                conn.send(to_plain(server.export(list(range(arg)))))
             elif command == "cpu":
                 conn.send(cpu_s())
             else:
@@ -105,7 +106,7 @@ def time_socket(conn: Connection, port: int, buffer: memoryview) -> None:
 def time_pull(conn: Connection, client: KVImportClient, num_blocks: int) -> float:
     """Seconds from holding a fresh export's handle until its pull is DONE."""
     conn.send(("export", num_blocks))
-    handle = KVHandle.from_dict(conn.recv())
+    handle = from_plain(KVHandle, conn.recv())
     start = time.perf_counter()
     status = client.pull(handle, list(range(num_blocks))).wait(timeout_s=60)
     elapsed = time.perf_counter() - start

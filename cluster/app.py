@@ -49,10 +49,6 @@ from core.errors import ConfigError
 from decode.deployment import DecodeDeployment
 from prefill.deployment import PrefillDeployment
 
-HASH_SEED = 0
-"""``KVLayout.hash_seed`` of the engines (the engine setup's default): the routers hash prompts
-with it so their predicted hits are the prefix caches' real hits."""
-
 
 def build_app_from_config(config: ClusterConfig) -> Application:
     """The pdserve Serve application for ``config`` (deploy with ``serve.run``)."""
@@ -97,7 +93,6 @@ def _pool_options(config: ClusterConfig, role: Role) -> dict[str, Any]:
             role,
             config.scheduler.policy,
             block_size=config.engine_for(role).block_size,
-            hash_seed=HASH_SEED,
         ),
     }
 

@@ -57,18 +57,14 @@ def build_ingress_settings(
     """The ingress's settings for ``config``, whose checkpoint lives in ``model_dir``."""
     arch = ModelArchConfig.from_dir(model_dir)
     names = tuple(dict.fromkeys(n for n in (config.model.served_name, config.model.name) if n))
-    server, scheduler = config.server, config.scheduler
+    decode_engine = config.engine_for("decode")
     return IngressSettings(
         served_model_names=names,
         max_model_len=effective_max_model_len(config, arch),
-        block_size=config.engine_for("decode").block_size,
-        local_prefill_threshold_tokens=scheduler.local_prefill_threshold_tokens,
-        fallback_to_local_prefill=scheduler.fallback_to_local_prefill,
+        block_size=decode_engine.block_size,
+        hash_seed=decode_engine.hash_seed,
+        server=config.server,
+        scheduler=config.scheduler,
         prefill_pool=config.prefill.deployed,
-        api_keys=load_api_keys(server, environ),
-        max_in_flight_requests=server.max_in_flight_requests,
-        retry_after_s=server.retry_after_s,
-        max_request_body_bytes=server.max_request_body_bytes,
-        prefill_timeout_s=server.prefill_timeout_s,
-        chunk_timeout_s=server.chunk_timeout_s,
+        api_keys=load_api_keys(config.server, environ),
     )

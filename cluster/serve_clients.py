@@ -1,25 +1,20 @@
 """Serve handles adapted to the ingress's ``PrefillClient`` / ``DecodeClient`` protocols.
 
-Dicts cross the Serve boundary (``to_dict`` / ``from_dict`` at each end); a prefill replica's
-``{"error": ...}`` reply is re-raised as the same ``core.errors`` class. Serve's own failures
-are translated: backpressure (``max_queued_requests``) -> ``OverloadedError`` (429), a dead or
-missing replica -> ``UnavailableError`` (the ingress then prefills locally or fails cleanly).
-Pool health comes from the :class:`PoolWatch`, which mirrors the stats board: a pool is healthy
-while at least one of its replicas reports.
-
-Routing keys: both clients send ``{**request.to_dict(), "block_hashes": ..., "session_id": ...}``
-(:class:`RoutingKeys`), what the pools' request routers read (``cluster.routing``). The hashes
-are the engines' chained block hashes of the prompt; the session id is the one the ingress's
-middleware put in :data:`CURRENT_SESSION_ID` for the request being served.
+Typed messages cross the Serve boundary as plain data through ``core.codec`` (``to_plain`` here,
+``from_plain`` in the replica, and back); a prefill replica's ``PrefillReply.error`` is re-raised
+as the same ``core.errors`` class. Each request already carries its ``RoutingKeys`` (computed
+once by the ingress), which the pools' request routers read. Serve's own failures are translated:
+backpressure (``max_queued_requests``) -> ``OverloadedError`` (429), a dead or missing replica ->
+``UnavailableError`` (the ingress then prefills locally or fails cleanly). Pool health comes from
+the :class:`PoolWatch`, which mirrors the stats board: a pool is healthy while at least one of
+its replicas reports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ray.exceptions import RayActorError
@@ -30,45 +25,15 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from cluster.routing.request_features import BLOCK_HASHES_KEY, SESSION_ID_KEY
-from core import errors
-from core.errors import OverloadedError, PdserveError, UnavailableError
-from core.hashing import hash_prompt_blocks
-from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
+from cluster.stats_board import decode_reports
+from core.codec import from_plain, to_plain
+from core.errors import OverloadedError, UnavailableError
+from core.messages import DecodeRequest, PrefillReply, PrefillRequest, PrefillResult, TokenChunk
+from core.stats import ReplicaReport, ReplicaStats
 
 logger = logging.getLogger(__name__)
 
 _SERVE_UNAVAILABLE = (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError)
-
-CURRENT_SESSION_ID: ContextVar[str | None] = ContextVar("pdserve_session_id", default=None)
-"""The session id of the HTTP request being served (set by the ingress's middleware)."""
-
-
-@dataclass(frozen=True)
-class RoutingKeys:
-    """Adds the routers' keys to a request dict (same block size and seed as the engines)."""
-
-    block_size: int
-    hash_seed: int = 0
-
-    def payload(self, request: dict[str, Any], prompt_ids: Sequence[int]) -> dict[str, Any]:
-        """``request`` plus its prompt's ``block_hashes`` and the current ``session_id``."""
-        hashes = hash_prompt_blocks(prompt_ids, self.block_size, seed=self.hash_seed)
-        return {**request, BLOCK_HASHES_KEY: hashes, SESSION_ID_KEY: CURRENT_SESSION_ID.get()}
-
-
-def error_from_dict(data: Mapping[str, Any]) -> PdserveError:
-    """Rebuild the typed error a role deployment reported (``error_to_dict``)."""
-    cls = getattr(errors, str(data.get("class")), None)
-    message = str(data.get("message", "worker error"))
-    param = data.get("param")
-    if not (isinstance(cls, type) and issubclass(cls, PdserveError)):
-        return PdserveError(message, param=param)
-    if issubclass(cls, errors.TransferError):
-        return cls(message, reason=str(data.get("reason") or "internal"), param=param)
-    if issubclass(cls, OverloadedError):
-        return cls(message, retry_after_s=float(data.get("retry_after_s") or 1.0))
-    return cls(message, param=param)
 
 
 class PoolWatch:
@@ -95,16 +60,17 @@ class PoolWatch:
         """Replicas of ``role`` that reported within the board's staleness bound."""
         return self._num_live.get(role, 0)
 
-    async def snapshot(self) -> dict[str, list[dict[str, Any]]]:
+    async def snapshot(self) -> dict[str, list[ReplicaReport]]:
         """The board's current reports by role (also refreshes the live counts)."""
-        reports: dict[str, list[dict[str, Any]]] = await self._board.snapshot.remote()
+        plain: dict[str, list[dict[str, Any]]] = await self._board.snapshot.remote()
+        reports = decode_reports(plain)
         self._num_live = {role: len(replicas) for role, replicas in reports.items()}
         return reports
 
-    async def stats_by_role(self) -> dict[str, list[dict[str, Any]]]:
-        """``role -> [stats() of each live replica]`` (the ingress's ``StatsProvider``)."""
+    async def stats_by_role(self) -> dict[str, list[ReplicaStats]]:
+        """``role -> [stats of each live replica]`` (the ingress's ``StatsProvider``)."""
         reports = await self.snapshot()
-        return {role: [r["stats"] for r in replicas] for role, replicas in reports.items()}
+        return {role: [r.stats for r in replicas] for role, replicas in reports.items()}
 
     async def _refresh_forever(self) -> None:
         while True:
@@ -118,23 +84,19 @@ class PoolWatch:
 class ServePrefillClient:
     """``PrefillClient`` over the Prefill deployment's handle."""
 
-    def __init__(self, handle: DeploymentHandle, watch: PoolWatch, keys: RoutingKeys) -> None:
+    def __init__(self, handle: DeploymentHandle, watch: PoolWatch) -> None:
         self._prefill = handle.options(method_name="prefill")
         self._watch = watch
-        self._keys = keys
 
     async def prefill(self, request: PrefillRequest) -> PrefillResult:
         """Run the prompt on one prefill replica (see the module docstring for errors)."""
         try:
-            payload = self._keys.payload(request.to_dict(), request.prompt_token_ids)
-            reply: dict[str, Any] = await self._prefill.remote(payload)
+            plain: dict[str, Any] = await self._prefill.remote(to_plain(request))
         except BackPressureError as e:
             raise OverloadedError(f"prefill pool is at capacity: {e}") from e
         except _SERVE_UNAVAILABLE as e:
             raise UnavailableError(f"prefill replica unavailable: {type(e).__name__}") from e
-        if "error" in reply:
-            raise error_from_dict(reply["error"])
-        return PrefillResult.from_dict(reply["result"])
+        return from_plain(PrefillReply, plain).unwrap()
 
     def healthy(self) -> bool:
         """True while at least one prefill replica reports to the board."""
@@ -157,20 +119,17 @@ class NoPrefillPool:
 class ServeDecodeClient:
     """``DecodeClient`` over the Decode deployment's streaming handle."""
 
-    def __init__(self, handle: DeploymentHandle, watch: PoolWatch, keys: RoutingKeys) -> None:
+    def __init__(self, handle: DeploymentHandle, watch: PoolWatch) -> None:
         self._generate = handle.options(method_name="generate", stream=True)
         self._watch = watch
-        self._keys = keys
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
         """Stream the request's chunks; closing this iterator cancels the replica's stream."""
-        stream = self._generate.remote(
-            self._keys.payload(request.to_dict(), request.prompt_token_ids)
-        )
+        stream = self._generate.remote(to_plain(request))
         assert isinstance(stream, DeploymentResponseGenerator)  # stream=True handle
         try:
             async for data in stream:
-                yield TokenChunk.from_dict(data)
+                yield from_plain(TokenChunk, data)
         except BackPressureError as e:
             raise OverloadedError(f"decode pool is at capacity: {e}") from e
         except _SERVE_UNAVAILABLE as e:

@@ -1,4 +1,4 @@
-"""Where every prefill and decode replica posts its ``stats()``: the cluster's live view.
+"""Where every prefill and decode replica posts its stats: the cluster's live view.
 
 ``StatsBoard`` is a small Serve deployment (one replica, no CPU reserved) that keeps the latest
 report of each replica and forgets a replica that stops reporting (killed, scaled away) after
@@ -6,12 +6,15 @@ report of each replica and forgets a replica that stops reporting (killed, scale
 alive", and ``pdserve status`` for per-replica KV usage and transfers in flight.
 
 Replicas report through a :class:`BoardReporter`, which the app builder hands to the role
-deployments; they call it once with their role and their worker's ``stats`` function.
+deployments; they call it once with their role and their ``stats`` function. Reports are
+:class:`~core.stats.ReplicaReport` s, stored and returned as plain data (``core.codec``);
+:func:`decode_reports` gives readers the typed form.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -23,10 +26,20 @@ import ray
 from ray import serve
 
 from cluster.pool_options import BOARD_DEPLOYMENT
+from core.codec import from_plain, to_plain
+from core.stats import ReplicaReport, ReplicaStats
 
 logger = logging.getLogger(__name__)
 
-StatsFn = Callable[[], Mapping[str, float | int]]
+StatsFn = Callable[[], ReplicaStats]
+
+
+def decode_reports(snapshot: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[ReplicaReport]]:
+    """A :meth:`StatsBoard.snapshot` as typed reports."""
+    return {
+        role: [from_plain(ReplicaReport, report) for report in reports]
+        for role, reports in snapshot.items()
+    }
 
 
 class StatsBoard:
@@ -37,7 +50,7 @@ class StatsBoard:
         self._reports: dict[str, dict[str, Any]] = {}
 
     def report(self, replica: dict[str, Any]) -> None:
-        """Store one replica's report (keys: role, replica_id, node_id, node_ip, stats ...)."""
+        """Store one replica's report (a plain ``ReplicaReport``)."""
         self._reports[str(replica["replica_id"])] = {**replica, "received_s": time.monotonic()}
 
     def forget(self, replica_id: str) -> None:
@@ -86,18 +99,20 @@ class BoardReporter:
 
     async def _report_forever(self, role: str, replica_id: str, stats: StatsFn) -> None:
         context = ray.get_runtime_context()
-        identity = {
-            "role": role,
-            "replica_id": replica_id,
-            "actor_name": context.get_actor_name(),
-            "node_id": context.get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "pid": os.getpid(),
-        }
+        report = ReplicaReport(
+            role=role,
+            replica_id=replica_id,
+            actor_name=context.get_actor_name() or "",
+            node_id=context.get_node_id(),
+            node_ip=ray.util.get_node_ip_address(),
+            pid=os.getpid(),
+            stats=ReplicaStats(),
+        )
         board = self._board()
         while True:
             try:
-                await board.report.remote({**identity, "stats": dict(stats())})
+                fresh = dataclasses.replace(report, stats=stats())
+                await board.report.remote(to_plain(fresh))
             except Exception as e:  # the board restarting must not stop the reports
                 logger.warning("stats report of %s failed: %s", replica_id, e)
             await asyncio.sleep(self.interval_s)

@@ -22,7 +22,9 @@ from cluster.pool_options import (
 from cluster.ray_session import attached
 from cluster.run_state import RunState
 from cluster.serve_rest import ServeRest
+from core.codec import from_plain
 from core.errors import UnavailableError
+from core.stats import ReplicaStats
 
 POOLS = ((PREFILL_DEPLOYMENT, "prefill"), (DECODE_DEPLOYMENT, "decode"), (INGRESS_DEPLOYMENT, ""))
 
@@ -87,21 +89,24 @@ def render_status(status: dict[str, Any], console: Console) -> None:
     for pool in status["pools"]:
         label = f"{pool['pool']} ({len(pool['replicas'])}/{pool['target_replicas']})"
         for i, replica in enumerate(pool["replicas"]):
-            stats = replica["stats"] or {}
-            kv = (
-                f"{stats['kv_blocks_used']}/{stats['kv_blocks_total']}"
-                if "kv_blocks_total" in stats
-                else "-"
+            plain = replica["stats"]
+            stats = None if plain is None else from_plain(ReplicaStats, plain)
+            columns = (
+                ["-"] * 4
+                if stats is None
+                else [
+                    f"{stats.kv_blocks_used}/{stats.kv_blocks_total}",
+                    str(stats.num_running),
+                    str(stats.num_waiting),
+                    str(stats.transfer.in_flight),
+                ]
             )
             table.add_row(
                 label if i == 0 else "",
                 str(replica["replica_id"]),
                 str(replica["state"]),
                 str(replica["node_ip"] or replica["node_id"]),
-                kv,
-                str(stats.get("num_running", "-")),
-                str(stats.get("num_waiting", "-")),
-                str(stats.get("transfers_in_flight", "-")),
+                *columns,
             )
         if not pool["replicas"]:
             table.add_row(label, "-", "-", "-", "-", "-", "-", "-")

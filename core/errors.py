@@ -7,12 +7,16 @@ message without a traceback. ``param`` names the offending field or file where t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class PdserveError(Exception):
     """Base of all pdserve errors."""
 
     status_code: int = 500
     error_type: str = "internal_error"
+    retryable: bool = False
+    """True when the same request may succeed if sent again later (overload, lost capacity)."""
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -89,6 +93,7 @@ class KVCacheError(PdserveError):
 
     status_code = 503
     error_type = "kv_cache_error"
+    retryable = True
 
 
 class LayoutMismatchError(PdserveError):
@@ -103,6 +108,7 @@ class TransferError(PdserveError):
 
     status_code = 503
     error_type = "kv_transfer_error"
+    retryable = True
 
     def __init__(self, message: str, *, reason: str, param: str | None = None) -> None:
         super().__init__(message, param=param)
@@ -114,6 +120,7 @@ class OverloadedError(PdserveError):
 
     status_code = 429
     error_type = "rate_limit_error"
+    retryable = True
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
@@ -125,6 +132,7 @@ class UnavailableError(PdserveError):
 
     status_code = 503
     error_type = "service_unavailable"
+    retryable = True
 
 
 class AuthenticationError(PdserveError):
@@ -132,3 +140,80 @@ class AuthenticationError(PdserveError):
 
     status_code = 401
     error_type = "authentication_error"
+
+
+class MessageError(PdserveError):
+    """A control message does not decode into its type (a peer of another version, a bug)."""
+
+    status_code = 500
+    error_type = "internal_error"
+
+
+_KINDS: dict[str, type[PdserveError]] = {
+    cls.__name__: cls
+    for cls in (
+        PdserveError,
+        InvalidRequestError,
+        SamplingParamsError,
+        PromptTooLongError,
+        RequestTimeoutError,
+        RequestTooLargeError,
+        ConfigError,
+        ModelNotFoundError,
+        UnsupportedArchitectureError,
+        WeightLoadError,
+        KVCacheError,
+        LayoutMismatchError,
+        TransferError,
+        OverloadedError,
+        UnavailableError,
+        AuthenticationError,
+        MessageError,
+    )
+}
+"""The one table that turns an :class:`ErrorReport` back into its exception class."""
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """A typed error as it crosses a process boundary — the same shape for both roles.
+
+    ``kind`` names the ``core.errors`` class; ``status_code`` and ``retryable`` travel with it
+    so a reader needs no table to answer the client. ``reason`` is a transfer failure's tag,
+    ``retry_after_s`` an overload's back-off.
+    """
+
+    kind: str
+    message: str
+    status_code: int
+    retryable: bool
+    param: str | None = None
+    reason: str | None = None
+    retry_after_s: float | None = None
+
+    @classmethod
+    def of(cls, error: PdserveError) -> ErrorReport:
+        """The report of a raised error."""
+        kind = type(error).__name__ if type(error).__name__ in _KINDS else "PdserveError"
+        return cls(
+            kind=kind,
+            message=error.message,
+            status_code=error.status_code,
+            retryable=error.retryable,
+            param=error.param,
+            reason=getattr(error, "reason", None),
+            retry_after_s=getattr(error, "retry_after_s", None),
+        )
+
+    def to_error(self) -> PdserveError:
+        """The exception this report describes (same class, message, param and status)."""
+        cls = _KINDS.get(self.kind, PdserveError)
+        if issubclass(cls, TransferError):
+            return cls(self.message, reason=self.reason or "internal", param=self.param)
+        if issubclass(cls, OverloadedError):
+            return cls(self.message, retry_after_s=self.retry_after_s or 1.0)
+        error = cls(self.message, param=self.param)
+        if cls is PdserveError:
+            # NOTE: an unknown kind (a newer peer) keeps the status the peer chose.
+            error.status_code = self.status_code
+        return error

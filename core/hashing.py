@@ -14,6 +14,9 @@ from collections.abc import Sequence
 
 BlockHash = int
 
+HASH_ALGORITHM = "blake2b-64-v1"
+"""The block-hash function's name; part of every KV layout fingerprint."""
+
 _ROOT_TAG = b"pdserve-block-hash-v1"
 
 

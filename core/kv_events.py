@@ -7,14 +7,13 @@ and per engine, so a consumer that sees a gap knows it missed something and must
 the replica's entries and wait for the next ``AllBlocksCleared`` or rebuild from scratch).
 Events inside a batch are in the order they happened.
 
-Everything here is plain ints, strings and lists so batches cross processes as JSON or msgpack
-via :meth:`KVEventBatch.to_dict` / :meth:`KVEventBatch.from_dict` — never pickle.
+Everything here is plain ints, strings and lists so batches cross processes as plain data through
+``core.codec`` (the event kinds are told apart by their fields) — never pickle.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from core.hashing import BlockHash
 
@@ -53,12 +52,6 @@ class AllBlocksCleared:
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
-_KIND_OF: dict[type, str] = {
-    BlockStored: "stored",
-    BlockRemoved: "removed",
-    AllBlocksCleared: "cleared",
-}
-
 
 @dataclass(frozen=True)
 class KVEventBatch:
@@ -67,51 +60,3 @@ class KVEventBatch:
     replica_seq: int
     events: list[KVEvent]
     timestamp_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (only ints, floats, strings, lists and ``None``)."""
-        return {
-            "replica_seq": self.replica_seq,
-            "timestamp_s": self.timestamp_s,
-            "events": [_event_to_dict(event) for event in self.events],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> KVEventBatch:
-        """Inverse of :meth:`to_dict`; raises ``ValueError`` on an unknown event kind."""
-        return cls(
-            replica_seq=int(data["replica_seq"]),
-            timestamp_s=float(data.get("timestamp_s", 0.0)),
-            events=[_event_from_dict(item) for item in data["events"]],
-        )
-
-
-def _event_to_dict(event: KVEvent) -> dict[str, Any]:
-    body: dict[str, Any] = {"kind": _KIND_OF[type(event)]}
-    if isinstance(event, BlockStored):
-        body.update(
-            block_hashes=list(event.block_hashes),
-            parent_hash=event.parent_hash,
-            token_ids=list(event.token_ids),
-            block_size=event.block_size,
-        )
-    elif isinstance(event, BlockRemoved):
-        body["block_hashes"] = list(event.block_hashes)
-    return body
-
-
-def _event_from_dict(data: dict[str, Any]) -> KVEvent:
-    kind = data.get("kind")
-    if kind == "stored":
-        parent = data["parent_hash"]
-        return BlockStored(
-            block_hashes=[int(h) for h in data["block_hashes"]],
-            parent_hash=None if parent is None else int(parent),
-            token_ids=[int(t) for t in data["token_ids"]],
-            block_size=int(data["block_size"]),
-        )
-    if kind == "removed":
-        return BlockRemoved(block_hashes=[int(h) for h in data["block_hashes"]])
-    if kind == "cleared":
-        return AllBlocksCleared()
-    raise ValueError(f"unknown KV event kind {kind!r}")

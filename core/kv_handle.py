@@ -3,14 +3,14 @@
 A prefill worker that keeps a prompt's blocks pinned under a lease returns a :class:`KVHandle`
 with the first token; the decode worker pulls the blocks the handle names (ARCHITECTURE §3).
 The handle holds plain strings and ints only, so it crosses process boundaries as any control
-message does. An import reports its progress as a :class:`TransferStatus`: a
+message does (``core.codec``). An import reports its progress as a :class:`TransferStatus`: a
 :class:`TransferState` plus, once FAILED, a :class:`TransferFailure` reason.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -31,23 +31,6 @@ class KVHandle:
     """Wall-clock time (ms since the Unix epoch) the export is freed unless pulled or extended."""
     exporter_epoch: str
     """Random id of the exporter's lifetime; differs after the exporter restarts."""
-
-    def to_dict(self) -> dict[str, str | int]:
-        """The handle as a JSON-ready dict."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, str | int]) -> KVHandle:
-        """Inverse of :meth:`to_dict`; rejects unknown or missing keys."""
-        return cls(
-            transfer_id=str(data["transfer_id"]),
-            address=str(data["address"]),
-            num_blocks=int(data["num_blocks"]),
-            block_bytes=int(data["block_bytes"]),
-            layout_fingerprint=str(data["layout_fingerprint"]),
-            lease_deadline_unix_ms=int(data["lease_deadline_unix_ms"]),
-            exporter_epoch=str(data["exporter_epoch"]),
-        )
 
 
 class TransferState(enum.Enum):

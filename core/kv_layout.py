@@ -16,6 +16,7 @@ import hashlib
 from dataclasses import asdict, dataclass
 
 from core.errors import LayoutMismatchError
+from core.hashing import HASH_ALGORITHM
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -36,7 +37,8 @@ class KVLayout:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    hash_seed: int = 0
+    hash_seed: int
+    """Seed of the chained block hashes (``EngineConfig.hash_seed``): equal layouts hash alike."""
 
     @property
     def dtype_bytes(self) -> int:
@@ -54,8 +56,9 @@ class KVLayout:
         return self.bytes_per_token * self.block_size
 
     def fingerprint(self) -> str:
-        """A short stable digest of every field."""
-        text = "|".join(f"{k}={v}" for k, v in sorted(asdict(self).items()))
+        """A short stable digest of every field and of the block-hash algorithm."""
+        fields = sorted({**asdict(self), "hash_algorithm": HASH_ALGORITHM}.items())
+        text = "|".join(f"{k}={v}" for k, v in fields)
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
     def check_compatible(self, other: KVLayout) -> None:

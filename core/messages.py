@@ -1,31 +1,35 @@
-"""Control messages between the ingress and the prefill / decode workers.
+"""Control messages between the ingress, the request routers and the prefill / decode roles.
 
-Frozen dataclasses of plain values (ints, strings, lists, nested plain dicts) — never tensors,
-never arbitrary objects. They cross process boundaries as ``to_dict()`` dicts and are rebuilt
-with ``from_dict()``, so a Serve handle call carries only JSON-shaped data.
+Frozen dataclasses of typed fields — never tensors, never ``dict[str, Any]``. They cross Ray
+Serve as plain data through the one codec (``core.codec.to_plain`` / ``from_plain``), so a handle
+call carries only JSON-shaped values and a peer of another version fails loudly.
+
+Both request types carry the :class:`RoutingKeys` the ingress computed once (the prompt's chained
+block hashes and the session id); the pools' request routers read ``request.routing`` and the
+workers never recompute them. Both roles report a failure as one :class:`~core.errors.
+ErrorReport`: inside a :class:`PrefillReply`, or on the last :class:`TokenChunk` of a stream.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
+from core.errors import ErrorReport, MessageError
+from core.hashing import BlockHash
 from core.kv_handle import KVHandle
 from core.sampling import SamplingParams
 
 
-def sampling_to_dict(params: SamplingParams) -> dict[str, Any]:
-    """``SamplingParams`` as a JSON-ready dict (tuples become lists)."""
-    data = asdict(params)
-    data["stop"] = list(params.stop)
-    data["stop_token_ids"] = list(params.stop_token_ids)
-    return data
+@dataclass(frozen=True)
+class RoutingKeys:
+    """What a request router needs to place a request, computed once by the ingress."""
 
-
-def sampling_from_dict(data: dict[str, Any]) -> SamplingParams:
-    """Inverse of :func:`sampling_to_dict`; validates like the constructor."""
-    known = {f.name for f in fields(SamplingParams)}
-    return SamplingParams(**{k: v for k, v in data.items() if k in known})
+    block_hashes: tuple[BlockHash, ...] = ()
+    """Chained hashes of the prompt's full blocks (``core.hashing``, the engines' own seed)."""
+    num_prompt_tokens: int = 0
+    """Prompt length in tokens (routers weigh uncached work by it)."""
+    session_id: str | None = None
+    """``x-session-id`` header or the body's ``user``; sticks a conversation to a replica."""
 
 
 @dataclass(frozen=True)
@@ -34,16 +38,8 @@ class PrefillRequest:
 
     request_id: str
     prompt_token_ids: list[int]
-    sampling: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PrefillRequest:
-        """Inverse of :meth:`to_dict`."""
-        return cls(data["request_id"], list(data["prompt_token_ids"]), dict(data["sampling"]))
+    sampling: SamplingParams
+    routing: RoutingKeys = RoutingKeys()
 
 
 @dataclass(frozen=True)
@@ -61,24 +57,21 @@ class PrefillResult:
     kv_handle: KVHandle | None
     finish_reason: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (the handle nested as a dict)."""
-        data = asdict(self)
-        data["kv_handle"] = None if self.kv_handle is None else self.kv_handle.to_dict()
-        return data
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PrefillResult:
-        """Inverse of :meth:`to_dict`."""
-        handle = data.get("kv_handle")
-        return cls(
-            request_id=data["request_id"],
-            first_token_id=int(data["first_token_id"]),
-            first_text=data["first_text"],
-            num_cached_tokens=int(data["num_cached_tokens"]),
-            kv_handle=None if handle is None else KVHandle.from_dict(handle),
-            finish_reason=data.get("finish_reason"),
-        )
+@dataclass(frozen=True)
+class PrefillReply:
+    """What a prefill replica answers: exactly one of ``result`` and ``error``."""
+
+    result: PrefillResult | None = None
+    error: ErrorReport | None = None
+
+    def unwrap(self) -> PrefillResult:
+        """The result, or the reported error raised as its own ``core.errors`` class."""
+        if self.error is not None:
+            raise self.error.to_error()
+        if self.result is None:
+            raise MessageError("a PrefillReply holds neither a result nor an error")
+        return self.result
 
 
 @dataclass(frozen=True)
@@ -91,37 +84,18 @@ class DecodeRequest:
 
     request_id: str
     prompt_token_ids: list[int]
-    sampling: dict[str, Any]
+    sampling: SamplingParams
+    routing: RoutingKeys = RoutingKeys()
     first_token_id: int | None = None
     kv_handle: KVHandle | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        data = asdict(self)
-        data["kv_handle"] = None if self.kv_handle is None else self.kv_handle.to_dict()
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DecodeRequest:
-        """Inverse of :meth:`to_dict`."""
-        handle = data.get("kv_handle")
-        first = data.get("first_token_id")
-        return cls(
-            request_id=data["request_id"],
-            prompt_token_ids=list(data["prompt_token_ids"]),
-            sampling=dict(data["sampling"]),
-            first_token_id=None if first is None else int(first),
-            kv_handle=None if handle is None else KVHandle.from_dict(handle),
-        )
 
 
 @dataclass(frozen=True)
 class TokenChunk:
     """Decode -> ingress, one per engine step that advanced the request.
 
-    ``error_type`` / ``error_message`` (and ``error_param``, the field at fault) are set on a
-    failed request (the last chunk); the ingress turns them into an OpenAI error (an SSE error
-    event mid-stream).
+    ``error`` is set on a failed request's last chunk (``finish_reason="error"``); the ingress
+    turns it back into the same typed error (an SSE error event mid-stream).
     """
 
     request_id: str
@@ -131,15 +105,4 @@ class TokenChunk:
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
-    error_type: str | None = None
-    error_message: str | None = None
-    error_param: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TokenChunk:
-        """Inverse of :meth:`to_dict`."""
-        return cls(**data)
+    error: ErrorReport | None = None

@@ -1,10 +1,10 @@
 """The ``Decode`` Ray Serve deployment: one replica runs one :class:`DecodeWorker`.
 
-Plain class; ``cluster.app`` applies the pool's options with ``.options(...)``. ``generate``
-is a Serve streaming generator (callers use ``handle.options(stream=True)``): it takes a
-``DecodeRequest.to_dict()`` and yields one ``TokenChunk.to_dict()`` per engine step. When the
-caller goes away Serve cancels the generator; closing the worker's stream then aborts the
-request, cancels its KV pull and frees its blocks.
+Plain class; ``cluster.serve.app`` applies the pool's options with ``.options(...)``.
+``generate`` is a Serve streaming generator (callers use ``handle.options(stream=True)``): it
+takes a plain ``DecodeRequest`` and yields one plain ``TokenChunk`` per engine step (``core.
+codec``). When the caller goes away Serve cancels the generator; closing the worker's stream then
+aborts the request, cancels its KV pull and frees its blocks.
 """
 
 from __future__ import annotations
@@ -16,16 +16,11 @@ from typing import Any, cast
 
 from ray import serve
 
+from core.codec import from_plain, to_plain
 from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import PdserveError
 from core.messages import DecodeRequest, TokenChunk
 from decode.worker import DecodeWorker, build_decode_worker
-from engine.replica_hooks import (
-    GangEngineFactory,
-    KVEventPublisherFactory,
-    RoleReplica,
-    StatsReporter,
-)
+from replica import GangEngineFactory, KVEventPublisherFactory, RoleReplica, StatsReporter
 
 logger = logging.getLogger(__name__)
 
@@ -67,27 +62,16 @@ class DecodeDeployment(RoleReplica):
             async_engine=rank_engine,
         )
         self._num_requests = 0
-        self._stop_reporting = stats_reporter("decode", self.stats) if stats_reporter else None
+        self._stop_reporting = (
+            stats_reporter("decode", self.replica_stats) if stats_reporter else None
+        )
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Stream ``TokenChunk`` dicts; a typed failure ends the stream with an error chunk."""
-        decode_request = DecodeRequest.from_dict(request)
+        """Stream plain ``TokenChunk`` s; a typed failure ends the stream with a chunk carrying
+        its ``ErrorReport`` (the worker's own last chunk)."""
+        decode_request = from_plain(DecodeRequest, request)
         self._num_requests += 1
-        try:
-            stream = cast(AsyncGenerator[TokenChunk, None], self._worker.generate(decode_request))
-            async with contextlib.aclosing(stream) as chunks:
-                async for chunk in chunks:
-                    yield chunk.to_dict()
-        except PdserveError as e:
-            logger.info("decode %s failed: %s", decode_request.request_id, e.message)
-            yield TokenChunk(
-                request_id=decode_request.request_id,
-                token_ids=[],
-                text="",
-                finished=True,
-                finish_reason="error",
-                num_prompt_tokens=len(decode_request.prompt_token_ids),
-                error_type=e.error_type,
-                error_message=e.message,
-                error_param=e.param,
-            ).to_dict()
+        stream = cast(AsyncGenerator[TokenChunk, None], self._worker.generate(decode_request))
+        async with contextlib.aclosing(stream) as chunks:
+            async for chunk in chunks:
+                yield to_plain(chunk)

@@ -71,7 +71,7 @@ class KVImport:
         self, prompt_token_ids: list[int], params: SamplingParams, first_token_id: int
     ) -> None:
         """Check the layout, then reserve blocks (reusing local prefix hits) on the engine."""
-        mine = self._engine.engine.parts.layout
+        mine = self._engine.layout
         if self.handle.layout_fingerprint != mine.fingerprint():
             raise LayoutMismatchError(
                 f"request {self.request_id}: exporter KV layout {self.handle.layout_fingerprint} "

@@ -6,13 +6,14 @@ With one, a :class:`~decode.kv_import.KVImport` reserves blocks, pulls only thos
 prefix cache lacks and hands the request to the batch; its chunks carry the tokens *after*
 ``first_token_id`` (the ingress already sent that one). A failed pull recomputes the prompt
 locally (``kv_failure_policy="recompute"``, identical output) or ends the stream with a chunk
-carrying ``error_type``/``error_message`` (``"fail"``). Closing the iterator (client gone)
+carrying its :class:`~core.errors.ErrorReport` (``"fail"``). Closing the iterator (client gone)
 aborts the request, cancels the pull and frees every block on both sides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import AsyncGenerator, Callable
@@ -21,11 +22,12 @@ from contextlib import aclosing
 from typing import Literal
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import ConfigError, InvalidRequestError, PdserveError, TransferError
+from core.errors import ConfigError, ErrorReport, InvalidRequestError, PdserveError, TransferError
 from core.kv_events import KVEventBatch
 from core.kv_handle import TransferFailure, TransferState, TransferStatus
-from core.messages import DecodeRequest, TokenChunk, sampling_from_dict
+from core.messages import DecodeRequest, TokenChunk
 from core.sampling import SamplingParams
+from core.stats import ReplicaStats
 from decode.kv_import import KVImport
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
@@ -81,7 +83,7 @@ class DecodeWorker:
         """Stream the request's tokens, one chunk per engine step; see the module docstring."""
         request_id = request.request_id
         try:
-            params = sampling_from_dict(request.sampling)
+            params = request.sampling
             if (request.kv_handle is None) != (request.first_token_id is None):
                 raise InvalidRequestError(
                     f"request {request_id}: first_token_id and kv_handle go together",
@@ -155,12 +157,7 @@ class DecodeWorker:
             return 0
         if status.state is TransferState.DONE:
             pulled = [] if kv.task is None else list(kv.task.dst_block_ids)
-
-            def ready(engine: LLMEngine) -> bool:
-                engine.parts.storage.stage_to_device(pulled)  # GPU KV: from the host mirror
-                return engine.mark_kv_ready(request_id)
-
-            await self._engine.call(ready)
+            await self._engine.finish_import(request_id, pulled)
             logger.info(
                 "request %s: pulled %d of %d blocks (%d bytes); decoding",
                 request_id,
@@ -178,7 +175,7 @@ class DecodeWorker:
             status.message,
             "recomputing locally" if recompute else "failing the request",
         )
-        await self._engine.call(lambda e: e.mark_kv_failed(request_id, recompute=recompute))
+        await self._engine.fail_import(request_id, recompute=recompute)
         if recompute:
             return None
         raise TransferError(
@@ -195,13 +192,14 @@ class DecodeWorker:
             return True
         return await self._engine.abort(request_id)
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> ReplicaStats:
         """KV blocks, queues and import-side transfer metrics."""
-        stats: dict[str, float | int] = dict(self._engine.kv_stats())
         with self._lock:
-            stats["imports_in_progress"] = len(self._imports)
+            num_imports = len(self._imports)
+        stats = dataclasses.replace(self._engine.kv_stats(), imports_in_progress=num_imports)
         if self._metrics is not None:
-            stats.update(self._metrics.snapshot().role_stats(TransferSide.IMPORT))
+            transfer = self._metrics.snapshot().role_stats(TransferSide.IMPORT)
+            stats = dataclasses.replace(stats, transfer=transfer)
         return stats
 
     async def shutdown(self) -> None:
@@ -235,8 +233,7 @@ def _error_chunk(request: DecodeRequest, error: PdserveError) -> TokenChunk:
         finished=True,
         finish_reason="error",
         num_prompt_tokens=len(request.prompt_token_ids),
-        error_type=error.error_type,
-        error_message=error.message,
+        error=ErrorReport.of(error),
     )
 
 

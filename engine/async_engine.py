@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from core.errors import PdserveError, UnavailableError
+from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
+from core.stats import ReplicaStats
 from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.request import RequestStatus
@@ -244,7 +246,8 @@ class AsyncEngine:
         return RequestStream(request_id, prompt_token_ids, sink, self.abort_soon), result
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Run ``fn(engine)`` on the engine thread between steps and return its result."""
+        """Run ``fn(engine)`` on the engine thread between steps and return its result (tests
+        and this class; the roles use the named methods below)."""
         return await asyncio.wrap_future(self.submit(fn))
 
     def submit(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
@@ -265,23 +268,63 @@ class AsyncEngine:
         """Unpin a prefill-only request's blocks without waiting (any thread, idempotent)."""
         self._submit_quietly(lambda: self.engine.release(request_id))
 
+    # -- the roles' KV hand-off (typed; host-mirror staging lives behind these) -----------------
+
+    @property
+    def layout(self) -> KVLayout:
+        """The KV layout of this engine's cache (its fingerprint travels on every handle)."""
+        return self.engine.parts.layout
+
+    def stage_export(self, request_id: str) -> Future[list[int]]:
+        """The blocks a finished prefill-only request keeps pinned, staged where the transfer
+        layer reads them (the host mirror of GPU KV). The future raises ``UnavailableError``
+        when nothing is pinned (aborted, released). The blocks stay pinned until
+        :meth:`release_soon`."""
+
+        def stage(engine: LLMEngine) -> list[int]:
+            pinned = engine.get_pinned_blocks(request_id)
+            if pinned is None:
+                raise UnavailableError(f"request {request_id}: its KV is no longer pinned")
+            try:
+                engine.parts.storage.stage_to_host(pinned.block_ids)
+            except BaseException:
+                engine.release(request_id)
+                raise
+            return list(pinned.block_ids)
+
+        return self.submit(stage)
+
+    async def finish_import(self, request_id: str, block_ids: list[int]) -> bool:
+        """The pulled KV is in ``block_ids``: stage it to the device and let the request join
+        the batch. False when the request is gone (aborted meanwhile)."""
+
+        def ready(engine: LLMEngine) -> bool:
+            engine.parts.storage.stage_to_device(block_ids)
+            return engine.mark_kv_ready(request_id)
+
+        return await self.call(ready)
+
+    async def fail_import(self, request_id: str, *, recompute: bool) -> bool:
+        """The pull failed: recompute the prompt here (identical output) or end the request."""
+        return await self.call(lambda e: e.mark_kv_failed(request_id, recompute=recompute))
+
     def stats(self) -> SchedulerStats:
         """The scheduler's stats after the latest step or command (thread-safe snapshot)."""
         return self._stats
 
-    def kv_stats(self) -> dict[str, int]:
-        """The engine half of a role's ``stats()``: KV blocks and queue lengths
+    def kv_stats(self) -> ReplicaStats:
+        """The engine half of a role replica's stats: KV blocks and queue lengths
         (``num_waiting`` includes the requests waiting for imported KV)."""
         s = self._stats
-        return {
-            "kv_blocks_total": s.num_free_blocks + s.num_used_blocks,
-            "kv_blocks_used": s.num_used_blocks,
-            "kv_blocks_free": s.num_free_blocks,
-            "num_running": s.num_running,
-            "num_waiting": s.num_waiting + s.num_waiting_for_kv,
-            "num_waiting_for_kv": s.num_waiting_for_kv,
-            "num_pinned": s.num_pinned,
-        }
+        return ReplicaStats(
+            kv_blocks_total=s.num_free_blocks + s.num_used_blocks,
+            kv_blocks_used=s.num_used_blocks,
+            kv_blocks_free=s.num_free_blocks,
+            num_running=s.num_running,
+            num_waiting=s.num_waiting + s.num_waiting_for_kv,
+            num_waiting_for_kv=s.num_waiting_for_kv,
+            num_pinned=s.num_pinned,
+        )
 
     @property
     def driver(self) -> StepDriver | None:

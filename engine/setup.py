@@ -91,7 +91,9 @@ def build_engine_parts(
         expert_ids=expert_ids,
     )
     tokenizer = Tokenizer.from_dir(model_dir)
-    layout = arch.kv_layout(model_id_of(model_cfg.name, model_dir), dtype, engine_cfg.block_size)
+    layout = arch.kv_layout(
+        model_id_of(model_cfg.name, model_dir), dtype, engine_cfg.block_size, engine_cfg.hash_seed
+    )
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     budget = kv_budget_bytes(
         device, engine_cfg.kv_cache_memory_bytes, engine_cfg.kv_cache_memory_fraction, weights_bytes
@@ -101,7 +103,6 @@ def build_engine_parts(
         engine_cfg,
         storage.num_blocks,
         max_model_len=max_model_len,
-        hash_seed=layout.hash_seed,
         kv_event_callback=kv_event_callback,
     )
     eos_ids = tuple(dict.fromkeys(tokenizer.eos_token_ids + arch.eos_token_ids))

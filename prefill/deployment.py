@@ -1,11 +1,10 @@
 """The ``Prefill`` Ray Serve deployment: one replica runs one :class:`PrefillWorker`.
 
-Plain class; ``cluster.app`` turns it into a deployment with the pool's options
+Plain class; ``cluster.serve.app`` turns it into a deployment with the pool's options
 (``serve.deployment(PrefillDeployment).options(...)``), so no constants are baked in here.
-Across the Serve boundary everything is a JSON-shaped dict: a request is
-``PrefillRequest.to_dict()``; the reply is ``{"result": PrefillResult.to_dict()}`` or, on a
-typed failure, ``{"error": {"class", "message", "param", "reason", "retry_after_s"}}`` so the
-caller can re-raise the same ``core.errors`` class without unpickling anything.
+Across the Serve boundary everything is plain data through ``core.codec``: a request is a
+``PrefillRequest``; the reply a ``PrefillReply`` holding the ``PrefillResult`` or, on a typed
+failure, the ``ErrorReport`` the caller turns back into the same ``core.errors`` class.
 """
 
 from __future__ import annotations
@@ -16,29 +15,14 @@ from typing import Any
 import ray
 from ray import serve
 
+from core.codec import from_plain, to_plain
 from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.errors import PdserveError
-from core.messages import PrefillRequest
-from engine.replica_hooks import (
-    GangEngineFactory,
-    KVEventPublisherFactory,
-    RoleReplica,
-    StatsReporter,
-)
+from core.messages import PrefillReply, PrefillRequest
 from prefill.worker import PrefillWorker, build_prefill_worker
+from replica import GangEngineFactory, KVEventPublisherFactory, RoleReplica, StatsReporter
 
 logger = logging.getLogger(__name__)
-
-
-def error_to_dict(error: PdserveError) -> dict[str, Any]:
-    """A typed error as plain values (``cluster`` rebuilds the same class from it)."""
-    return {
-        "class": type(error).__name__,
-        "message": error.message,
-        "param": error.param,
-        "reason": getattr(error, "reason", None),
-        "retry_after_s": getattr(error, "retry_after_s", None),
-    }
 
 
 class PrefillDeployment(RoleReplica):
@@ -79,14 +63,17 @@ class PrefillDeployment(RoleReplica):
             async_engine=rank_engine,
         )
         self._num_requests = 0
-        self._stop_reporting = stats_reporter("prefill", self.stats) if stats_reporter else None
+        self._stop_reporting = (
+            stats_reporter("prefill", self.replica_stats) if stats_reporter else None
+        )
 
     async def prefill(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Run one prompt: ``{"result": PrefillResult dict}`` or ``{"error": ...}``."""
+        """Run one prompt (a plain ``PrefillRequest``); a plain ``PrefillReply``."""
         self._num_requests += 1
+        prefill_request = from_plain(PrefillRequest, request)
         try:
-            result = await self._worker.prefill(PrefillRequest.from_dict(request))
+            reply = PrefillReply(result=await self._worker.prefill(prefill_request))
         except PdserveError as e:
-            logger.info("prefill %s failed: %s", request.get("request_id"), e.message)
-            return {"error": error_to_dict(e)}
-        return {"result": result.to_dict()}
+            reply = PrefillReply(error=self.report_failure(prefill_request.request_id, e))
+        plain: dict[str, Any] = to_plain(reply)
+        return plain

@@ -1,16 +1,18 @@
 """The prefill role: run a prompt, return its first token, export its KV under a lease.
 
 :class:`PrefillWorker` adds a ``prefill_only`` request to its :class:`~engine.async_engine.
-AsyncEngine`, waits for the first token, then — on the engine thread, in one command — reads the
-pinned blocks and exports them through the :class:`~transfer.transport.KVTransport`. The export's
-``on_release`` (pull completed, importer released, lease expired, shutdown) unpins the blocks on
-the engine thread. A first token that already ends the request (EOS, a stop, ``max_tokens=1``)
-pins and exports nothing. Every failure or cancellation path frees the blocks.
+AsyncEngine`, waits for the first token, then stages the pinned blocks on the engine thread
+(``AsyncEngine.stage_export``) and exports them through the :class:`~transfer.transport.
+KVTransport`. The export's ``on_release`` (pull completed, importer released, lease expired,
+shutdown) unpins the blocks on the engine thread. A first token that already ends the request
+(EOS, a stop, ``max_tokens=1``) pins and exports nothing. Every failure or cancellation path
+frees the blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -20,8 +22,9 @@ from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.errors import TransferError, UnavailableError
 from core.kv_events import KVEventBatch
 from core.kv_handle import KVHandle
-from core.messages import PrefillRequest, PrefillResult, sampling_from_dict
+from core.messages import PrefillRequest, PrefillResult
 from core.sampling import SamplingParams
+from core.stats import ReplicaStats
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -49,7 +52,7 @@ class PrefillWorker:
         self._metrics = metrics or (found if isinstance(found, InMemoryTransferMetrics) else None)
         self._lock = threading.Lock()
         self._pinned: set[str] = set()  # request ids whose export is live
-        self._releaser = ThreadPoolExecutor(1, thread_name_prefix="pdserve-prefill-release")
+        self._exporter = ThreadPoolExecutor(1, thread_name_prefix="pdserve-prefill-export")
 
     @property
     def engine(self) -> AsyncEngine:
@@ -68,8 +71,7 @@ class PrefillWorker:
         ``UnavailableError`` (aborted or shut down), ``TransferError`` (export refused).
         """
         request_id = request.request_id
-        params = sampling_from_dict(request.sampling)
-        first = await self._first_token(request_id, request.prompt_token_ids, params)
+        first = await self._first_token(request_id, request.prompt_token_ids, request.sampling)
         if first.finish_reason is not None:
             logger.info(
                 "request %s: first token ended it (%s); nothing exported",
@@ -105,37 +107,34 @@ class PrefillWorker:
         return final
 
     async def _export(self, request_id: str) -> KVHandle:
-        future = self._engine.submit(lambda engine: self._export_pinned(engine, request_id))
+        """Stage the request's pinned blocks, then export them under a lease (off the event
+        loop); a cancellation at any point frees whatever the export holds."""
+        staged = self._engine.stage_export(request_id)
         try:
-            return await asyncio.shield(asyncio.wrap_future(future))
+            block_ids = await asyncio.shield(asyncio.wrap_future(staged))
         except asyncio.CancelledError:
-            future.add_done_callback(lambda f: self._undo_export(request_id, f))
+            staged.add_done_callback(lambda _: self._engine.release_soon(request_id))
+            raise
+        exported = self._exporter.submit(self._export_blocks, request_id, block_ids)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(exported))
+        except asyncio.CancelledError:
+            exported.add_done_callback(lambda f: self._undo_export(request_id, f))
             raise
 
-    def _export_pinned(self, engine: LLMEngine, request_id: str) -> KVHandle:
-        """On the engine thread: export the pinned blocks or unpin them."""
-        pinned = engine.get_pinned_blocks(request_id)
-        if pinned is None:
-            raise UnavailableError(f"request {request_id}: its KV is no longer pinned")
+    def _export_blocks(self, request_id: str, block_ids: list[int]) -> KVHandle:
+        """Exporter thread: export the staged blocks or unpin them."""
         with self._lock:
             self._pinned.add(request_id)
         try:
-            engine.parts.storage.stage_to_host(pinned.block_ids)  # GPU KV: via the host mirror
             return self._transport.export(
-                pinned.block_ids, on_release=lambda cause: self._on_release(request_id, cause)
+                block_ids, on_release=lambda cause: self._on_release(request_id, cause)
             )
         except BaseException:
             with self._lock:
                 self._pinned.discard(request_id)
-            engine.release(request_id)
+            self._engine.release_soon(request_id)
             raise
-
-    def _on_release(self, request_id: str, cause: ReleaseCause) -> None:
-        """Any thread: the export is over; unpin on the engine thread."""
-        with self._lock:
-            self._pinned.discard(request_id)
-        logger.info("request %s: kv export freed (%s)", request_id, cause)
-        self._engine.release_soon(request_id)
 
     def _undo_export(self, request_id: str, future: Future[KVHandle]) -> None:
         """The caller went away mid-export: free whatever the export holds."""
@@ -146,7 +145,7 @@ class PrefillWorker:
         logger.info(
             "request %s: caller gone; releasing kv export %s", request_id, handle.transfer_id
         )
-        self._releaser.submit(self._release_quietly, request_id, handle)
+        self._exporter.submit(self._release_quietly, request_id, handle)
 
     def _release_quietly(self, request_id: str, handle: KVHandle) -> None:
         try:
@@ -156,24 +155,32 @@ class PrefillWorker:
                 "request %s: release of %s failed: %s", request_id, handle.transfer_id, e
             )
 
+    def _on_release(self, request_id: str, cause: ReleaseCause) -> None:
+        """Any thread: the export is over; unpin on the engine thread."""
+        with self._lock:
+            self._pinned.discard(request_id)
+        logger.info("request %s: kv export freed (%s)", request_id, cause)
+        self._engine.release_soon(request_id)
+
     async def abort(self, request_id: str) -> bool:
         """Abort a prefill in progress; False when it is unknown or already done."""
         return await self._engine.abort(request_id)
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> ReplicaStats:
         """KV blocks, queues, live exports and export-side transfer metrics."""
-        stats: dict[str, float | int] = dict(self._engine.kv_stats())
         with self._lock:
-            stats["exports_pinned"] = len(self._pinned)
+            num_exports = len(self._pinned)
+        stats = dataclasses.replace(self._engine.kv_stats(), exports_pinned=num_exports)
         if self._metrics is not None:
-            stats.update(self._metrics.snapshot().role_stats(TransferSide.EXPORT))
+            transfer = self._metrics.snapshot().role_stats(TransferSide.EXPORT)
+            stats = dataclasses.replace(stats, transfer=transfer)
         return stats
 
     async def shutdown(self) -> None:
         """Free every export, stop the transport, then the engine."""
         await asyncio.to_thread(self._transport.close)
         await asyncio.to_thread(self._engine.shutdown)
-        self._releaser.shutdown(wait=True)
+        self._exporter.shutdown(wait=True)
 
 
 def _result(first: RequestOutput, handle: KVHandle | None) -> PrefillResult:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.kv_handle import TransferFailure
+from core.stats import TransferStats
 
 DURATION_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -73,21 +74,19 @@ class TransferMetricsSnapshot:
             if s == side and outcome != "ok"
         }
 
-    def role_stats(self, side: TransferSide) -> dict[str, int | float]:
-        """The transfer keys of a role worker's ``stats()`` for ``side``: in flight, bytes,
-        finished transfers, seconds, failures (total and ``transfer_failures_<reason>_total``)
-        and expired leases."""
+    def role_stats(self, side: TransferSide) -> TransferStats:
+        """The transfer part of a role replica's ``ReplicaStats`` for ``side``: in flight,
+        bytes, finished transfers, seconds, failures (total and by reason), expired leases."""
         failures = self.failures(side)
-        stats: dict[str, int | float] = {
-            "transfers_in_flight": self.in_flight.get(side, 0),
-            "transfer_bytes_total": self.bytes_total.get(side, 0),
-            "transfers_total": sum(n for (s, _), n in self.transfers_total.items() if s == side),
-            "transfer_seconds_total": self.duration_sum_s.get(side, 0.0),
-            "transfer_failures_total": sum(failures.values()),
-            "leases_expired_total": self.lease_releases.get("expired", 0),
-        }
-        stats.update({f"transfer_failures_{reason}_total": n for reason, n in failures.items()})
-        return stats
+        return TransferStats(
+            in_flight=self.in_flight.get(side, 0),
+            bytes_total=self.bytes_total.get(side, 0),
+            transfers_total=sum(n for (s, _), n in self.transfers_total.items() if s == side),
+            seconds_total=self.duration_sum_s.get(side, 0.0),
+            failures_total=sum(failures.values()),
+            failures_by_reason=failures,
+            leases_expired_total=self.lease_releases.get("expired", 0),
+        )
 
 
 class InMemoryTransferMetrics:

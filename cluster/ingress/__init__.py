@@ -2,7 +2,7 @@
 
 from cluster.ingress.admission import RequestGate, authenticate
 from cluster.ingress.app import create_app
-from cluster.ingress.clients import DecodeClient, PrefillClient, StatsProvider, WorkerStats
+from cluster.ingress.clients import DecodeClient, PrefillClient, StatsProvider
 from cluster.ingress.disagg import CachedBlocksFn, DisaggDecision, DisaggPolicy, DisaggReason
 from cluster.ingress.prompts import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
@@ -18,7 +18,6 @@ __all__ = [
     "PromptTokenizer",
     "RequestGate",
     "StatsProvider",
-    "WorkerStats",
     "authenticate",
     "create_app",
 ]

@@ -42,11 +42,13 @@ def create_app(
     gate: RequestGate | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible ingress app (``app.state.gate`` drains it, ``app.state.metrics``)."""
-    gate = gate or RequestGate(settings.max_in_flight_requests, settings.retry_after_s)
+    gate = gate or RequestGate(
+        settings.server.max_in_flight_requests, settings.server.retry_after_s
+    )
     metrics = IngressMetrics(settings.model_name)
     metrics.in_flight.labels(ROLE).set_function(lambda: float(gate.num_in_flight))
     policy = DisaggPolicy(
-        settings.local_prefill_threshold_tokens, settings.block_size, cached_blocks_fn
+        settings.scheduler.local_prefill_threshold_tokens, settings.block_size, cached_blocks_fn
     )
     flow = GenerationFlow(prefill, decode, policy, settings, metrics)
     handlers = GenerationHandlers(settings, PromptBuilder(tokenizer, settings), flow, gate, metrics)

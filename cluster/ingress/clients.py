@@ -1,8 +1,8 @@
 """What the ingress needs from the prefill and decode pools, as Protocols.
 
-The deploy helper adapts Ray Serve handles to these (dicts on the wire, ``to_dict`` /
-``from_dict`` at each end); unit tests pass in-process fakes or the real workers. The ingress
-never imports Ray.
+The Serve application adapts Ray Serve handles to these (plain data on the wire through
+``core.codec``); unit tests pass in-process fakes or the real workers. The ingress never imports
+Ray.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Protocol
 
 from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
+from core.stats import ReplicaStats
 
-WorkerStats = Mapping[str, float | int]
-"""One worker's ``stats()`` dict (``kv_blocks_used``, ``transfers_in_flight`` ...)."""
-
-StatsProvider = Callable[[], Awaitable[Mapping[str, Sequence[WorkerStats]]]]
-"""Returns the ``stats()`` of every live replica, by role (``"prefill"``, ``"decode"``)."""
+StatsProvider = Callable[[], Awaitable[Mapping[str, Sequence[ReplicaStats]]]]
+"""Returns the stats of every live replica, by role (``"prefill"``, ``"decode"``)."""
 
 
 class PrefillClient(Protocol):
@@ -42,7 +40,7 @@ class DecodeClient(Protocol):
         """Stream the request's tokens, one chunk per engine step.
 
         Closing the iterator early (``aclose()``) aborts the request on the replica and frees
-        its blocks. A failure ends the stream with a chunk carrying ``error_type``.
+        its blocks. A failure ends the stream with a chunk carrying its ``ErrorReport``.
         """
         ...
 

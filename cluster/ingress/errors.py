@@ -111,25 +111,3 @@ def rejection_reason(exc: PdserveError) -> str:
         if isinstance(exc, cls):
             return reason
     return exc.error_type
-
-
-def error_for_type(error_type: str | None, message: str) -> PdserveError:
-    """Rebuild an error from a worker's ``TokenChunk.error_type``, keeping its HTTP status."""
-    error = PdserveError(message)
-    for cls in _all_error_classes():
-        if error_type is not None and cls.error_type == error_type:
-            # NOTE: instance attributes shadow the class ones; the body keeps the worker's type.
-            error.status_code = cls.status_code
-            error.error_type = cls.error_type
-            break
-    return error
-
-
-def _all_error_classes() -> list[type[PdserveError]]:
-    found: list[type[PdserveError]] = []
-    stack: list[type[PdserveError]] = [PdserveError]
-    while stack:
-        cls = stack.pop(0)
-        found.append(cls)
-        stack.extend(cls.__subclasses__())
-    return found

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from cluster.ingress.clients import DecodeClient, PrefillClient
 from cluster.ingress.disagg import DisaggDecision, DisaggPolicy
-from cluster.ingress.errors import error_for_type, rejection_reason
+from cluster.ingress.errors import rejection_reason
 from cluster.ingress.metrics import IngressMetrics
 from cluster.ingress.prompts import PreparedPrompt
 from cluster.ingress.settings import IngressSettings
 from core.errors import InvalidRequestError, PdserveError, UnavailableError
-from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk, sampling_to_dict
+from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
 
 logger = logging.getLogger(__name__)
 
@@ -130,15 +130,16 @@ class RequestRun:
         request = PrefillRequest(
             self.request_id,
             list(self.prompt.prompt_token_ids),
-            sampling_to_dict(self.prompt.sampling),
+            self.prompt.sampling,
+            self.prompt.routing,
         )
         try:
-            async with asyncio.timeout(self._flow.settings.prefill_timeout_s):
+            async with asyncio.timeout(self._flow.settings.server.prefill_timeout_s):
                 return await self._flow.prefill.prefill(request)
         except InvalidRequestError:
             raise  # the request itself is at fault: local prefill would fail the same way
         except Exception as e:  # a dead replica surfaces as any exception type
-            if not self._flow.settings.fallback_to_local_prefill:
+            if not self._flow.settings.scheduler.fallback_to_local_prefill:
                 if isinstance(e, PdserveError | TimeoutError):
                     raise
                 raise UnavailableError(f"prefill failed: {type(e).__name__}: {e}") from e
@@ -162,7 +163,8 @@ class RequestRun:
         return DecodeRequest(
             request_id=self.request_id,
             prompt_token_ids=list(self.prompt.prompt_token_ids),
-            sampling=sampling_to_dict(self.prompt.sampling),
+            sampling=self.prompt.sampling,
+            routing=self.prompt.routing,
             first_token_id=None if result is None else result.first_token_id,
             kv_handle=None if result is None else result.kv_handle,
         )
@@ -172,8 +174,8 @@ class RequestRun:
         try:
             while True:
                 chunk = await self._next_chunk(stream)
-                if chunk.error_type is not None:
-                    raise error_for_type(chunk.error_type, chunk.error_message or "decode failed")
+                if chunk.error is not None:
+                    raise chunk.error.to_error()
                 if chunk.finished and chunk.finish_reason in _FAILED_FINISH_REASONS:
                     # NOTE: the ingress aborts only for a client that left; an abort seen here is
                     # the server's doing, so the client must not mistake it for a short answer.
@@ -192,7 +194,7 @@ class RequestRun:
 
     async def _next_chunk(self, stream: AsyncIterator[TokenChunk]) -> TokenChunk:
         try:
-            async with asyncio.timeout(self._flow.settings.chunk_timeout_s):
+            async with asyncio.timeout(self._flow.settings.server.chunk_timeout_s):
                 return await anext(stream)
         except StopAsyncIteration as e:
             raise UnavailableError("the decode stream ended before the request finished") from e

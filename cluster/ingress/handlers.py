@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -33,6 +33,7 @@ from cluster.ingress.responses import ResponseRenderer
 from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from cluster.ingress.settings import IngressSettings
 from cluster.ingress.streaming import SSE_DONE, EventStreamResponse, sse_event
+from cluster.routing.sessions import extract_session_id
 from core.errors import ModelNotFoundError, PdserveError, UnavailableError
 from core.ids import new_request_id
 
@@ -79,12 +80,12 @@ class GenerationHandlers:
             return self._reject(e, headers)
         handed_over = False
         try:
-            raw = await _read_body(request, self._settings.max_request_body_bytes)
+            raw = await _read_body(request, self._settings.server.max_request_body_bytes)
             if raw is None:
                 self._metrics.count_rejected("body_too_large")
-                return too_large_response(self._settings.max_request_body_bytes, headers)
+                return too_large_response(self._settings.server.max_request_body_bytes, headers)
             try:
-                body, prompt = self._prepare(raw, chat=chat)
+                body, prompt = self._prepare(raw, request.headers, chat=chat)
             except PdserveError as e:
                 return self._reject(e, headers)
             logger.debug("request %s accepted (client id %s)", request_id, client_id)
@@ -101,16 +102,19 @@ class GenerationHandlers:
             if not handed_over:
                 admission.release()
 
-    def _prepare(self, raw: bytes, *, chat: bool) -> tuple[GenerationRequest, PreparedPrompt]:
+    def _prepare(
+        self, raw: bytes, headers: Mapping[str, str], *, chat: bool
+    ) -> tuple[GenerationRequest, PreparedPrompt]:
         data = parse_json_object(raw)
+        session_id = extract_session_id(headers, data)
         try:
             if chat:
                 chat_body = ChatCompletionRequest.model_validate(data)
                 self._check_model(chat_body.model)
-                return chat_body, self._builder.chat(chat_body)
+                return chat_body, self._builder.chat(chat_body, session_id)
             completion_body = CompletionRequest.model_validate(data)
             self._check_model(completion_body.model)
-            return completion_body, self._builder.completion(completion_body)
+            return completion_body, self._builder.completion(completion_body, session_id)
         except ValidationError as e:
             raise from_validation_error(e) from e
 

@@ -1,8 +1,9 @@
 """Request body -> prompt token ids, block hashes and sampling parameters.
 
 Applies the chat template, tokenizes, checks the prompt against ``max_model_len`` and computes
-the prompt's chained block hashes with ``core.hashing`` (the function the engine's prefix cache
-uses, so routing predicts real hits). Every error names the offending field.
+the request's :class:`~core.messages.RoutingKeys` once: the prompt's chained block hashes with
+``core.hashing`` (the function and seed the engines' prefix caches use, so routing predicts real
+hits) and the session id. Every error names the offending field.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest, Ge
 from cluster.ingress.settings import IngressSettings
 from core.errors import InvalidRequestError, PromptTooLongError, SamplingParamsError
 from core.hashing import BlockHash, hash_prompt_blocks
+from core.messages import RoutingKeys
 from core.sampling import SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -49,14 +51,19 @@ class PreparedPrompt:
     """A validated request, ready for the prefill/decode flow."""
 
     prompt_token_ids: list[int]
-    block_hashes: list[BlockHash]
-    """Chained hashes of the prompt's full blocks (for routing and the disaggregation decision)."""
     sampling: SamplingParams
+    routing: RoutingKeys
+    """Block hashes and session id, carried by the requests to both pools."""
 
     @property
     def num_prompt_tokens(self) -> int:
         """Tokens in the prompt."""
         return len(self.prompt_token_ids)
+
+    @property
+    def block_hashes(self) -> tuple[BlockHash, ...]:
+        """Chained hashes of the prompt's full blocks (routing, disaggregation decision)."""
+        return self.routing.block_hashes
 
 
 class PromptBuilder:
@@ -66,15 +73,15 @@ class PromptBuilder:
         self._tokenizer = tokenizer
         self._settings = settings
 
-    def completion(self, body: CompletionRequest) -> PreparedPrompt:
+    def completion(self, body: CompletionRequest, session_id: str | None = None) -> PreparedPrompt:
         """A ``/v1/completions`` body: text or token ids; default ``max_tokens`` 16."""
         prompt_ids = self._completion_prompt_ids(body.prompt)
         max_tokens = self._max_tokens(
             prompt_ids, "prompt", body.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS
         )
-        return self._prepared(prompt_ids, body, max_tokens)
+        return self._prepared(prompt_ids, body, max_tokens, session_id)
 
-    def chat(self, body: ChatCompletionRequest) -> PreparedPrompt:
+    def chat(self, body: ChatCompletionRequest, session_id: str | None = None) -> PreparedPrompt:
         """A ``/v1/chat/completions`` body; default ``max_tokens``: the rest of the context."""
         if body.messages is None:
             raise InvalidRequestError("messages is required", param="messages")
@@ -88,7 +95,7 @@ class PromptBuilder:
         max_tokens = self._max_tokens(
             prompt_ids, "messages", body.requested_max_tokens, field, None
         )
-        return self._prepared(prompt_ids, body, max_tokens)
+        return self._prepared(prompt_ids, body, max_tokens, session_id)
 
     def _completion_prompt_ids(self, prompt: Any) -> list[int]:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -145,7 +152,11 @@ class PromptBuilder:
         return requested
 
     def _prepared(
-        self, prompt_ids: list[int], body: GenerationRequest, max_tokens: int
+        self,
+        prompt_ids: list[int],
+        body: GenerationRequest,
+        max_tokens: int,
+        session_id: str | None,
     ) -> PreparedPrompt:
         sampling = SamplingParams(
             max_tokens=max_tokens,
@@ -161,7 +172,8 @@ class PromptBuilder:
         hashes = hash_prompt_blocks(
             prompt_ids, self._settings.block_size, seed=self._settings.hash_seed
         )
-        return PreparedPrompt(prompt_ids, hashes, sampling)
+        routing = RoutingKeys(tuple(hashes), len(prompt_ids), session_id)
+        return PreparedPrompt(prompt_ids, sampling, routing)
 
 
 def _stop_strings(stop: Any) -> tuple[str, ...]:

@@ -1,97 +1,103 @@
-"""Prometheus view of the workers' ``stats()`` dicts, per role (KV blocks, transfers, queues).
+"""Prometheus view of the replicas' :class:`~core.stats.ReplicaStats`, per role.
 
-The ``/metrics`` handler fetches fresh stats from the deploy helper's ``stats_provider`` and
-hands them to :meth:`WorkerStatsCollector.update`; the collector sums each key over the replicas
-of a role. Failures by reason come from keys ``transfer_failures_<reason>_total``; without any
-such key, ``transfer_failures_total`` is exposed with ``reason="all"``.
+The ``/metrics`` handler fetches fresh stats from the app's ``stats_provider`` and hands them to
+:meth:`WorkerStatsCollector.update`; the collector sums each field over the replicas of a role.
+Transfer failures are labelled by reason (``ReplicaStats.transfer.failures_by_reason``).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cluster.ingress.clients import WorkerStats
+from core.stats import ReplicaStats
 
-_GAUGES: tuple[tuple[str, str, str], ...] = (
-    ("kv_blocks_used", "pdserve:kv_blocks_used", "KV blocks in use."),
-    ("kv_blocks_free", "pdserve:kv_blocks_free", "KV blocks free."),
-    ("kv_blocks_total", "pdserve:kv_blocks_total", "KV blocks in the cache."),
-    ("num_running", "pdserve:num_requests_running", "Requests in the engines' running batch."),
-    ("num_waiting", "pdserve:num_requests_waiting", "Requests waiting in the engines' queue."),
-    ("transfers_in_flight", "pdserve:transfer_in_flight", "KV transfers in progress."),
-    ("exports_pinned", "pdserve:kv_exports_pinned", "KV exports pinned under a lease."),
+_MetricT = TypeVar("_MetricT", GaugeMetricFamily, CounterMetricFamily)
+
+
+@dataclass(frozen=True)
+class _Family:
+    name: str
+    doc: str
+    read: Callable[[ReplicaStats], float]
+
+
+_GAUGES: tuple[_Family, ...] = (
+    _Family("pdserve:kv_blocks_used", "KV blocks in use.", lambda s: s.kv_blocks_used),
+    _Family("pdserve:kv_blocks_free", "KV blocks free.", lambda s: s.kv_blocks_free),
+    _Family("pdserve:kv_blocks_total", "KV blocks in the cache.", lambda s: s.kv_blocks_total),
+    _Family(
+        "pdserve:num_requests_running",
+        "Requests in the engines' running batch.",
+        lambda s: s.num_running,
+    ),
+    _Family(
+        "pdserve:num_requests_waiting",
+        "Requests waiting in the engines' queue.",
+        lambda s: s.num_waiting,
+    ),
+    _Family(
+        "pdserve:transfer_in_flight", "KV transfers in progress.", lambda s: s.transfer.in_flight
+    ),
+    _Family(
+        "pdserve:kv_exports_pinned", "KV exports pinned under a lease.", lambda s: s.exports_pinned
+    ),
 )
-_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("transfer_bytes_total", "pdserve:transfer_bytes", "KV bytes transferred."),
-    ("transfer_seconds_total", "pdserve:transfer_seconds", "Seconds spent in KV transfers."),
-    ("transfers_total", "pdserve:transfers", "KV transfers finished."),
+
+_COUNTERS: tuple[_Family, ...] = (
+    _Family("pdserve:transfer_bytes", "KV bytes transferred.", lambda s: s.transfer.bytes_total),
+    _Family(
+        "pdserve:transfer_seconds",
+        "Seconds spent in KV transfers.",
+        lambda s: s.transfer.seconds_total,
+    ),
+    _Family("pdserve:transfers", "KV transfers finished.", lambda s: s.transfer.transfers_total),
 )
-_FAILURE_PREFIX = "transfer_failures_"
-_FAILURE_SUFFIX = "_total"
-_FAILURES_TOTAL = "transfer_failures_total"
 
 
 class WorkerStatsCollector(Collector):
-    """Holds the latest per-role sums and exposes them at each scrape."""
+    """Holds the latest per-role replica stats and exposes their sums at each scrape."""
 
     def __init__(self) -> None:
-        self._sums: dict[str, dict[str, float]] = {}
-        self._num_replicas: dict[str, int] = {}
+        self._by_role: dict[str, list[ReplicaStats]] = {}
 
-    def update(self, stats_by_role: Mapping[str, Sequence[WorkerStats]]) -> None:
-        """Replace the snapshot with ``role -> [stats() of each replica]``."""
-        sums: dict[str, dict[str, float]] = {}
-        for role, replicas in stats_by_role.items():
-            totals: dict[str, float] = defaultdict(float)
-            for stats in replicas:
-                for key, value in stats.items():
-                    if isinstance(value, int | float) and not isinstance(value, bool):
-                        totals[key] += float(value)
-            sums[role] = dict(totals)
-        self._sums = sums
-        self._num_replicas = {role: len(replicas) for role, replicas in stats_by_role.items()}
+    def update(self, stats_by_role: Mapping[str, Sequence[ReplicaStats]]) -> None:
+        """Replace the snapshot with ``role -> [stats of each live replica]``."""
+        self._by_role = {role: list(replicas) for role, replicas in stats_by_role.items()}
 
     def collect(self) -> Iterator[Metric]:
         """The metric families of the current snapshot."""
         replicas = GaugeMetricFamily(
             "pdserve:replicas", "Replicas that reported stats.", labels=["role"]
         )
-        for role, count in sorted(self._num_replicas.items()):
-            replicas.add_metric([role], count)
+        for role, stats in sorted(self._by_role.items()):
+            replicas.add_metric([role], len(stats))
         yield replicas
-        for key, name, doc in _GAUGES:
-            gauge = GaugeMetricFamily(name, doc, labels=["role"])
-            self._fill(gauge, key)
-            yield gauge
-        for key, name, doc in _COUNTERS:
-            counter = CounterMetricFamily(name, doc, labels=["role"])
-            self._fill(counter, key)
-            yield counter
+        for family in _GAUGES:
+            yield self._fill(GaugeMetricFamily(family.name, family.doc, labels=["role"]), family)
+        for family in _COUNTERS:
+            yield self._fill(CounterMetricFamily(family.name, family.doc, labels=["role"]), family)
         yield self._failures()
 
-    def _fill(self, family: GaugeMetricFamily | CounterMetricFamily, key: str) -> None:
-        for role, totals in sorted(self._sums.items()):
-            if key in totals:
-                family.add_metric([role], totals[key])
+    def _fill(self, metric: _MetricT, family: _Family) -> _MetricT:
+        for role, stats in sorted(self._by_role.items()):
+            if stats:
+                metric.add_metric([role], float(sum(family.read(s) for s in stats)))
+        return metric
 
     def _failures(self) -> CounterMetricFamily:
         family = CounterMetricFamily(
             "pdserve:transfer_failures", "KV transfers that failed.", labels=["role", "reason"]
         )
-        for role, totals in sorted(self._sums.items()):
-            by_reason = {
-                key[len(_FAILURE_PREFIX) : -len(_FAILURE_SUFFIX)]: value
-                for key, value in totals.items()
-                if key.startswith(_FAILURE_PREFIX)
-                and key.endswith(_FAILURE_SUFFIX)
-                and key != _FAILURES_TOTAL
-            }
-            if not by_reason and _FAILURES_TOTAL in totals:
-                by_reason = {"all": totals[_FAILURES_TOTAL]}
+        for role, stats in sorted(self._by_role.items()):
+            by_reason: Counter[str] = Counter()
+            for s in stats:
+                by_reason.update(s.transfer.failures_by_reason)
             for reason, value in sorted(by_reason.items()):
                 family.add_metric([role, reason], value)
         return family

@@ -36,7 +36,7 @@ from cluster.routing.registry import (
     policy_names,
     register_policy,
 )
-from cluster.routing.request_features import RequestFeatures, read_features
+from cluster.routing.request_features import read_routing_keys
 from cluster.routing.router_settings import RouterSettings
 from cluster.routing.sessions import SessionAffinity, extract_session_id
 
@@ -57,7 +57,6 @@ __all__ = [
     "PoolRole",
     "PrefixAwarePolicy",
     "ReplicaLoad",
-    "RequestFeatures",
     "RoundRobinPolicy",
     "RouterSettings",
     "RoutingDecision",
@@ -74,7 +73,7 @@ __all__ = [
     "extract_session_id",
     "make_policy",
     "policy_names",
-    "read_features",
+    "read_routing_keys",
     "register_policy",
     "routing_metrics",
 ]

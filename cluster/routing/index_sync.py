@@ -10,7 +10,9 @@ older than ``max_staleness_s`` the view reports itself unavailable and the polic
 to load (reason ``degraded_index``).
 
 :class:`IndexSource` is what the router needs; :class:`StaticIndexSource` serves a fixed index
-(tests, benchmarks of the policy) and :class:`ActorIndexSource` is the Ray implementation.
+(tests, benchmarks of the policy) and :class:`ActorIndexSource` is the Ray implementation. The
+ingress holds one of its own (an explicit handle, passed to its disaggregation decision) to ask
+how much of a prompt the decode pool already caches (:meth:`ActorIndexSource.best_match`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import asyncio
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -33,19 +34,6 @@ from cluster.routing.metrics import RoutingMetrics
 logger = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 2.0
-
-
-_LIVE_SOURCES: weakref.WeakSet[ActorIndexSource] = weakref.WeakSet()
-
-
-def cached_prefix_blocks(app_name: str, pool: str, block_hashes: Sequence[int]) -> int:
-    """For the ingress's local-vs-remote prefill decision: the longest prefix of the prompt a
-    healthy replica of ``pool`` caches, from the index copy of a router of ``app_name`` in
-    this process (0 before any router synced). Thread-safe, non-blocking."""
-    for source in list(_LIVE_SOURCES):
-        if source.app_name == app_name:
-            return source.best_match(pool, block_hashes)
-    return 0
 
 
 class IndexSource(Protocol):
@@ -113,12 +101,16 @@ class ActorIndexSource:
         self._actor: Any = actor
         self._task: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # for readers on other threads (best_match)
-        _LIVE_SOURCES.add(self)
 
     def ensure_started(self) -> None:
         """Start the polling task on the running loop (once)."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        """Stop polling (the owner is going away)."""
+        if self._task is not None:
+            self._task.cancel()
 
     def view(self) -> KVIndex | None:
         """The follower's index while the last sync is recent enough."""

@@ -1,79 +1,49 @@
-"""What a router reads from a request: block hashes, prompt length, session id.
+"""What a router reads from a request: the :class:`~core.messages.RoutingKeys` it carries.
 
-The ingress calls the Prefill/Decode handles with the request dict (``PrefillRequest.to_dict()``
-or ``DecodeRequest.to_dict()``) as the **first positional argument** (or as the keyword
-``request``) and adds two keys to it:
-
-* ``block_hashes`` — ``core.hashing.hash_prompt_blocks(prompt_token_ids, block_size,
-  seed=layout.hash_seed)``, the same chained hashes the engines' prefix caches use;
-* ``session_id`` — from ``sessions.extract_session_id`` (``x-session-id`` header or ``user``).
-
-``prompt_token_ids`` gives the prompt length; if ``block_hashes`` is missing and the router was
-configured with a ``block_size``, the hashes are computed from it (slower, same result). Without
-a ``session_id`` key, Serve's ``handle.options(session_id=...)`` value is used. Anything else
-(no dict, unresolved arguments) routes as a request without a cached prefix.
+The ingress calls the Prefill/Decode handles with one message — a ``PrefillRequest`` or a
+``DecodeRequest`` as plain data (``core.codec``) — as the **first positional argument** (or as the
+keyword ``request``). Its ``routing`` field holds the keys the ingress computed once: the
+prompt's chained block hashes (the engines' own function and seed), its length and the session
+id. The router decodes that field alone with the same codec. Without a session id in the keys,
+Serve's ``handle.options(session_id=...)`` value is used; a call that carries no message (or a
+malformed one) routes as a request without a cached prefix.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from core.hashing import BlockHash, hash_prompt_blocks
+from core.codec import from_plain
+from core.errors import MessageError
+from core.messages import RoutingKeys
 
-BLOCK_HASHES_KEY = "block_hashes"
-SESSION_ID_KEY = "session_id"
-PROMPT_TOKENS_KEY = "prompt_token_ids"
-
-
-@dataclass(frozen=True)
-class RequestFeatures:
-    """The routing-relevant facts of one request."""
-
-    block_hashes: tuple[BlockHash, ...] = ()
-    num_prompt_tokens: int = 0
-    session_id: str | None = None
+logger = logging.getLogger(__name__)
 
 
 def request_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The request dict: the first positional argument, else the ``request`` keyword."""
+    """The plain message: the first positional argument, else the ``request`` keyword."""
     if args and isinstance(args[0], Mapping):
         return args[0]
     payload = kwargs.get("request")
     return payload if isinstance(payload, Mapping) else None
 
 
-def read_features(
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    *,
-    fallback_session_id: str | None = None,
-    block_size: int | None = None,
-    hash_seed: int = 0,
-) -> RequestFeatures:
-    """Extract :class:`RequestFeatures` as described in the module docstring."""
+def read_routing_keys(
+    args: Sequence[Any], kwargs: Mapping[str, Any], *, fallback_session_id: str | None = None
+) -> RoutingKeys:
+    """The request's ``routing`` field, decoded (see the module docstring)."""
+    fallback = fallback_session_id or None
     payload = request_payload(args, kwargs)
-    if payload is None:
-        return RequestFeatures(session_id=fallback_session_id or None)
-    prompt = payload.get(PROMPT_TOKENS_KEY)
-    prompt_ids: Sequence[int] = ()
-    if isinstance(prompt, Sequence) and not isinstance(prompt, str | bytes):
-        prompt_ids = prompt
-    hashes = _hashes(payload.get(BLOCK_HASHES_KEY))
-    if hashes is None and block_size and prompt_ids:
-        hashes = tuple(hash_prompt_blocks(prompt_ids, block_size, seed=hash_seed))
-    hashes = hashes or ()
-    session = payload.get(SESSION_ID_KEY)
-    session_id = session if isinstance(session, str) and session else fallback_session_id
-    num_tokens = len(prompt_ids) or len(hashes) * (block_size or 0)
-    return RequestFeatures(hashes, num_tokens, session_id or None)
-
-
-def _hashes(raw: Any) -> tuple[BlockHash, ...] | None:
-    """``raw`` as a tuple of ints; ``None`` when absent or malformed (never raises)."""
-    if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
-        return None
-    if not all(isinstance(h, int) and not isinstance(h, bool) for h in raw):
-        return None
-    return tuple(raw)
+    if payload is None or "routing" not in payload:
+        return RoutingKeys(session_id=fallback)
+    try:
+        keys = from_plain(RoutingKeys, payload["routing"])
+    except MessageError as e:
+        logger.warning("request %s: unreadable routing keys: %s", payload.get("request_id"), e)
+        return RoutingKeys(session_id=fallback)
+    if keys.session_id is None and fallback is not None:
+        return dataclasses.replace(keys, session_id=fallback)
+    return keys

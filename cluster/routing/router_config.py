@@ -1,7 +1,7 @@
 """What the app builder calls: a pool's ``RequestRouterConfig`` from the YAML policy name.
 
-``request_router_config("prefill", cfg.scheduler.policy, block_size=engine.block_size,
-hash_seed=layout.hash_seed)`` goes into ``serve.deployment(request_router_config=...)`` of the
+``request_router_config("prefill", cfg.scheduler.policy, block_size=engine.block_size)`` (all
+from the one ``ClusterConfig``) goes into ``serve.deployment(request_router_config=...)`` of the
 Prefill deployment (the same with ``"decode"`` for Decode). The built-in names map to the named
 router classes; a policy added with ``register_policy`` uses the generic router.
 """
@@ -35,7 +35,6 @@ def request_router_config(
     policy: str = "prefix_aware",
     *,
     block_size: int,
-    hash_seed: int = 0,
     options: Mapping[str, Any] | None = None,
     routing_stats_period_s: float = DEFAULT_ROUTING_STATS_PERIOD_S,
 ) -> RequestRouterConfig:
@@ -51,7 +50,6 @@ def request_router_config(
         "pool": pool,
         "policy": policy,
         "block_size": block_size,
-        "hash_seed": hash_seed,
     }
     settings = RouterSettings.from_kwargs(kwargs)
     config: dict[str, Any] = {

@@ -23,9 +23,8 @@ class RouterSettings:
     """Everything one pool's router needs besides what Serve gives it."""
 
     pool: PoolRole
+    block_size: int  # the engines' (``engine.block_size``): cached blocks -> tokens
     policy: str = "prefix_aware"
-    block_size: int | None = None  # only to hash prompts that arrive without block_hashes
-    hash_seed: int = 0
     weights: CostWeights | None = None  # None: the pool role's defaults
     hot_spot: HotSpotConfig = field(default_factory=HotSpotConfig)
     session_ttl_s: float = 300.0
@@ -57,6 +56,11 @@ class RouterSettings:
         values["hot_spot"] = _nested(HotSpotConfig, values.get("hot_spot"), "hot_spot")
         if values["hot_spot"] is None:
             values["hot_spot"] = HotSpotConfig()
+        if "block_size" not in values:
+            raise ConfigError(
+                "request router option block_size is required",
+                param="request_router_kwargs.block_size",
+            )
         settings = cls(**values)
         settings.make_policy()  # validates the policy name
         settings._check_ranges()
@@ -64,7 +68,7 @@ class RouterSettings:
 
     def _check_ranges(self) -> None:
         checks = {
-            "block_size": self.block_size is None or self.block_size > 0,
+            "block_size": isinstance(self.block_size, int) and self.block_size > 0,
             "session_ttl_s": self.session_ttl_s >= 0,
             "max_sessions": self.max_sessions >= 1,
             "poll_interval_s": self.poll_interval_s > 0,

@@ -5,8 +5,8 @@ calls :meth:`PdserveRequestRouter.choose_replicas` for every request; the return
 one replica each, best first, so Serve sends to the first one that accepts.
 
 Per decision, synchronously and without I/O (nothing here awaits, so the ingress event loop is
-never blocked): read the request's features (``request_features``: the first positional dict's
-``block_hashes``, ``prompt_token_ids`` and ``session_id``), describe each candidate
+never blocked): read the request's ``routing`` keys (``request_features``: block hashes, prompt
+length, session id — computed once by the ingress), describe each candidate
 (:class:`~cluster.routing.load_tracker.LoadTracker` for what this router sent and has not seen
 finish, the replica's ``routing_stats`` for waiting requests and KV blocks, Serve's queue
 length cache when it has one), match the hashes against the local index follower
@@ -17,8 +17,8 @@ router keeps a follower copy that a background task on the router's loop updates
 actor's change log every ``poll_interval_s`` (see ``index_sync``). ``record_routing_stats`` is
 used only for load figures: it is periodic (seconds) and would have to carry every hash.
 
-The deployments must define ``record_routing_stats()`` returning the worker's ``stats()``;
-the keys read are :data:`ROUTING_STATS_KEYS`.
+The deployments must define ``record_routing_stats()`` returning ``core.stats.RoutingStats`` as
+plain data (``core.codec``); a replica that has not reported yet counts as empty.
 """
 
 from __future__ import annotations
@@ -34,13 +34,15 @@ from cluster.routing.index_sync import ActorIndexSource, IndexSource, StaticInde
 from cluster.routing.load_tracker import LoadTracker
 from cluster.routing.metrics import routing_metrics
 from cluster.routing.policy_types import PoolRole, ReplicaLoad, RoutingDecision, RoutingInputs
-from cluster.routing.request_features import RequestFeatures, read_features
+from cluster.routing.request_features import read_routing_keys
 from cluster.routing.router_settings import RouterSettings
 from cluster.routing.sessions import SessionAffinity
+from core.codec import from_plain
+from core.errors import MessageError
+from core.messages import RoutingKeys
+from core.stats import RoutingStats
 
 logger = logging.getLogger(__name__)
-
-ROUTING_STATS_KEYS = ("num_waiting", "kv_blocks_used", "kv_blocks_free")
 
 
 class PdserveRequestRouter(RequestRouter):
@@ -121,18 +123,16 @@ class PdserveRequestRouter(RequestRouter):
 
     # -- one decision ---------------------------------------------------------------------
 
-    def _features(self, pending_request: PendingRequest | None) -> RequestFeatures:
+    def _features(self, pending_request: PendingRequest | None) -> RoutingKeys:
         if pending_request is None:
-            return RequestFeatures()
-        return read_features(
+            return RoutingKeys()
+        return read_routing_keys(
             pending_request.args,
             pending_request.kwargs,
             fallback_session_id=pending_request.metadata.session_id or None,
-            block_size=self.settings.block_size,
-            hash_seed=self.settings.hash_seed,
         )
 
-    def _inputs(self, candidates: list[RunningReplica], features: RequestFeatures) -> RoutingInputs:
+    def _inputs(self, candidates: list[RunningReplica], features: RoutingKeys) -> RoutingInputs:
         now_s = time.monotonic()
         index = self.index_source.view()
         pool = self.settings.pool.value
@@ -141,7 +141,7 @@ class PdserveRequestRouter(RequestRouter):
             role=self.settings.pool,
             candidates=tuple(self._replica_load(r) for r in candidates),
             block_hashes=features.block_hashes,
-            block_size=self.settings.block_size or 16,
+            block_size=self.settings.block_size,
             num_prompt_tokens=features.num_prompt_tokens,
             cache_hits=index.match(pool, features.block_hashes) if index is not None else {},
             index_available=index is not None,
@@ -155,8 +155,7 @@ class PdserveRequestRouter(RequestRouter):
 
     def _replica_load(self, replica: RunningReplica) -> ReplicaLoad:
         replica_id = replica.replica_id.unique_id
-        stats = replica.routing_stats or {}
-        free = stats.get("kv_blocks_free")
+        stats = _routing_stats(replica)
         num_running = self.load.num_requests(replica_id)
         if self._use_replica_queue_len_cache:
             num_ongoing = self.replica_queue_len_cache.get(replica.replica_id) or 0
@@ -165,15 +164,15 @@ class PdserveRequestRouter(RequestRouter):
             replica_id=replica_id,
             num_active_tokens=self.load.num_tokens(replica_id),
             num_running_requests=num_running,
-            num_queued_requests=int(stats.get("num_waiting", 0)),
-            num_used_blocks=int(stats.get("kv_blocks_used", 0)),
-            num_free_blocks=None if free is None else int(free),
+            num_queued_requests=stats.num_waiting,
+            num_used_blocks=stats.kv_blocks_used,
+            num_free_blocks=stats.kv_blocks_free,
         )
 
     def _record(
         self,
         decision: RoutingDecision,
-        features: RequestFeatures,
+        features: RoutingKeys,
         pending_request: PendingRequest | None,
         latency_s: float,
     ) -> None:
@@ -185,10 +184,21 @@ class PdserveRequestRouter(RequestRouter):
         # prefill works on the uncached part; decode holds the whole prompt's KV
         num_work_tokens = features.num_prompt_tokens
         if self.settings.pool is PoolRole.PREFILL:
-            num_work_tokens -= decision.num_cached_blocks * (self.settings.block_size or 0)
+            num_work_tokens -= decision.num_cached_blocks * self.settings.block_size
         request_id = pending_request.metadata.internal_request_id
         if self.load.begin(request_id, decision.replica_id, max(num_work_tokens, 0), now_s):
             self.metrics.record_decision(self.settings.pool.value, decision, latency_s)
+
+
+def _routing_stats(replica: RunningReplica) -> RoutingStats:
+    """The replica's last ``record_routing_stats``; empty before the first one."""
+    if not replica.routing_stats:
+        return RoutingStats()
+    try:
+        return from_plain(RoutingStats, replica.routing_stats)
+    except MessageError as e:
+        logger.warning("replica %s: unreadable routing stats: %s", replica.replica_id, e)
+        return RoutingStats()
 
 
 class PrefixAwareRequestRouter(PdserveRequestRouter):

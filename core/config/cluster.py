@@ -344,12 +344,13 @@ class ClusterConfig(StrictModel):
     def _pools_agree(self) -> ClusterConfig:
         roles: tuple[Role, Role] = ("prefill", "decode")
         engines = {role: self.engine_for(role) for role in roles}
-        if engines["prefill"].block_size != engines["decode"].block_size:
-            raise ValueError(
-                f"prefill.engine.block_size ({engines['prefill'].block_size}) must equal "
-                f"decode.engine.block_size ({engines['decode'].block_size}): the KV layouts "
-                "must match"
-            )
+        for key in ("block_size", "hash_seed"):
+            mine, theirs = getattr(engines["prefill"], key), getattr(engines["decode"], key)
+            if mine != theirs:
+                raise ValueError(
+                    f"prefill.engine.{key} ({mine}) must equal decode.engine.{key} ({theirs}): "
+                    "the KV layouts and block hashes must match"
+                )
         for role, engine in engines.items():
             ranks = self.pool_for(role).expert_parallel
             if engine.compile_model and ranks > 1:

@@ -25,6 +25,14 @@ class EngineConfig(StrictModel):
     )
     max_num_seqs: int = Field(64, ge=1, description="Most requests running at once.")
     enable_prefix_caching: bool = Field(True, description="Reuse cached full prompt blocks.")
+    hash_seed: int = Field(
+        0,
+        ge=-(2**63),
+        lt=2**63,
+        description="Seed of the chained prefix-block hashes (core.hashing, blake2b-64). The "
+        "engines' prefix caches, the routers and the KV index all hash with it; it is part of "
+        "the KV layout fingerprint, so prefill and decode must agree.",
+    )
     compile_model: bool = Field(
         False,
         description="Run the model through torch.compile (attention stays an opaque op): "

@@ -39,8 +39,8 @@ class KVCacheManager:
         num_blocks: int,
         block_size: int,
         *,
+        hash_seed: int,
         enable_prefix_caching: bool = True,
-        hash_seed: int = 0,
         publisher: KVEventPublisher | None = None,
     ) -> None:
         self.block_size = block_size

@@ -109,7 +109,7 @@ class ModelArchConfig:
         """Shape of the block-major KV tensor (see ``core.kv_layout``) for this model."""
         return (num_blocks, self.num_layers, 2, block_size, self.num_kv_heads, self.head_dim)
 
-    def kv_layout(self, model_id: str, dtype: str, block_size: int, hash_seed: int = 0) -> KVLayout:
+    def kv_layout(self, model_id: str, dtype: str, block_size: int, hash_seed: int) -> KVLayout:
         """The KV fingerprint of this model for ``dtype`` (e.g. ``"float32"``) blocks."""
         return KVLayout(
             model_id=model_id,

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from core.config import EngineConfig, ModelConfig
 from core.errors import ConfigError, UnavailableError
 from core.kv_events import KVEventBatch
+from core.stats import ExpertLoadStats
 from engine.async_engine import AsyncEngine
 from engine.builtin import resolve_model
 from engine.engine import LLMEngine
@@ -138,19 +139,19 @@ def build_async_ep_engine(
     return AsyncEngine(stepper.engine, driver=driver)
 
 
-def expert_load_stats(engine: AsyncEngine) -> dict[str, float | int]:
-    """Expert-load gauges of an expert-parallel engine (empty for a plain one): this rank, its
+def expert_load_stats(engine: AsyncEngine) -> ExpertLoadStats | None:
+    """Expert load of an expert-parallel engine (None for a plain one): this rank, its
     lockstep steps, the tokens its experts computed and their imbalance (hottest over mean).
     Read off the engine thread: a gauge may lag a step behind."""
     driver = engine.driver
     if not isinstance(driver, LockstepDriver):
-        return {}
+        return None
     snapshot = driver.stepper.ep_model.stats.snapshot()
-    return {
-        "ep_rank": driver.rank,
-        "ep_steps_total": driver.num_steps,
-        "ep_idle_steps_total": driver.num_idle_steps,
-        "ep_expert_tokens_total": int(sum(snapshot["total_tokens_per_expert"])),
-        "ep_expert_imbalance": float(snapshot["load_imbalance"]),
-        "ep_all_to_all_bytes_total": int(snapshot["total_all_to_all_bytes"]),
-    }
+    return ExpertLoadStats(
+        rank=driver.rank,
+        steps_total=driver.num_steps,
+        idle_steps_total=driver.num_idle_steps,
+        expert_tokens_total=int(sum(snapshot["total_tokens_per_expert"])),
+        imbalance=float(snapshot["load_imbalance"]),
+        all_to_all_bytes_total=int(snapshot["total_all_to_all_bytes"]),
+    )

@@ -58,7 +58,6 @@ class Scheduler:
         num_blocks: int,
         *,
         max_model_len: int,
-        hash_seed: int = 0,
         kv_event_callback: KVEventCallback | None = None,
     ) -> None:
         self.block_size = config.block_size
@@ -69,7 +68,7 @@ class Scheduler:
             num_blocks,
             config.block_size,
             enable_prefix_caching=config.enable_prefix_caching,
-            hash_seed=hash_seed,
+            hash_seed=config.hash_seed,
             publisher=self.events,
         )
         # NOTE: the last token of a sequence never needs KV, so a lone request of

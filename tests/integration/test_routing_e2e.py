@@ -68,7 +68,7 @@ def decode_import_bytes() -> int:
     """Bytes the (single) decode replica pulled so far, read from the worker itself."""
     handle = serve.get_deployment_handle(DECODE_DEPLOYMENT, APP_NAME)
     stats: dict[str, Any] = handle.stats.remote().result(timeout_s=30)
-    return int(stats["transfer_bytes_total"])
+    return int(stats["transfer"]["bytes_total"])
 
 
 def holders(hashes: list[int], pool: str) -> set[str]:

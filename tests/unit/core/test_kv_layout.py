@@ -16,6 +16,7 @@ def layout(**overrides: object) -> KVLayout:
         "num_layers": 28,
         "num_kv_heads": 4,
         "head_dim": 128,
+        "hash_seed": 0,
     }
     fields.update(overrides)
     return KVLayout(**fields)  # type: ignore[arg-type]

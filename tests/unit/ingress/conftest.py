@@ -19,8 +19,11 @@ import pytest
 from fastapi import FastAPI
 
 from cluster.ingress import IngressSettings, create_app
+from core.codec import from_plain, to_plain
+from core.config import SchedulerConfig, ServerConfig
+from core.errors import ErrorReport, PdserveError, TransferError
 from core.kv_handle import KVHandle
-from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
+from core.messages import DecodeRequest, PrefillReply, PrefillRequest, PrefillResult, TokenChunk
 from engine.builtin.specs import BUILTIN_SPECS
 from engine.builtin.writer import write_tokenizer_files
 from engine.tokenizer import Tokenizer
@@ -57,9 +60,19 @@ def sse_payloads(text: str) -> list[Any]:
     return [e[6:] if e[6:] == "[DONE]" else json.loads(e[6:]) for e in events]
 
 
+M = TypeVar("M")
+
+
+def over_the_wire(message: M) -> M:
+    """``message`` after the trip a Serve call gives it: the codec, then JSON, and back."""
+    return from_plain(type(message), json.loads(json.dumps(to_plain(message))))
+
+
 @dataclass
 class FakePrefill:
-    """Returns a fixed first token and a KV handle, or raises ``error``."""
+    """Returns a fixed first token and a KV handle, or fails with ``error``: a typed error
+    comes back as a replica sends it (a ``PrefillReply`` through the codec and JSON), anything
+    else is raised as it is (a dead replica)."""
 
     first_token_id: int = 104
     first_text: str = "h"
@@ -74,10 +87,12 @@ class FakePrefill:
         self.requests.append(request)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        if isinstance(self.error, PdserveError):
+            return over_the_wire(PrefillReply(error=ErrorReport.of(self.error))).unwrap()
         if self.error is not None:
             raise self.error
         handle = None if self.finish_reason else HANDLE
-        return PrefillResult(
+        result = PrefillResult(
             request.request_id,
             self.first_token_id,
             self.first_text,
@@ -85,6 +100,7 @@ class FakePrefill:
             handle,
             self.finish_reason,
         )
+        return over_the_wire(PrefillReply(result=result)).unwrap()
 
     def healthy(self) -> bool:
         return self.is_healthy
@@ -129,7 +145,7 @@ class FakeDecode:
             steps = self.steps if request.first_token_id is not None else self.local_steps
             for i, (token_id, text) in enumerate(steps):
                 if i == self.fail_after:
-                    yield self._chunk(request, [], "", error=("kv_transfer_error", "pull failed"))
+                    yield self._chunk(request, [], "", error=PULL_FAILED)
                     return
                 if i == self.raise_after:
                     raise RuntimeError("decode replica died")
@@ -147,18 +163,19 @@ class FakeDecode:
         text: str,
         *,
         finished: bool = False,
-        error: tuple[str, str] | None = None,
+        error: PdserveError | None = None,
     ) -> TokenChunk:
-        return TokenChunk(
-            request.request_id,
-            token_ids,
-            text,
-            finished=finished or error is not None,
-            finish_reason=self.finish_reason if finished else None,
-            num_prompt_tokens=len(request.prompt_token_ids),
-            num_cached_tokens=self.num_cached_tokens,
-            error_type=None if error is None else error[0],
-            error_message=None if error is None else error[1],
+        return over_the_wire(
+            TokenChunk(
+                request.request_id,
+                token_ids,
+                text,
+                finished=finished or error is not None,
+                finish_reason=self.finish_reason if finished else None,
+                num_prompt_tokens=len(request.prompt_token_ids),
+                num_cached_tokens=self.num_cached_tokens,
+                error=None if error is None else ErrorReport.of(error),
+            )
         )
 
     def healthy(self) -> bool:
@@ -172,14 +189,30 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     return Tokenizer.from_dir(directory)
 
 
+PULL_FAILED = TransferError("pull failed", reason="exporter_error", param="kv_handle")
+"""The error a ``FakeDecode(fail_after=n)`` stream ends with."""
+
 BASE_SETTINGS = IngressSettings(
     served_model_names=(MODEL,),
     max_model_len=256,
     block_size=4,
-    local_prefill_threshold_tokens=8,
-    prefill_timeout_s=2.0,
-    chunk_timeout_s=2.0,
+    hash_seed=0,
+    server=ServerConfig(prefill_timeout_s=2.0, chunk_timeout_s=2.0),
+    scheduler=SchedulerConfig(local_prefill_threshold_tokens=8),
 )
+
+
+def settings_with(**overrides: Any) -> IngressSettings:
+    """``BASE_SETTINGS`` with ``overrides``; server and scheduler fields go to their section."""
+    server = {k: v for k, v in overrides.items() if k in ServerConfig.model_fields}
+    scheduler = {k: v for k, v in overrides.items() if k in SchedulerConfig.model_fields}
+    rest = {k: v for k, v in overrides.items() if k not in server and k not in scheduler}
+    return replace(
+        BASE_SETTINGS,
+        server=BASE_SETTINGS.server.model_copy(update=server),
+        scheduler=BASE_SETTINGS.scheduler.model_copy(update=scheduler),
+        **rest,
+    )
 
 
 @dataclass
@@ -210,7 +243,7 @@ def make_harness(tokenizer: Tokenizer) -> Callable[..., Harness]:
             tokenizer,
             prefill,
             decode,
-            replace(BASE_SETTINGS, **settings),
+            settings_with(**settings),
             stats_provider=stats_provider,
             cached_blocks_fn=cached_blocks_fn,
         )

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from cluster.ingress import IngressSettings, create_app
-from core.config import EngineConfig, ModelConfig
+from core.config import EngineConfig, ModelConfig, SchedulerConfig
 from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
 from core.sampling import SamplingParams
 from decode.worker import DecodeWorker
@@ -120,7 +120,8 @@ def test_greedy_output_matches_offline_llm(
         served_model_names=("tiny-llama",),
         max_model_len=512,
         block_size=ENGINE.block_size,
-        local_prefill_threshold_tokens=THRESHOLD_TOKENS,
+        hash_seed=ENGINE.hash_seed,
+        scheduler=SchedulerConfig(local_prefill_threshold_tokens=THRESHOLD_TOKENS),
     )
     app = create_app(workers.tokenizer, prefill, decode, settings)
 
@@ -151,7 +152,7 @@ def test_greedy_output_matches_offline_llm(
 
     def idle() -> bool:
         return all(
-            w.stats()["kv_blocks_used"] == 0 and w.stats().get("exports_pinned", 0) == 0
+            w.stats().kv_blocks_used == 0 and w.stats().exports_pinned == 0
             for w in (workers.prefill, workers.decode)
         )
 

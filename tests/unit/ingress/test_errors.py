@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 
-from core.errors import InvalidRequestError, UnavailableError
+from core.errors import (
+    InvalidRequestError,
+    OverloadedError,
+    PromptTooLongError,
+    UnavailableError,
+)
 
 from .conftest import MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads, wait_until
 
@@ -238,7 +243,37 @@ def test_mid_stream_error_event_then_done(make_harness: Callable[..., Harness]) 
 def test_error_chunk_without_stream_keeps_its_status(make_harness: Callable[..., Harness]) -> None:
     h = make_harness(decode=FakeDecode(fail_after=1))
     r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": LONG}))
-    assert_error(r, 503, None, "kv_transfer_error")
+    assert_error(r, 503, "kv_handle", "kv_transfer_error")
+
+
+def test_decode_error_mid_stream_reaches_the_client_with_its_param_and_status(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # The worker's typed error rides the last TokenChunk as an ErrorReport (codec + JSON).
+    h = make_harness(decode=FakeDecode(fail_after=1))
+    r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": LONG, "stream": True}))
+    *_, error, done = sse_payloads(r.text)
+    assert error["error"] == {
+        "message": "pull failed",
+        "type": "kv_transfer_error",
+        "param": "kv_handle",
+        "code": 503,
+    }
+    assert done == "[DONE]"
+
+
+def test_prefill_error_reaches_the_client_through_the_same_report(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # The same ErrorReport, inside a PrefillReply this time, decoded by the same table.
+    error = PromptTooLongError("prompt too long for this replica", param="prompt")
+    h = make_harness(prefill=FakePrefill(error=error))
+    r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": LONG}))
+    assert_error(r, 400, "prompt", "invalid_request_error")
+    assert r.json()["error"]["message"] == "prompt too long for this replica"
+    h = make_harness(prefill=FakePrefill(error=OverloadedError("busy", retry_after_s=3.2)))
+    r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": LONG}))
+    assert r.status_code == 200  # a retryable prefill failure falls back to local prefill
 
 
 def test_dead_decode_replica_mid_stream(make_harness: Callable[..., Harness]) -> None:
@@ -261,7 +296,7 @@ def test_error_before_the_first_token_is_a_plain_status(
 ) -> None:
     h = make_harness(decode=FakeDecode(fail_after=0))
     r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": "hi", "stream": True}))
-    assert_error(r, 503, None, "kv_transfer_error")
+    assert_error(r, 503, "kv_handle", "kv_transfer_error")
     assert h.app.state.gate.num_in_flight == 0
 
 

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from core.hashing import hash_prompt_blocks
-from core.messages import sampling_from_dict
 from engine.tokenizer import Tokenizer
 
 from .conftest import HANDLE, MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads
@@ -43,7 +42,7 @@ def test_completion_remote_prefill_then_decode(
     (decode_req,) = h.decode.requests
     assert prefill_req.prompt_token_ids == prompt_ids == decode_req.prompt_token_ids
     assert prefill_req.request_id == decode_req.request_id == body["id"]
-    assert sampling_from_dict(prefill_req.sampling).max_tokens == 3
+    assert prefill_req.sampling.max_tokens == 3
     assert decode_req.first_token_id == 104 and decode_req.kv_handle == HANDLE
 
 
@@ -136,7 +135,7 @@ def test_sampling_fields_reach_the_workers(make_harness: Callable[..., Harness])
         "min_tokens": 2,
     }
     assert run(post(h, "/v1/completions", body)).status_code == 200
-    params = sampling_from_dict(h.prefill.requests[0].sampling)
+    params = h.prefill.requests[0].sampling
     assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (5, 0.5, 0.9, 7)
     assert (params.seed, params.stop, params.stop_token_ids) == (11, ("\n\n", "END"), (3,))
     assert params.ignore_eos and params.min_tokens == 2
@@ -146,11 +145,11 @@ def test_sampling_fields_reach_the_workers(make_harness: Callable[..., Harness])
 def test_default_max_tokens(make_harness: Callable[..., Harness], tokenizer: Tokenizer) -> None:
     h = make_harness()
     run(post(h, "/v1/completions", {"prompt": LONG}))
-    assert sampling_from_dict(h.prefill.requests[0].sampling).max_tokens == 16
+    assert h.prefill.requests[0].sampling.max_tokens == 16
     messages = [{"role": "user", "content": LONG}]
     run(post(h, "/v1/chat/completions", {"messages": messages}))
     prompt = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
-    assert sampling_from_dict(h.prefill.requests[1].sampling).max_tokens == 256 - len(prompt)
+    assert h.prefill.requests[1].sampling.max_tokens == 256 - len(prompt)
 
 
 def test_token_id_prompts(make_harness: Callable[..., Harness]) -> None:
@@ -176,7 +175,7 @@ def test_client_transfer_params_are_ignored(make_harness: Callable[..., Harness]
     assert remote.kv_handle == HANDLE and local.kv_handle is None
     for request in (*h.prefill.requests, *h.decode.requests):
         assert "xfer-stolen" not in repr(request) and "10.0.0.66" not in repr(request)
-        assert sampling_from_dict(request.sampling).extra == {}
+        assert request.sampling.extra == {}
 
 
 def test_request_ids_are_echoed(make_harness: Callable[..., Harness]) -> None:

@@ -156,9 +156,9 @@ def assert_quiescent(pair: Pair, timeout_s: float = 5.0) -> None:
     def idle() -> bool:
         for worker in workers:
             stats = worker.stats()
-            if stats["kv_blocks_used"] or stats["transfers_in_flight"]:
+            if stats.kv_blocks_used or stats.transfer.in_flight or stats.exports_pinned:
                 return False
-            if stats.get("exports_pinned", 0) or stats["num_running"] or stats["num_waiting"]:
+            if stats.num_running or stats.num_waiting:
                 return False
         return True
 

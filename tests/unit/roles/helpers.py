@@ -13,7 +13,6 @@ from core.messages import (
     PrefillRequest,
     PrefillResult,
     TokenChunk,
-    sampling_to_dict,
 )
 from core.sampling import SamplingParams
 from decode.worker import DecodeWorker
@@ -63,7 +62,7 @@ async def prefill(
     worker: PrefillWorker, request_id: str, prompt: list[int], params: SamplingParams
 ) -> PrefillResult:
     """Run one prefill request."""
-    return await worker.prefill(PrefillRequest(request_id, prompt, sampling_to_dict(params)))
+    return await worker.prefill(PrefillRequest(request_id, prompt, params))
 
 
 def decode_request(
@@ -73,7 +72,7 @@ def decode_request(
     return DecodeRequest(
         request_id,
         prompt,
-        sampling_to_dict(params),
+        params,
         first_token_id=None if result is None else result.first_token_id,
         kv_handle=None if result is None else result.kv_handle,
     )

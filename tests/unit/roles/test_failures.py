@@ -60,13 +60,13 @@ def test_transfer_that_fails_mid_stream_recomputes_identically(
 def _check_recompute(pair: Pair, reference: dict[str, list[int]], fault: FaultInjection) -> None:
     asyncio.run(reset_prefix_cache(pair.decode.engine))  # pull every block
     pair.set_faults(fault)
-    failures_before = pair.decode.stats()["transfer_failures_total"]
+    failures_before = pair.decode.stats().transfer.failures_total
     got = asyncio.run(
         handoff(pair.prefill, pair.decode, new_request_id(), PROMPTS["len70"], GREEDY)
     )
     assert got.token_ids == reference["len70"]
-    assert all(c.error_type is None for c in got.chunks)
-    assert pair.decode.stats()["transfer_failures_total"] == failures_before + 1
+    assert all(c.error is None for c in got.chunks)
+    assert pair.decode.stats().transfer.failures_total == failures_before + 1
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
@@ -89,8 +89,9 @@ def _check_fail(pair: Pair, fault: FaultInjection) -> None:
     assert len(got.chunks) == 1
     last = got.chunks[0]
     assert last.finished and last.finish_reason == "error" and last.token_ids == []
-    assert last.error_type == "kv_transfer_error"
-    assert last.error_message is not None and "failed" in last.error_message
+    assert last.error is not None and last.error.kind == "TransferError"
+    assert last.error.status_code == 503 and last.error.retryable
+    assert last.error is not None and "failed" in last.error.message
 
 
 def test_layout_mismatch_is_refused_and_the_export_freed(pair: Pair) -> None:
@@ -104,8 +105,8 @@ def test_layout_mismatch_is_refused_and_the_export_freed(pair: Pair) -> None:
         return await collect(pair.decode, decode_request(request_id, prompt, GREEDY, forged))
 
     chunks = asyncio.run(main())
-    assert [c.error_type for c in chunks] == ["kv_layout_mismatch"]
-    assert chunks[0].finished and chunks[0].error_message is not None
+    assert [c.error.kind if c.error else None for c in chunks] == ["LayoutMismatchError"]
+    assert chunks[0].finished and chunks[0].error is not None
 
 
 def test_client_disconnect_mid_stream_frees_both_sides(pair: Pair) -> None:
@@ -118,7 +119,7 @@ def test_client_disconnect_mid_stream_frees_both_sides(pair: Pair) -> None:
         first = await anext(stream)
         second = await anext(stream)
         assert len(first.token_ids) == len(second.token_ids) == 1 and not second.finished
-        assert pair.decode.stats()["kv_blocks_used"] > 0
+        assert pair.decode.stats().kv_blocks_used > 0
         await stream.aclose()  # the client went away
 
     asyncio.run(main())  # the fixture then waits for both sides to hold nothing
@@ -132,8 +133,8 @@ def test_client_disconnect_during_the_pull_frees_both_sides(pair: Pair) -> None:
         result = await prefill(pair.prefill, request_id, prompt, GREEDY)
         stream = pair.decode.generate(decode_request(request_id, prompt, GREEDY, result))
         pending = asyncio.ensure_future(anext(stream))
-        assert await async_wait_until(lambda: pair.decode.stats()["transfers_in_flight"] == 1)
-        assert pair.decode.stats()["kv_blocks_used"] > 0
+        assert await async_wait_until(lambda: pair.decode.stats().transfer.in_flight == 1)
+        assert pair.decode.stats().kv_blocks_used > 0
         pending.cancel()  # the client went away while the KV was on its way
         with pytest.raises(asyncio.CancelledError):
             await pending
@@ -150,7 +151,7 @@ def test_abort_during_the_pull_ends_the_stream(pair: Pair) -> None:
         consumer = asyncio.ensure_future(
             collect(pair.decode, decode_request(request_id, prompt, GREEDY, result))
         )
-        assert await async_wait_until(lambda: pair.decode.stats()["transfers_in_flight"] == 1)
+        assert await async_wait_until(lambda: pair.decode.stats().transfer.in_flight == 1)
         assert await pair.decode.abort(request_id)
         return await asyncio.wait_for(consumer, timeout=5.0)
 
@@ -187,15 +188,15 @@ def test_unpulled_export_is_freed_when_its_lease_expires(
     async def main() -> None:
         request_id, prompt = new_request_id(), PROMPTS["len70"]
         result = await prefill(short, request_id, prompt, GREEDY)
-        assert short.stats()["exports_pinned"] == 1 and engine.stats().num_pinned == 1
-        assert await async_wait_until(lambda: short.stats()["exports_pinned"] == 0)
+        assert short.stats().exports_pinned == 1 and engine.stats().num_pinned == 1
+        assert await async_wait_until(lambda: short.stats().exports_pinned == 0)
         assert await async_wait_until(lambda: engine.stats().num_used_blocks == 0)
-        assert short.stats()["leases_expired_total"] == 1
-        failures_before = pair.decode.stats()["transfer_failures_total"]
+        assert short.stats().transfer.leases_expired_total == 1
+        failures_before = pair.decode.stats().transfer.failures_total
         chunks = await collect(pair.decode, decode_request(request_id, prompt, GREEDY, result))
         tokens = [result.first_token_id] + [t for c in chunks for t in c.token_ids]
         assert tokens == reference["len70"]
-        assert pair.decode.stats()["transfer_failures_total"] == failures_before + 1
+        assert pair.decode.stats().transfer.failures_total == failures_before + 1
 
     asyncio.run(main())
 

@@ -5,11 +5,14 @@ blocks the decode side already caches, and first tokens that end a request."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
+from core.codec import from_plain, to_plain
 from core.ids import new_request_id
 from core.sampling import SamplingParams
+from core.stats import ReplicaStats
 from engine.engine import LLMEngine
 from tests.unit.roles.conftest import BLOCK_SIZE, GREEDY, PROMPTS, Pair, reset_prefix_cache
 from tests.unit.roles.helpers import collect, decode_request, handoff, prefill
@@ -37,7 +40,7 @@ def test_disaggregated_greedy_matches_llm(pair: Pair, reference: dict[str, list[
             assert got.chunks[-1].finished and got.chunks[-1].finish_reason == "length"
             assert all(c.num_prompt_tokens == len(prompt) for c in got.chunks)
             assert all(c.num_cached_tokens == len(prompt) for c in got.chunks)
-            assert all(c.error_type is None for c in got.chunks)
+            assert all(c.error is None for c in got.chunks)
 
     asyncio.run(main())
 
@@ -113,7 +116,7 @@ def test_max_tokens_1_pins_nothing(pair: Pair) -> None:
     params = SamplingParams(max_tokens=1, temperature=0.0)
     result = asyncio.run(prefill(pair.prefill, new_request_id(), PROMPTS["len33"], params))
     assert result.kv_handle is None and result.finish_reason == "length"
-    assert pair.prefill.stats()["exports_pinned"] == 0
+    assert pair.prefill.stats().exports_pinned == 0
 
 
 def test_stop_token_as_first_token_pins_nothing(
@@ -124,23 +127,14 @@ def test_stop_token_as_first_token_pins_nothing(
     result = asyncio.run(prefill(pair.prefill, new_request_id(), PROMPTS["len33"], params))
     assert result.kv_handle is None and result.finish_reason == "stop"
     assert result.first_token_id == first_token_id and result.first_text == ""
-    assert pair.prefill.stats()["exports_pinned"] == 0
+    assert pair.prefill.stats().exports_pinned == 0
 
 
-def test_stats_report_the_contract_keys(pair: Pair) -> None:
+def test_stats_are_typed_and_cross_the_codec_unchanged(pair: Pair) -> None:
     assert isinstance(pair.prefill.engine.engine, LLMEngine)
     assert pair.prefill.engine.engine is not pair.decode.engine.engine
     stats = pair.decode.stats()
-    for key in (
-        "kv_blocks_total",
-        "kv_blocks_used",
-        "kv_blocks_free",
-        "num_running",
-        "num_waiting",
-        "transfers_in_flight",
-        "transfer_bytes_total",
-        "transfer_failures_total",
-    ):
-        assert key in stats and key in pair.prefill.stats()
-    assert "exports_pinned" in pair.prefill.stats()
-    assert stats["kv_blocks_total"] == pair.decode.engine.engine.parts.storage.num_blocks - 1
+    assert isinstance(stats, ReplicaStats) and isinstance(pair.prefill.stats(), ReplicaStats)
+    assert from_plain(ReplicaStats, json.loads(json.dumps(to_plain(stats)))) == stats
+    assert stats.kv_blocks_total == pair.decode.engine.engine.parts.storage.num_blocks - 1
+    assert stats.kv_blocks_free + stats.kv_blocks_used == stats.kv_blocks_total

@@ -51,12 +51,12 @@ def test_heartbeats_keep_a_queued_pull_alive(pair: Pair, reference: dict[str, li
         ]
         all_chunks = await asyncio.gather(*streams)
         for name, result, chunks in zip(names, results, all_chunks, strict=True):
-            assert all(c.error_type is None for c in chunks), chunks[-1]
+            assert all(c.error is None for c in chunks), chunks[-1]
             tokens = [result.first_token_id] + [t for c in chunks for t in c.token_ids]
             assert tokens == reference[name]
 
     asyncio.run(main())
-    assert slow_prefill.stats()["leases_expired_total"] == 0
+    assert slow_prefill.stats().transfer.leases_expired_total == 0
 
 
 async def _fill_decode_pool(pair: Pair) -> list[RequestStream]:
@@ -84,7 +84,7 @@ def test_import_waits_for_free_blocks(pair: Pair, reference: dict[str, list[int]
             consumer = asyncio.ensure_future(
                 collect(decode, decode_request(request_id, prompt, GREEDY, result))
             )
-            assert await async_wait_until(lambda: decode.stats()["imports_in_progress"] == 1)
+            assert await async_wait_until(lambda: decode.stats().imports_in_progress == 1)
             assert pair.decode.engine.stats().num_waiting_for_kv == len(fillers)  # still waiting
         finally:
             for stream in fillers:
@@ -108,10 +108,10 @@ def test_import_that_finds_no_blocks_in_time_fails_cleanly(pair: Pair) -> None:
         finally:
             for stream in fillers:
                 stream.close()
-        assert [(c.finished, c.error_type) for c in chunks] == [(True, "kv_cache_error")]
+        assert [(c.finished, c.error and c.error.kind) for c in chunks] == [(True, "KVCacheError")]
         # the unpulled export was released: the prefill side frees it without waiting for
         # the lease (the fixture checks the blocks)
-        assert await async_wait_until(lambda: pair.prefill.stats()["exports_pinned"] == 0)
-        assert pair.prefill.stats()["leases_expired_total"] == 0
+        assert await async_wait_until(lambda: pair.prefill.stats().exports_pinned == 0)
+        assert pair.prefill.stats().transfer.leases_expired_total == 0
 
     asyncio.run(main())

@@ -1,36 +1,34 @@
-"""What routers read from a request: block hashes, prompt length, session id."""
+"""What routers read from a request: the RoutingKeys the ingress put in it."""
 
 from __future__ import annotations
 
-from cluster.routing.request_features import RequestFeatures, read_features
-from core.hashing import hash_prompt_blocks
-from core.messages import PrefillRequest
+import pytest
+
+from cluster.routing.request_features import read_routing_keys
+from core.codec import to_plain
+from core.messages import DecodeRequest, PrefillRequest, RoutingKeys
+from core.sampling import SamplingParams
 
 PROMPT = list(range(40))
+KEYS = RoutingKeys(block_hashes=(5, 6), num_prompt_tokens=40, session_id="s")
 
 
-def test_reads_the_ingress_keys_from_the_first_positional_dict() -> None:
-    payload = PrefillRequest("r1", PROMPT, {"max_tokens": 4}).to_dict()
-    payload.update(block_hashes=[5, 6], session_id="s")
-    features = read_features([payload], {})
-    assert features == RequestFeatures(block_hashes=(5, 6), num_prompt_tokens=40, session_id="s")
-    assert read_features([], {"request": payload}) == features
+@pytest.mark.parametrize("kind", [PrefillRequest, DecodeRequest])
+def test_reads_the_routing_field_of_either_message(kind: type) -> None:
+    payload = to_plain(kind("r1", PROMPT, SamplingParams(max_tokens=4), KEYS))
+    assert read_routing_keys([payload], {}) == KEYS
+    assert read_routing_keys([], {"request": payload}) == KEYS
 
 
-def test_hashes_are_computed_when_missing_and_a_block_size_is_known() -> None:
-    payload = {"prompt_token_ids": PROMPT}
-    features = read_features([payload], {}, block_size=16, hash_seed=3)
-    assert features.block_hashes == tuple(hash_prompt_blocks(PROMPT, 16, seed=3))
-    assert read_features([payload], {}).block_hashes == ()
+def test_serve_session_id_fills_in_only_when_the_keys_have_none() -> None:
+    plain = to_plain(PrefillRequest("r1", PROMPT, SamplingParams(), RoutingKeys((1,), 40)))
+    assert read_routing_keys([plain], {}, fallback_session_id="h").session_id == "h"
+    with_session = to_plain(PrefillRequest("r2", PROMPT, SamplingParams(), KEYS))
+    assert read_routing_keys([with_session], {}, fallback_session_id="h").session_id == "s"
 
 
-def test_session_falls_back_to_the_handle_option_and_odd_payloads_route_plainly() -> None:
-    assert read_features([{"prompt_token_ids": [1]}], {}, fallback_session_id="h").session_id == "h"
-    assert read_features(["text"], {}, fallback_session_id="") == RequestFeatures()
-    assert read_features([{"block_hashes": "nope"}], {}) == RequestFeatures()
-    assert read_features([{"block_hashes": [1, "x"]}], {}) == RequestFeatures()
-    malformed = {"block_hashes": [None], "prompt_token_ids": PROMPT}
-    assert read_features([malformed], {}, block_size=16).block_hashes == tuple(
-        hash_prompt_blocks(PROMPT, 16)
-    )
-    assert read_features([{"prompt_token_ids": "text"}], {}, block_size=4) == RequestFeatures()
+def test_calls_without_a_readable_message_route_without_a_prefix() -> None:
+    assert read_routing_keys(["text"], {}, fallback_session_id="") == RoutingKeys()
+    assert read_routing_keys([{"prompt_token_ids": [1]}], {}) == RoutingKeys()
+    bad = {"routing": {"block_hashes": [1, "x"], "num_prompt_tokens": 3, "session_id": None}}
+    assert read_routing_keys([bad], {}, fallback_session_id="h") == RoutingKeys(session_id="h")

@@ -33,12 +33,19 @@ def test_settings_round_trip_through_json_kwargs() -> None:
     ("kwargs", "param"),
     [
         ({"pool": "both"}, "request_router_kwargs.pool"),
-        ({"pool": "prefill", "colour": 1}, "request_router_kwargs.colour"),
-        ({"pool": "prefill", "policy": "random"}, "scheduler.policy"),
-        ({"pool": "prefill", "weights": {"bogus": 1}}, "request_router_kwargs.weights"),
-        ({"pool": "prefill", "hot_spot": 3}, "request_router_kwargs.hot_spot"),
+        ({"pool": "prefill", "colour": 1, "block_size": 16}, "request_router_kwargs.colour"),
+        ({"pool": "prefill", "policy": "random", "block_size": 16}, "scheduler.policy"),
+        (
+            {"pool": "prefill", "weights": {"bogus": 1}, "block_size": 16},
+            "request_router_kwargs.weights",
+        ),
+        ({"pool": "prefill", "hot_spot": 3, "block_size": 16}, "request_router_kwargs.hot_spot"),
         ({"pool": "prefill", "block_size": 0}, "request_router_kwargs.block_size"),
-        ({"pool": "prefill", "poll_interval_s": 0}, "request_router_kwargs.poll_interval_s"),
+        ({"pool": "prefill"}, "request_router_kwargs.block_size"),
+        (
+            {"pool": "prefill", "poll_interval_s": 0, "block_size": 16},
+            "request_router_kwargs.poll_interval_s",
+        ),
     ],
 )
 def test_bad_settings_name_the_key(kwargs: dict[str, object], param: str) -> None:
@@ -59,14 +66,14 @@ def test_request_router_config_per_yaml_policy(
     policy: str, router_class: type[PdserveRequestRouter]
 ) -> None:
     config = request_router_config(
-        "prefill", policy, block_size=16, hash_seed=9, options={"session_ttl_s": 60.0}
+        "prefill", policy, block_size=16, options={"session_ttl_s": 60.0}
     )
     assert config.get_request_router_class() is router_class
     kwargs = config.request_router_kwargs
     json.dumps(kwargs)  # Serve requires JSON-serialisable kwargs
     settings = RouterSettings.from_kwargs(kwargs)
     assert (settings.pool, settings.policy, settings.block_size) == (PoolRole.PREFILL, policy, 16)
-    assert (settings.hash_seed, settings.session_ttl_s) == (9, 60.0)
+    assert settings.session_ttl_s == 60.0
     assert config.request_routing_stats_period_s == 1.0
 
 

@@ -16,7 +16,6 @@ from cluster.routing.index_log import KVIndexServer
 from cluster.routing.index_sync import (
     ActorIndexSource,
     StaticIndexSource,
-    cached_prefix_blocks,
 )
 from cluster.routing.kv_index import KVIndex
 from cluster.routing.metrics import RoutingMetrics
@@ -25,6 +24,9 @@ from cluster.routing.serve_router import (
     PrefixAwareRequestRouter,
     RoundRobinRequestRouter,
 )
+from core.codec import to_plain
+from core.messages import PrefillRequest, RoutingKeys
+from core.sampling import SamplingParams
 
 DEPLOYMENT = DeploymentID(name="Prefill", app_name="test-app")
 BLOCK_SIZE = 4
@@ -75,19 +77,13 @@ def make_router(
 _counter = iter(range(10**6))
 
 
-def pending(hashes: Sequence[int] = (), session: str | None = None, **extra: Any) -> PendingRequest:
+def pending(hashes: Sequence[int] = (), session: str | None = None) -> PendingRequest:
     number = next(_counter)
-    payload: dict[str, Any] = {
-        "request_id": f"req-{number}",
-        "prompt_token_ids": list(range(len(hashes) * BLOCK_SIZE + 1)),
-        "sampling": {},
-        "block_hashes": list(hashes),
-        **extra,
-    }
-    if session is not None:
-        payload["session_id"] = session
+    prompt = list(range(len(hashes) * BLOCK_SIZE + 1))
+    keys = RoutingKeys(tuple(hashes), len(prompt), session)
+    request = PrefillRequest(f"req-{number}", prompt, SamplingParams(), keys)
     metadata = RequestMetadata(request_id=f"req-{number}", internal_request_id=f"int-{number}")
-    return PendingRequest(args=[payload], kwargs={}, metadata=metadata)
+    return PendingRequest(args=[to_plain(request)], kwargs={}, metadata=metadata)
 
 
 def choose(
@@ -251,9 +247,8 @@ def test_actor_index_source_follows_the_server_and_goes_stale() -> None:
         server.publish("b", [{"replica_seq": 0, "ops": [["removed", [2]]]}])
         await source.sync_once()
         assert source.follower.index.match("prefill", [1, 2]) == {"b": 1}
-        assert cached_prefix_blocks("test-app", "prefill", [1, 2]) == 1
-        assert cached_prefix_blocks("test-app", "decode", [1, 2]) == 0
-        assert cached_prefix_blocks("other-app", "prefill", [1, 2]) == 0
+        assert source.best_match("prefill", [1, 2]) == 1
+        assert source.best_match("decode", [1, 2]) == 0
         source.report_replica_gone("b")
 
     run(body())

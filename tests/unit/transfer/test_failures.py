@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from core.codec import from_plain
 from core.config import TransferConfig
 from core.errors import TransferError
 from core.kv_handle import KVHandle, TransferFailure, TransferState, TransferStatus
@@ -77,13 +78,14 @@ def test_exporter_stopped_mid_stream(
 
 EXPORTER_SCRIPT = """
 import json, sys
+from core.codec import to_plain
 from core.config import TransferConfig
 from core.kv_layout import KVLayout
 from transfer import FaultInjection, KVExportServer, NumpyBlockStore
-store = NumpyBlockStore(KVLayout("test-model", "float32", 16, 2, 2, 32), 256)
+store = NumpyBlockStore(KVLayout("test-model", "float32", 16, 2, 2, 32, 0), 256)
 config = TransferConfig(bind_host="127.0.0.1", chunk_bytes=1 << 20, insecure_test_token=sys.argv[1])
 server = KVExportServer(store, config, faults=FaultInjection(delay_per_chunk_s=0.3))
-print(json.dumps(server.export(list(range(256))).to_dict()), flush=True)
+print(json.dumps(to_plain(server.export(list(range(256))))), flush=True)
 sys.stdin.read()
 """
 
@@ -104,7 +106,7 @@ def test_exporter_process_killed_mid_stream(
     )
     try:
         assert child.stdout is not None
-        handle = KVHandle.from_dict(json.loads(child.stdout.readline()))
+        handle = from_plain(KVHandle, json.loads(child.stdout.readline()))
         client = make_client(make_store(NUM_BLOCKS), config)
         task = client.pull(handle, range(NUM_BLOCKS))
         assert waiter(lambda: task.status().bytes_done > 0, 20.0)
@@ -191,8 +193,8 @@ def test_restarted_peer_at_the_same_address_is_detected(
 @pytest.mark.parametrize(
     "importer_layout",
     [
-        KVLayout("test-model", "float32", 16, 2, 2, 64),  # different size
-        KVLayout("other-model", "float32", 16, 2, 2, 32),  # same size, different model
+        KVLayout("test-model", "float32", 16, 2, 2, 64, 0),  # different size
+        KVLayout("other-model", "float32", 16, 2, 2, 32, 0),  # same size, different model
     ],
 )
 def test_layout_mismatch_is_refused_before_any_byte_moves(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
 
+from core.codec import from_plain, to_plain
 from core.errors import TransferError
 from core.kv_handle import KVHandle, TransferFailure, TransferState
 from transfer import (
@@ -78,7 +81,7 @@ def test_inproc_unknown_address_and_stopped_exporter(
 ) -> None:
     prefill, decode = hub_pair
     handle = prefill.export(range(4))
-    ghost = KVHandle.from_dict({**handle.to_dict(), "address": "inproc://999"})
+    ghost = dataclasses.replace(handle, address="inproc://999")
     status = decode.pull(ghost, range(4)).wait(10)
     assert status.reason == TransferFailure.EXPORTER_UNAVAILABLE
     with pytest.raises(TransferError) as info:
@@ -144,5 +147,5 @@ def test_task_future_resolves_for_asyncio() -> None:
 
 def test_handle_round_trips_through_a_dict() -> None:
     handle = KVHandle("xfer-1", "10.0.0.1:5000", 3, 4096, "ab" * 8, 1_700_000_000_000, "e1")
-    assert KVHandle.from_dict(handle.to_dict()) == handle
+    assert from_plain(KVHandle, json.loads(json.dumps(to_plain(handle)))) == handle
     assert TransferState.DONE.is_terminal and not TransferState.TRANSFERRING.is_terminal

@@ -30,11 +30,11 @@ pytestmark = pytest.mark.timeout(60)
 
 LAYOUTS = [
     # builtin:tiny-llama: 32 KiB blocks, many per chunk.
-    pytest.param(KVLayout("tiny-llama", "float32", 16, 4, 2, 32), 80, id="fp32-32KiB"),
+    pytest.param(KVLayout("tiny-llama", "float32", 16, 4, 2, 32, 0), 80, id="fp32-32KiB"),
     # 1.5 MiB blocks: chunks of 1 MiB straddle block boundaries.
-    pytest.param(KVLayout("m", "bfloat16", 16, 24, 8, 128), 5, id="bf16-1.5MiB"),
-    pytest.param(KVLayout("m", "float16", 32, 2, 4, 64), 20, id="fp16-64KiB"),
-    pytest.param(KVLayout("m", "float32", 8, 1, 1, 16), 3, id="fp32-1KiB"),
+    pytest.param(KVLayout("m", "bfloat16", 16, 24, 8, 128, 0), 5, id="bf16-1.5MiB"),
+    pytest.param(KVLayout("m", "float16", 32, 2, 4, 64, 0), 20, id="fp16-64KiB"),
+    pytest.param(KVLayout("m", "float32", 8, 1, 1, 16, 0), 3, id="fp32-1KiB"),
 ]
 
 

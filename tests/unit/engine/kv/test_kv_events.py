@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from core.codec import from_plain, to_plain
+from core.errors import MessageError
 from core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from engine.kv.event_publisher import KVEventPublisher
 
@@ -23,14 +25,14 @@ def test_batch_round_trips_through_json() -> None:
             AllBlocksCleared(),
         ],
     )
-    wire = json.dumps(batch.to_dict())
-    assert KVEventBatch.from_dict(json.loads(wire)) == batch
+    wire = json.dumps(to_plain(batch))
+    assert from_plain(KVEventBatch, json.loads(wire)) == batch
     assert batch.events[0].num_tokens == 4  # type: ignore[union-attr]
 
 
 def test_unknown_event_kind_is_rejected() -> None:
-    with pytest.raises(ValueError, match="unknown KV event kind"):
-        KVEventBatch.from_dict({"replica_seq": 0, "events": [{"kind": "moved"}]})
+    with pytest.raises(MessageError, match="match no single member"):
+        from_plain(KVEventBatch, {"replica_seq": 0, "events": [{"moved": [1]}]})
 
 
 def test_publisher_numbers_batches_and_skips_empty_flushes() -> None:

@@ -144,12 +144,12 @@ def make_harness() -> MakeHarness:
             max_num_batched_tokens=budget,
             max_num_seqs=max_num_seqs,
             enable_prefix_caching=caching,
+            hash_seed=3,
         )
         scheduler = Scheduler(
             config,
             num_blocks,
             max_model_len=max_model_len,
-            hash_seed=3,
             kv_event_callback=batches.append,
         )
         return Harness(scheduler, FakeKVRunner(num_blocks, block_size), batches)

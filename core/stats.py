@@ -1,0 +1,88 @@
+"""What a prefill or decode replica reports about itself, as typed messages.
+
+A replica's :class:`ReplicaStats` reach the stats board every half second inside a
+:class:`ReplicaReport` (``/metrics``, ``pdserve status``, "is any prefill replica alive") and,
+cut down to :class:`RoutingStats`, the pool's request routers through Serve's routing-stats hook.
+All of them cross processes through ``core.codec``; readers use fields, never string keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """One side (export or import) of a replica's KV transfers, counted since it started."""
+
+    in_flight: int = 0
+    bytes_total: int = 0
+    transfers_total: int = 0
+    seconds_total: float = 0.0
+    failures_total: int = 0
+    failures_by_reason: dict[str, int] = field(default_factory=dict)
+    """``core.kv_handle.TransferFailure`` value -> count."""
+    leases_expired_total: int = 0
+
+
+@dataclass(frozen=True)
+class ExpertLoadStats:
+    """An expert-parallel rank's load: lockstep steps and the tokens its experts computed."""
+
+    rank: int
+    steps_total: int
+    idle_steps_total: int
+    expert_tokens_total: int
+    imbalance: float
+    """Hottest expert's tokens over the mean (1.0: perfectly balanced)."""
+    all_to_all_bytes_total: int
+
+
+@dataclass(frozen=True)
+class RoutingStats:
+    """What a request router weighs besides cached prefixes (Serve's ``routing_stats``)."""
+
+    num_waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_free: int | None = None
+    """``None`` until the replica reported."""
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """KV blocks, queues, transfers and request counts of one replica."""
+
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_free: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    """Queued requests, including those waiting for imported KV."""
+    num_waiting_for_kv: int = 0
+    num_pinned: int = 0
+    """Finished prefills whose blocks stay pinned for export."""
+    exports_pinned: int = 0
+    """Prefill: exports live under a lease."""
+    imports_in_progress: int = 0
+    """Decode: KV imports not yet handed to the batch."""
+    requests_total: int = 0
+    """Calls this replica received."""
+    transfer: TransferStats = TransferStats()
+    expert_load: ExpertLoadStats | None = None
+
+    def routing(self) -> RoutingStats:
+        """The part a request router reads."""
+        return RoutingStats(self.num_waiting, self.kv_blocks_used, self.kv_blocks_free)
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One replica's post to the stats board: who and where it is, and its stats."""
+
+    role: str
+    replica_id: str
+    actor_name: str
+    node_id: str
+    node_ip: str
+    pid: int
+    stats: ReplicaStats
