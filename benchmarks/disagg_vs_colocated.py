@@ -30,8 +30,6 @@ import numpy as np
 import ray
 from ray import serve
 
-from cluster.app import build_app_from_config
-from cluster.config_file import load_cluster_config
 from cluster.loadtest.client import OpenAIStreamClient
 from cluster.loadtest.metrics import summarize
 from cluster.loadtest.runner import run_sessions
@@ -39,6 +37,8 @@ from cluster.loadtest.text import TextSynthesizer
 from cluster.loadtest.tokens import load_token_counter
 from cluster.loadtest.types import RequestRecord, Session
 from cluster.loadtest.workloads import build_sessions
+from cluster.serve.app import build_app_from_config
+from cluster.serve.config_file import load_cluster_config
 from core.config import ArrivalConfig, LoadTestTargetConfig, RandomWorkloadConfig, SloConfig
 from engine.builtin import resolve_model
 

@@ -33,10 +33,10 @@ import numpy as np
 import ray
 from ray import serve
 
-from cluster.app import build_app_from_config
-from cluster.config_file import load_cluster_config
-from cluster.pool_options import BOARD_DEPLOYMENT, INGRESS_DEPLOYMENT
 from cluster.routing.index_actor import kill_index_actor
+from cluster.serve.app import build_app_from_config
+from cluster.serve.config_file import load_cluster_config
+from cluster.serve.pool_options import BOARD_DEPLOYMENT, INGRESS_DEPLOYMENT
 from engine.builtin import resolve_model
 from engine.models import ModelArchConfig
 

@@ -20,10 +20,10 @@ import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 
-from cluster.config_file import load_cluster_config
-from cluster.launcher import deploy
-from cluster.pool_options import BOARD_DEPLOYMENT, INGRESS_DEPLOYMENT
-from cluster.serve_rest import ServeRest
+from cluster.ops.launcher import deploy
+from cluster.ops.rest import ServeRest
+from cluster.serve.config_file import load_cluster_config
+from cluster.serve.pool_options import BOARD_DEPLOYMENT, INGRESS_DEPLOYMENT
 from core.config import ClusterConfig
 from tests.integration.support import (
     APP_NAME,

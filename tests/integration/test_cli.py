@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from cluster.config_file import REPO_CONFIGS
+from cluster.serve.config_file import REPO_CONFIGS
 from tests.integration.support import descendant_pids, free_port, is_running, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -27,9 +27,9 @@ GIB = 1024**3
 def pdserve(
     *args: str, env: dict[str, str], timeout_s: float = 240
 ) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would (``python -m cluster.cli``)."""
+    """Run the CLI as a user would (``python -m cluster.ops.cli``)."""
     return subprocess.run(
-        [sys.executable, "-m", "cluster.cli", *args],
+        [sys.executable, "-m", "cluster.ops.cli", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -15,11 +15,11 @@ import yaml
 from pydantic import BaseModel
 from ray.serve import Application
 
-from cluster.app import build_app
-from cluster.config_file import REPO_CONFIGS, config_to_mapping, load_cluster_config
-from cluster.deploy_schema import IMPORT_PATH, deploy_schema, scaled_schema
-from cluster.ingress_settings import load_api_keys
-from cluster.pool_options import pool_deployment_options
+from cluster.ops.deploy_schema import IMPORT_PATH, deploy_schema, scaled_schema
+from cluster.serve.app import build_app
+from cluster.serve.config_file import REPO_CONFIGS, config_to_mapping, load_cluster_config
+from cluster.serve.ingress_settings import load_api_keys
+from cluster.serve.pool_options import pool_deployment_options
 from core import config as schema
 from core.config import ClusterConfig
 from core.errors import ConfigError

@@ -20,10 +20,10 @@ import ray
 from ray import serve
 from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
-from cluster.config_file import load_cluster_config
-from cluster.deploy_schema import deploy_schema
-from cluster.pool_options import BOARD_DEPLOYMENT
-from cluster.serve_rest import ServeRest
+from cluster.ops.deploy_schema import deploy_schema
+from cluster.ops.rest import ServeRest
+from cluster.serve.config_file import load_cluster_config
+from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.config import ClusterConfig
 from core.sampling import SamplingParams
 from engine import LLM

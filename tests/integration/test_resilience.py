@@ -13,7 +13,7 @@ import httpx
 import pytest
 import ray
 
-from cluster.launcher import scale
+from cluster.ops.launcher import scale
 from tests.integration.conftest import ServingApp, SimCluster
 from tests.integration.support import APP_NAME, SERVED_NAME, wait_until
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cluster.cli import app
+from cluster.ops.cli import app
 from cluster.sizer.capacity import SizingInputs, plan_capacity
 from cluster.sizer.presets import get_preset
 from cluster.sizer.sizing import SizingRequest, size_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from cluster.cli import app
+from cluster.ops.cli import app
 
 
 def test_generate_prints_outputs() -> None:

@@ -12,7 +12,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from cluster.config_file import config_to_mapping
+from cluster.serve.config_file import config_to_mapping
 from core.config import ClusterConfig
 from core.errors import ConfigError
 

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from cluster.loadtest.cli import bench_app
-from cluster.serve_cli import (
+from cluster.ops.serve_commands import (
     down_command,
     scale_command,
     status_command,

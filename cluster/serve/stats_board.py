@@ -25,7 +25,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from cluster.pool_options import BOARD_DEPLOYMENT
+from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.codec import from_plain, to_plain
 from core.stats import ReplicaReport, ReplicaStats
 

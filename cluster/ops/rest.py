@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from cluster.deploy_schema import deploy_schema, scaled_schema
+from cluster.ops.deploy_schema import deploy_schema, scaled_schema
 from core.config import ClusterConfig
 from core.errors import ConfigError, UnavailableError
 

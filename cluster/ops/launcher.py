@@ -22,11 +22,11 @@ from pathlib import Path
 
 import httpx
 
-from cluster import run_state
-from cluster.pool_options import DECODE_DEPLOYMENT, PREFILL_DEPLOYMENT
-from cluster.ray_session import attach, attached, shutdown, start_local_ray
-from cluster.run_state import RunState
-from cluster.serve_rest import ServeRest
+from cluster.ops import run_state
+from cluster.ops.ray_session import attach, attached, shutdown, start_local_ray
+from cluster.ops.rest import ServeRest
+from cluster.ops.run_state import RunState
+from cluster.serve.pool_options import DECODE_DEPLOYMENT, PREFILL_DEPLOYMENT
 from core.config import ClusterConfig
 from core.errors import ConfigError, UnavailableError
 
@@ -112,7 +112,7 @@ def start_detached(config_path: Path, config: ClusterConfig) -> RunState:
     app_name = config.cluster.app_name
     log_path = run_state.log_path(app_name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "cluster.cli", "up", str(config_path)]
+    command = [sys.executable, "-m", "cluster.ops.cli", "up", str(config_path)]
     with log_path.open("ab") as log:
         child = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

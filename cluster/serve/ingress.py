@@ -26,13 +26,13 @@ from prometheus_client.registry import Collector
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from cluster.config_file import load_cluster_config
 from cluster.ingress import RequestGate, create_app
-from cluster.ingress_settings import build_ingress_settings
 from cluster.routing.index_actor import INDEX_NAMESPACE
 from cluster.routing.index_sync import ActorIndexSource
 from cluster.routing.metrics import RoutingMetrics, routing_metrics
-from cluster.serve_clients import NoPrefillPool, PoolWatch, ServeDecodeClient, ServePrefillClient
+from cluster.serve.clients import NoPrefillPool, PoolWatch, ServeDecodeClient, ServePrefillClient
+from cluster.serve.config_file import load_cluster_config
+from cluster.serve.ingress_settings import build_ingress_settings
 from engine.builtin import resolve_model
 from engine.tokenizer import Tokenizer
 

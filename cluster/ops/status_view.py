@@ -13,15 +13,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cluster.pool_options import (
+from cluster.ops.ray_session import attached
+from cluster.ops.rest import ServeRest
+from cluster.ops.run_state import RunState
+from cluster.serve.pool_options import (
     BOARD_DEPLOYMENT,
     DECODE_DEPLOYMENT,
     INGRESS_DEPLOYMENT,
     PREFILL_DEPLOYMENT,
 )
-from cluster.ray_session import attached
-from cluster.run_state import RunState
-from cluster.serve_rest import ServeRest
 from core.codec import from_plain
 from core.errors import UnavailableError
 from core.stats import ReplicaStats

@@ -25,7 +25,7 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from cluster.stats_board import decode_reports
+from cluster.serve.stats_board import decode_reports
 from core.codec import from_plain, to_plain
 from core.errors import OverloadedError, UnavailableError
 from core.messages import DecodeRequest, PrefillReply, PrefillRequest, PrefillResult, TokenChunk

@@ -28,7 +28,7 @@ def validate_command(
     config: str = typer.Argument(..., help="Cluster YAML (or a name under configs/)."),
 ) -> None:
     """Check a cluster YAML against the schema; print a summary or every field error."""
-    from cluster.config_file import load_cluster_config
+    from cluster.serve.config_file import load_cluster_config
 
     try:
         cfg = load_cluster_config(config)
@@ -53,8 +53,8 @@ def up_command(
     detach: bool = typer.Option(False, "--detach", help="Leave it running in the background."),
 ) -> None:
     """Start (or join) Ray, deploy the pools and the OpenAI endpoint, serve until Ctrl-C."""
-    from cluster import launcher
-    from cluster.config_file import load_cluster_config, resolve_config_path
+    from cluster.ops import launcher
+    from cluster.serve.config_file import load_cluster_config, resolve_config_path
 
     try:
         cfg = load_cluster_config(config)
@@ -85,7 +85,7 @@ def down_command(
     address: str = typer.Option("auto", "--address", help="Ray address with --dashboard."),
 ) -> None:
     """Stop the app; also stops the local Ray that `pdserve up` started."""
-    from cluster import launcher
+    from cluster.ops import launcher
 
     try:
         console.print(launcher.down(app_name, dashboard, address))
@@ -101,7 +101,7 @@ def scale_command(
     address: str = typer.Option("auto", "--address", help="Ray address with --dashboard."),
 ) -> None:
     """Resize the pools live: replicas are added or drained in place, none restarts."""
-    from cluster import launcher
+    from cluster.ops import launcher
 
     try:
         replicas = launcher.scale(app_name, prefill, decode, dashboard, address)
@@ -118,8 +118,8 @@ def status_command(
     no_stats: bool = typer.Option(False, "--no-stats", help="Skip per-replica worker stats."),
 ) -> None:
     """Pools, replicas and their nodes, KV usage and transfers in flight."""
-    from cluster import run_state
-    from cluster.status_view import collect_status, render_status
+    from cluster.ops import run_state
+    from cluster.ops.status_view import collect_status, render_status
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the handle's INFO chatter
     try:

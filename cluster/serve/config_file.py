@@ -14,7 +14,7 @@ from typing import Any
 from core.config import ClusterConfig
 from core.config.files import read_yaml_mapping, resolve_yaml, validate_mapping
 
-REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 """The repository's ``configs/`` directory (bare names like ``local`` resolve here)."""
 
 

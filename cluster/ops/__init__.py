@@ -1,0 +1,1 @@
+"""The operator tooling: the ``pdserve`` CLI, launcher, Serve REST client, run state, status."""

@@ -1,0 +1,1 @@
+"""The Ray Serve application: app builder, ingress adapter, role clients, stats board, pools."""
