@@ -24,7 +24,11 @@ from cluster.routing.index_actor import (
 )
 from cluster.routing.metrics import routing_metrics
 from cluster.routing.router_config import request_router_config
+from core.codec import from_plain, to_plain
 from core.kv_events import BlockStored, KVEventBatch
+from core.messages import PrefillRequest, RoutingKeys
+from core.sampling import SamplingParams
+from core.stats import RoutingStats
 from tests.integration.conftest import SimCluster
 from tests.integration.support import wait_until
 
@@ -47,7 +51,8 @@ class FakePrefill:
         self.cached: set[int] = set()
 
     def __call__(self, request: dict[str, Any]) -> tuple[str, str]:
-        hashes = [h for h in request["block_hashes"] if h not in self.cached]
+        routing = from_plain(PrefillRequest, request).routing
+        hashes = [h for h in routing.block_hashes if h not in self.cached]
         if hashes:
             self.cached.update(hashes)
             event = BlockStored(hashes, None, [0] * BLOCK_SIZE * len(hashes), BLOCK_SIZE)
@@ -55,8 +60,9 @@ class FakePrefill:
             self.seq += 1
         return self.replica_id, self.actor_name
 
-    def record_routing_stats(self) -> dict[str, int]:
-        return {"num_waiting": 0, "kv_blocks_used": 0, "kv_blocks_free": 100}
+    def record_routing_stats(self) -> dict[str, Any]:
+        plain: dict[str, Any] = to_plain(RoutingStats(kv_blocks_free=100))
+        return plain
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +85,13 @@ def handle(sim_cluster: SimCluster) -> Iterator[Any]:
 
 
 def request(prefix: int, num_blocks: int) -> dict[str, Any]:
-    hashes = [prefix * 100 + i for i in range(num_blocks)]
-    return {
-        "request_id": f"r{prefix}",
-        "prompt_token_ids": [0] * 4 * num_blocks,
-        "block_hashes": hashes,
-    }
+    hashes = tuple(prefix * 100 + i for i in range(num_blocks))
+    prompt = [0] * BLOCK_SIZE * num_blocks
+    message = PrefillRequest(
+        f"r{prefix}", prompt, SamplingParams(), RoutingKeys(hashes, len(prompt))
+    )
+    plain: dict[str, Any] = to_plain(message)
+    return plain
 
 
 def router_sees(num_entries: int) -> Callable[[], bool]:
