@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from core.errors import SamplingParamsError
+
+MAX_SEED = 2**64 - 1
+"""The largest ``seed``: a request's generator takes an unsigned 64-bit seed. Negative seeds
+are refused rather than wrapped (the generator would read -1 as 2**64 - 1, aliasing two
+seeds)."""
+_MAX_INT64 = 2**63 - 1  # integer fields reach torch as int64
+_MAX_FLOAT32 = 3.4028234663852886e38  # float fields reach torch as float32
 
 
 @dataclass(frozen=True)
@@ -14,7 +23,8 @@ class SamplingParams:
     ``temperature == 0`` means greedy. ``top_k <= 0`` disables top-k. ``stop`` strings are
     matched on the detokenized text and are not emitted; ``stop_token_ids`` end the request
     (the stop token itself is not part of the text). ``logprobs`` asks for the top-n
-    log-probabilities of each sampled position (``None``: none).
+    log-probabilities of each sampled position (``None``: none). ``seed`` (0 .. ``MAX_SEED``)
+    gives the request its own generator, so its samples do not depend on its batch neighbours.
     """
 
     max_tokens: int = 16
@@ -31,63 +41,102 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # NOTE: frozen dataclass; normalise list inputs to tuples so the object stays hashable.
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        self._validate()
+        object.__setattr__(self, "stop", _as_tuple(self.stop, "stop", single=str))
+        object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids"))
+        self._validate_lengths()
+        self._validate_distribution()
+        self._validate_stops()
 
-    def _validate(self) -> None:
+    def _validate_lengths(self) -> None:
         _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            _is_int(self.max_tokens) and 1 <= self.max_tokens <= _MAX_INT64,
             "max_tokens",
-            f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+            f"max_tokens must be an integer in [1, 2**63 - 1], got {self.max_tokens!r}",
         )
         _check(
-            self.temperature >= 0.0,
-            "temperature",
-            f"temperature must be >= 0, got {self.temperature!r}",
-        )
-        _check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(
-            isinstance(self.top_k, int) and self.top_k >= -1,
-            "top_k",
-            f"top_k must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}",
-        )
-        _check(
-            self.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}"
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= _MAX_INT64,
+            "min_tokens",
+            f"min_tokens must be an integer in [0, 2**63 - 1], got {self.min_tokens!r}",
         )
         _check(
             self.min_tokens <= self.max_tokens,
             "min_tokens",
             f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
         )
+
+    def _validate_distribution(self) -> None:
         _check(
-            self.seed is None or isinstance(self.seed, int),
-            "seed",
-            f"seed must be an integer, got {self.seed!r}",
+            _is_real(self.temperature) and self.temperature >= 0.0,
+            "temperature",
+            f"temperature must be a finite number >= 0, got {self.temperature!r}",
         )
+        _check(
+            _is_real(self.top_p) and 0.0 < self.top_p <= 1.0,
+            "top_p",
+            f"top_p must be a number in (0, 1], got {self.top_p!r}",
+        )
+        _check(
+            _is_int(self.top_k) and -1 <= self.top_k <= _MAX_INT64,
+            "top_k",
+            f"top_k must be an integer in [-1, 2**63 - 1] (0 or -1: off), got {self.top_k!r}",
+        )
+        _check(
+            self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED),
+            "seed",
+            f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}",
+        )
+        _check(
+            self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+            "logprobs",
+            f"logprobs must be an integer between 0 and 20, got {self.logprobs!r}",
+        )
+
+    def _validate_stops(self) -> None:
         _check(
             all(isinstance(s, str) and s for s in self.stop),
             "stop",
             "stop must be a list of non-empty strings",
         )
         _check(
-            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            all(_is_int(t) and 0 <= t <= _MAX_INT64 for t in self.stop_token_ids),
             "stop_token_ids",
             "stop_token_ids must be non-negative integers",
         )
         _check(
-            self.logprobs is None or 0 <= self.logprobs <= 20,
-            "logprobs",
-            f"logprobs must be between 0 and 20, got {self.logprobs!r}",
+            isinstance(self.ignore_eos, bool),
+            "ignore_eos",
+            f"ignore_eos must be a boolean, got {self.ignore_eos!r}",
         )
 
     @property
     def greedy(self) -> bool:
         """True when the highest-probability token is always chosen."""
         return self.temperature == 0.0
+
+
+def _is_int(value: object) -> bool:
+    """An ``int`` that is not a ``bool`` (``True`` would pass for 1 otherwise)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """An ``int`` or ``float`` (not a ``bool``) that stays finite as a float32."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        as_float = float(value)
+    except OverflowError:  # an int past the float range
+        return False
+    return math.isfinite(as_float) and abs(as_float) <= _MAX_FLOAT32
+
+
+def _as_tuple(value: object, param: str, *, single: type | None = None) -> tuple[object, ...]:
+    """``value`` as a tuple; a lone ``single`` (e.g. one stop string) becomes a 1-tuple."""
+    if single is not None and isinstance(value, single):
+        return (value,)
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise SamplingParamsError(f"{param} must be a list, got {value!r}", param=param)
+    return tuple(value)
 
 
 def _check(ok: bool, param: str, message: str) -> None:

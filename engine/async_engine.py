@@ -9,8 +9,10 @@ blocks on the engine. A :class:`StepDriver` (e.g. an expert-parallel rank's lock
 may replace ``engine.step()`` and the pacing: the thread then steps through it and waits for
 commands only as long as it says.
 
-A failing ``step()`` does not kill the thread: every request that could have been in the batch
-ends with a typed ``PdserveError`` and its blocks are freed; the engine keeps serving. Requests
+Admission is all or nothing: an ``open`` that raises (whatever the type) leaves nothing queued
+and no sink behind. A failing ``step()`` does not kill the thread: the engine has already
+aborted the failed step's requests, and every request that could have been in the batch ends
+with a typed ``PdserveError`` and its blocks are freed; the engine keeps serving. Requests
 waiting for imported KV are left alone (a pull may still be writing into their blocks).
 :meth:`AsyncEngine.shutdown` aborts everything, makes every waiter raise ``UnavailableError``
 and joins the thread. Past 400 lines because the stream type, the command queue and the loop
@@ -227,9 +229,15 @@ class AsyncEngine:
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
 
         def run() -> T:
-            result = add(self.engine)
-            self._sinks[request_id] = sink
-            self._track(request_id)
+            result = add(self.engine)  # NOTE: admits the request whole or raises leaving none
+            try:
+                self._sinks[request_id] = sink
+                self._track(request_id)
+            except BaseException:
+                if self._sinks.get(request_id) is sink:
+                    del self._sinks[request_id]
+                self.engine.abort(request_id)
+                raise
             return result
 
         future = self._submit(run, with_future=True)

@@ -7,18 +7,26 @@ and decode roles drive it through the same calls plus the scheduler's disaggrega
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from core.sampling import SamplingParams
+from engine.admission import check_request, request_generator
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor, RequestState
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import FinishReason, Request
-from engine.sampling import Sampler, SamplingRow, make_generator
+from engine.sampling import Sampler, SamplingRow
 from engine.scheduler import Scheduler
-from engine.scheduler.output import ImportAllocation, PinnedBlocks, ScheduledRequest
+from engine.scheduler.output import (
+    ImportAllocation,
+    PinnedBlocks,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from engine.setup import EngineParts
 
 logger = logging.getLogger(__name__)
@@ -51,7 +59,11 @@ class LLMEngine:
         prompt: str | None = None,
         prefill_only: bool = False,
     ) -> None:
-        """Queue a request; raises ``PromptTooLongError`` / ``InvalidRequestError``."""
+        """Queue a request; raises ``InvalidRequestError`` (``PromptTooLongError``, ...) naming
+        the field. Everything that can refuse it runs before it is queued; should anything
+        raise once the scheduler holds it, it is aborted (blocks freed) before the error
+        propagates — a request is either fully admitted or not in the engine at all."""
+        self.check_request(request_id, prompt_token_ids, params)
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -59,12 +71,29 @@ class LLMEngine:
             eos_token_ids=self.parts.eos_token_ids,
             prefill_only=prefill_only,
         )
-        self.scheduler.add_request(request)
-        self._states[request_id] = self.outputs.new_state(
-            request_id, prompt_token_ids, params, prompt
+        state = self.outputs.new_state(request_id, prompt_token_ids, params, prompt)
+        generator = request_generator(params)
+        with self._admitting(request):
+            self.scheduler.add_request(request)
+            self._track(request_id, state, generator)
+
+    def check_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        first_token_id: int | None = None,
+    ) -> None:
+        """Raise ``InvalidRequestError`` (naming the field) unless the request could be admitted
+        now (see :func:`engine.admission.check_request`); queues nothing."""
+        check_request(
+            request_id,
+            prompt_token_ids,
+            params,
+            vocab_size=self.parts.arch.vocab_size,
+            first_token_id=first_token_id,
         )
-        if params.seed is not None:
-            self._generators[request_id] = make_generator(params.seed)
 
     # -- disaggregation hooks (prefill role: pin and release; decode role: import) -----------
 
@@ -86,23 +115,21 @@ class LLMEngine:
         """Reserve blocks for a prompt whose KV will be written from outside (reusing local
         prefix-cache hits); the request decodes after :meth:`mark_kv_ready`. Its outputs
         continue after ``first_token_id``, which the prefill side already returned."""
+        self.check_request(request_id, prompt_token_ids, params, first_token_id=first_token_id)
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
             sampling_params=params,
             eos_token_ids=self.parts.eos_token_ids,
         )
-        allocation = self.scheduler.add_import_request(request, first_token_id)
         state = self.outputs.new_state(request_id, [*prompt_token_ids, first_token_id], params)
         state.prompt_token_ids = tuple(prompt_token_ids)
         state.token_ids.append(first_token_id)
-        self._states[request_id] = state
-        if params.seed is not None:
-            generator = make_generator(params.seed)
-            generator_draws = 0 if params.greedy else 1  # the first token's draw happened remotely
-            if generator_draws:
-                torch.rand(1, generator=generator, dtype=torch.float64)
-            self._generators[request_id] = generator
+        # NOTE: a non-greedy first token drew from the request's generator on the prefill side.
+        generator = request_generator(params, num_draws=0 if params.greedy else 1)
+        with self._admitting(request):
+            allocation = self.scheduler.add_import_request(request, first_token_id)
+            self._track(request_id, state, generator)
         return allocation
 
     def mark_kv_ready(self, request_id: str) -> bool:
@@ -125,10 +152,21 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; returns an output for every request it advanced or ended."""
+        """Run one scheduler step; returns an output for every request it advanced or ended.
+
+        Should the step raise after planning (forward, sampling, output processing), every
+        request in the plan is aborted — its blocks freed, pinned ones included — and the error
+        propagates: nothing the failed step touched stays in the engine."""
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
+        try:
+            return self._run(plan)
+        except BaseException as e:
+            self._fail_plan(plan, e)
+            raise
+
+    def _run(self, plan: SchedulerOutput) -> list[RequestOutput]:
         logits = self.runner.execute(plan.scheduled)
         tokens: dict[str, int] = {}
         logprobs: dict[str, TokenLogprob | None] = {}
@@ -151,6 +189,15 @@ class LLMEngine:
             results.append(processed.output)
         return results
 
+    def _fail_plan(self, plan: SchedulerOutput, error: BaseException) -> None:
+        request_ids = [item.request_id for item in plan.scheduled]
+        logger.error("engine step failed (%r); aborting requests %s", error, request_ids)
+        for request_id in request_ids:
+            try:
+                self.abort(request_id)
+            except Exception:
+                logger.exception("request %s: abort after a failed step raised", request_id)
+
     def _sampling_row(self, item: ScheduledRequest) -> SamplingRow:
         params = item.sampling_params
         generator = self._generators.get(item.request_id)
@@ -160,6 +207,28 @@ class LLMEngine:
             eos_token_ids=() if params.ignore_eos else self.parts.eos_token_ids,
             generator=generator,
         )
+
+    @contextlib.contextmanager
+    def _admitting(self, request: Request) -> Iterator[None]:
+        """Undo a half-done admission: if the body raises (any type) once the scheduler holds
+        ``request``, abort it and forget its state, then re-raise. A same-id request admitted
+        earlier (a duplicate-id refusal) is left alone."""
+        try:
+            yield
+        except BaseException:
+            if self.scheduler.get_request(request.request_id) is request:
+                logger.warning(
+                    "request %s: admission failed after queueing; aborting it", request.request_id
+                )
+                self.abort(request.request_id)
+            raise
+
+    def _track(
+        self, request_id: str, state: RequestState, generator: torch.Generator | None
+    ) -> None:
+        self._states[request_id] = state
+        if generator is not None:
+            self._generators[request_id] = generator
 
     def _forget(self, request_id: str) -> None:
         self._states.pop(request_id, None)

@@ -60,12 +60,15 @@ class LLM:
         texts, token_lists = self._prompts(prompts, prompt_token_ids)
         params = _params_list(sampling_params, len(token_lists))
         request_ids = [f"offline-{next(self._ids)}" for _ in token_lists]
+        requests = list(zip(request_ids, texts, token_lists, params, strict=True))
+        for rid, _, ids, p in requests:  # refuse a bad batch before queueing any of it
+            self.engine.check_request(rid, ids, p)
         try:
-            for rid, text, ids, p in zip(request_ids, texts, token_lists, params, strict=True):
+            for rid, text, ids, p in requests:
                 self.engine.add_request(rid, ids, p, prompt=text)
             return self._run(request_ids)
         except BaseException:
-            for rid in request_ids:
+            for rid in request_ids:  # NOTE: after a failure, none of the batch stays queued
                 self.engine.abort(rid)
             raise
 
