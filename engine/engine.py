@@ -39,7 +39,13 @@ class LLMEngine:
         self.parts = parts
         self.tokenizer = parts.tokenizer
         self.scheduler: Scheduler = parts.scheduler
-        self.runner = ModelRunner(parts.model, parts.storage, compiled=parts.compiled)
+        self.runner = ModelRunner(
+            parts.model,
+            parts.storage,
+            compiled=parts.compiled,
+            graph_batch_sizes=parts.cuda_graph_batch_sizes,
+            max_model_len=parts.scheduler.max_model_len,
+        )
         self.sampler = Sampler(seed=parts.seed)
         self.outputs = OutputProcessor(parts.tokenizer)
         self._states: dict[str, RequestState] = {}

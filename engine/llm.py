@@ -34,6 +34,8 @@ class LLM:
         max_num_seqs: int = 64,
         enable_prefix_caching: bool = True,
         compile_model: bool = False,
+        enforce_eager: bool = False,
+        cuda_graph_batch_sizes: Sequence[int] | None = None,
     ) -> None:
         model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed)
         engine_cfg = EngineConfig(
@@ -44,6 +46,10 @@ class LLM:
             max_num_seqs=max_num_seqs,
             enable_prefix_caching=enable_prefix_caching,
             compile_model=compile_model,
+            enforce_eager=enforce_eager,
+            cuda_graph_batch_sizes=(
+                None if cuda_graph_batch_sizes is None else tuple(cuda_graph_batch_sizes)
+            ),
         )
         self.engine = LLMEngine(build_engine_parts(model_cfg, engine_cfg))
         self.tokenizer = self.engine.tokenizer

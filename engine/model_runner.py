@@ -3,16 +3,22 @@
 The runner is the only place that turns a tensor-free :class:`SchedulerOutput` into tensors: the
 flattened token ids and positions of every scheduled request, the attention metadata (block
 tables, slot mapping) and the indices of the last position of each request that samples.
+
+Three ways to run a step: eagerly, through the compiled model (``compile_model``), or — for a
+decode step that fits a captured bucket, on CUDA — by replaying a CUDA graph
+(:mod:`engine.cuda_graphs`), which records the eager or the compiled forward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from engine.attention.metadata import AttentionMetadata
 from engine.compiled_forward import CompiledForward
+from engine.cuda_graphs import CudaGraphRunner, pad_decode, pick_bucket
 from engine.kv.storage import KVStorage
 from engine.models import CausalLM
 from engine.scheduler.output import ScheduledRequest
@@ -27,9 +33,21 @@ class StepLogits:
 
 
 class ModelRunner:
-    """Owns the model and the KV storage of one engine; executes one step at a time."""
+    """Owns the model and the KV storage of one engine; executes one step at a time.
 
-    def __init__(self, model: CausalLM, storage: KVStorage, *, compiled: bool = False) -> None:
+    ``graph_batch_sizes`` (CUDA only; empty: none) are the decode batch sizes captured as CUDA
+    graphs now, sized for contexts of up to ``max_model_len`` tokens.
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        storage: KVStorage,
+        *,
+        compiled: bool = False,
+        graph_batch_sizes: Sequence[int] = (),
+        max_model_len: int | None = None,
+    ) -> None:
         self.model = model
         self.storage = storage
         self.device = storage.device
@@ -38,10 +56,25 @@ class ModelRunner:
         if compiled:
             self.compiled = CompiledForward(model)
             self.compiled.warm_up(storage.kv, self.block_size)
+        self.graphs: CudaGraphRunner | None = None
+        if graph_batch_sizes:
+            if max_model_len is None:
+                raise ValueError("CUDA graphs need max_model_len to size their block tables")
+            self.graphs = CudaGraphRunner(
+                self._all_logits,
+                graph_batch_sizes,
+                block_size=self.block_size,
+                max_model_len=max_model_len,
+                device=self.device,
+            )
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> StepLogits:
         """One forward over every scheduled token; logits only where a request samples."""
+        self.storage.fence_uploads()  # imported KV still copying in: order it before the step
+        replayed = self._replay(scheduled)
+        if replayed is not None:
+            return replayed
         token_ids: list[int] = []
         positions: list[int] = []
         sample_rows: list[int] = []
@@ -72,3 +105,39 @@ class ModelRunner:
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [S, vocab]
         return StepLogits(sample_ids, logits)
+
+    def _replay(self, scheduled: list[ScheduledRequest]) -> StepLogits | None:
+        """The step through a captured graph; None when it is not a decode step of a bucket."""
+        if self.graphs is None or any(item.num_new_tokens != 1 for item in scheduled):
+            return None
+        bucket = pick_bucket(len(scheduled), self.graphs.batch_sizes)
+        if bucket is None:
+            return None
+        padded = pad_decode(
+            [item.token_ids[0] for item in scheduled],
+            [item.end_position for item in scheduled],
+            [item.block_ids for item in scheduled],
+            bucket=bucket,
+            block_size=self.block_size,
+            max_table_width=self.graphs.max_table_width,
+        )
+        logits = self.graphs.replay(padded)  # [B, vocab], the graph's static output
+        rows = [i for i, item in enumerate(scheduled) if item.samples_token]
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        return StepLogits(
+            [scheduled[i].request_id for i in rows],
+            logits.index_select(0, index),  # [S, vocab], a copy the next replay leaves alone
+        )
+
+    def _all_logits(
+        self,
+        input_ids: torch.Tensor,  # [B] int64
+        positions: torch.Tensor,  # [B] int64
+        meta: AttentionMetadata,
+        rows: torch.Tensor,  # [B] int64, every row
+    ) -> torch.Tensor:  # [B, vocab] float32
+        """The decode step a graph records: the compiled forward when there is one."""
+        if self.compiled is not None:
+            return self.compiled(input_ids, positions, self.storage.kv, meta, rows)
+        hidden = self.model(input_ids, positions, self.storage.kv, meta)  # [B, hidden]
+        return self.model.compute_logits(hidden)

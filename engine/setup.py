@@ -1,8 +1,9 @@
 """Assembles an engine's parts from config: checkpoint, device, dtype, model, tokenizer, KV.
 
 The one place that decides the device (CUDA when present), the ``auto`` dtype (fp32 on CPU,
-bf16 on CUDA), the attention backend (Triton on CUDA, the torch reference on CPU), the KV budget
-and the effective ``max_model_len``.
+bf16 on CUDA), the attention backend (Triton on CUDA, the torch reference on CPU), the decode
+batch sizes captured as CUDA graphs (on CUDA unless ``enforce_eager``; never on CPU), the KV
+budget and the effective ``max_model_len``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from core.kv_events import KVEventBatch
 from core.kv_layout import KVLayout
 from engine.attention import get_backend
 from engine.builtin import resolve_model
+from engine.cuda_graphs import graph_batch_sizes
 from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
 from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig
@@ -45,6 +47,7 @@ class EngineParts:
     eos_token_ids: tuple[int, ...]
     seed: int
     compiled: bool = False
+    cuda_graph_batch_sizes: tuple[int, ...] = ()  # empty: every step runs eagerly (or compiled)
 
 
 def pick_device() -> torch.device:
@@ -106,6 +109,14 @@ def build_engine_parts(
         kv_event_callback=kv_event_callback,
     )
     eos_ids = tuple(dict.fromkeys(tokenizer.eos_token_ids + arch.eos_token_ids))
+    graph_sizes = graph_batch_sizes(
+        engine_cfg.cuda_graph_batch_sizes,
+        max_num_seqs=engine_cfg.max_num_seqs,
+        enforce_eager=engine_cfg.enforce_eager,
+        on_cuda=device.type == "cuda",
+        backend_supports_graphs=backend.supports_cuda_graphs,
+        has_moe=arch.is_moe,
+    )
     return EngineParts(
         model_dir,
         arch,
@@ -117,6 +128,7 @@ def build_engine_parts(
         eos_ids,
         model_cfg.seed,
         compiled=engine_cfg.compile_model,
+        cuda_graph_batch_sizes=graph_sizes,
     )
 
 

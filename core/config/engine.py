@@ -39,6 +39,18 @@ class EngineConfig(StrictModel):
         "fused kernels, fewer ops per step; compiles while the engine is built (seconds to a "
         "minute, cached on disk). Not with expert_parallel > 1.",
     )
+    enforce_eager: bool = Field(
+        False,
+        description="Never replay CUDA graphs: every decode step launches its kernels one by "
+        "one. Graphs are only ever used on CUDA; on a CPU every step runs eagerly anyway.",
+    )
+    cuda_graph_batch_sizes: tuple[int, ...] | None = Field(
+        None,
+        description="Decode batch sizes captured as CUDA graphs while the engine is built; a "
+        "decode step of B requests replays the smallest size >= B with padding rows. Default: "
+        "1, 2, 4 and every multiple of 8 up to max_num_seqs. Prefill steps, larger batches and "
+        "MoE models run eagerly (or compiled).",
+    )
 
     @model_validator(mode="after")
     def _budget_fits_block(self) -> EngineConfig:
@@ -47,6 +59,22 @@ class EngineConfig(StrictModel):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"block_size ({self.block_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _graph_sizes_fit(self) -> EngineConfig:
+        sizes = self.cuda_graph_batch_sizes
+        if sizes is None:
+            return self
+        if not sizes:
+            raise ValueError("cuda_graph_batch_sizes must not be empty (use enforce_eager: true)")
+        if min(sizes) < 1 or max(sizes) > self.max_num_seqs:
+            raise ValueError(
+                f"cuda_graph_batch_sizes {list(sizes)} must lie in 1..max_num_seqs "
+                f"({self.max_num_seqs})"
+            )
+        if list(sizes) != sorted(set(sizes)):
+            raise ValueError(f"cuda_graph_batch_sizes {list(sizes)} must be strictly increasing")
         return self
 
 

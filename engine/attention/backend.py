@@ -14,6 +14,9 @@ class AttentionBackend(Protocol):
     """Paged attention over the block-major KV cache of one layer."""
 
     name: str
+    #: True when a decode-only forward reads every length and block id from the metadata's
+    #: tensors (never its host lists), so a captured CUDA graph replays correctly with new ones.
+    supports_cuda_graphs: bool
 
     def forward(
         self,

@@ -84,6 +84,7 @@ class OpaqueAttention:
     """
 
     name = "opaque"
+    supports_cuda_graphs = False  # decided by the real backend behind the op, not here
 
     def __init__(self, layer_idx: int) -> None:
         self.layer_idx = layer_idx

@@ -89,6 +89,7 @@ class TorchAttentionBackend:
     """Paged attention with torch ops only (SDPA); correct on any device, fast on CPU."""
 
     name = "torch"
+    supports_cuda_graphs = False  # sizes its gathers from the metadata's host lists
 
     def __init__(self) -> None:
         self._step_meta: AttentionMetadata | None = None

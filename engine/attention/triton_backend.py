@@ -25,6 +25,7 @@ class TritonAttentionBackend:
     """Paged attention with Triton kernels; needs CUDA, or the interpreter on CPU."""
 
     name = "triton"
+    supports_cuda_graphs = True  # grids from the batch size, lengths read inside the kernels
 
     def __init__(self) -> None:
         if not torch.cuda.is_available() and not interpreter_active():

@@ -1,9 +1,12 @@
-"""The built-in tiny models: their HF ``config.json`` bodies and weight seeds.
+"""The built-in models: their HF ``config.json`` bodies and weight seeds.
 
-Both are small enough to decode on two CPU cores yet keep the traits that matter to the engine:
-four layers, grouped-query attention (8 query heads over 2 KV heads, head_dim 32), a 64K-token
-position range with a large RoPE base, and for the MoE 8 routed experts with top-2 routing plus a
-sigmoid-gated shared expert. The configs use the hub's original key names (``rope_theta``,
+The two tiny ones are small enough to decode on two CPU cores yet keep the traits that matter to
+the engine: four layers, grouped-query attention (8 query heads over 2 KV heads, head_dim 32), a
+64K-token position range with a large RoPE base, and for the MoE 8 routed experts with top-2
+routing plus a sigmoid-gated shared expert. ``llama-1b`` is for GPU measurements: a Llama 3.2
+1B-shaped model (hidden 2048, 16 layers, GQA 32:8, head_dim 64, MLP 8192) with a 32000-token
+vocabulary, about 1.1B parameters stored in bf16 (2.2 GB, written in a minute or so on first use;
+never on a CPU test path). The configs use the hub's original key names (``rope_theta``,
 ``torch_dtype``), which every loader understands.
 """
 
@@ -35,6 +38,7 @@ class BuiltinSpec:
     name: str
     config: dict[str, Any]
     seed: int
+    tiny: bool = True  # small enough to write and run in CPU tests
 
 
 def _common_config() -> dict[str, Any]:
@@ -97,4 +101,29 @@ def _tiny_moe() -> BuiltinSpec:
     return BuiltinSpec(name="tiny-moe", config=config, seed=5678)
 
 
-BUILTIN_SPECS: dict[str, BuiltinSpec] = {s.name: s for s in (_tiny_llama(), _tiny_moe())}
+def _llama_1b() -> BuiltinSpec:
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **_common_config(),
+        "vocab_size": 32000,
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "intermediate_size": 8192,
+        "rms_norm_eps": 1e-5,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+        "torch_dtype": "bfloat16",
+    }
+    return BuiltinSpec(name="llama-1b", config=config, seed=4321, tiny=False)
+
+
+BUILTIN_SPECS: dict[str, BuiltinSpec] = {
+    s.name: s for s in (_tiny_llama(), _tiny_moe(), _llama_1b())
+}
+#: The built-ins CPU tests may write and run.
+TINY_SPECS: dict[str, BuiltinSpec] = {n: s for n, s in BUILTIN_SPECS.items() if s.tiny}

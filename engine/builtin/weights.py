@@ -26,6 +26,7 @@ EMBED_STD = 1.0
 PROJ_STD = 0.08
 ROUTER_STD = 0.1
 LM_HEAD_STD = 0.12
+_STORED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 NORM_STD = 0.05
 BIAS_STD = 0.05
 
@@ -53,9 +54,11 @@ def _tensor_seed(model_seed: int, name: str) -> int:
 
 
 def build_weights(spec: BuiltinSpec) -> dict[str, torch.Tensor]:
-    """All tensors of ``spec``'s checkpoint, keyed by HF name."""
-    shapes = _tensor_shapes(spec.config)
-    return {name: _init_tensor(spec.seed, name, shape) for name, shape in shapes.items()}
+    """All tensors of ``spec``'s checkpoint, keyed by HF name, in its ``torch_dtype`` (the
+    float32 draws rounded to nearest, so half-precision bytes are deterministic too)."""
+    dtype = _STORED_DTYPES[spec.config.get("torch_dtype", "float32")]
+    shapes = tensor_shapes(spec.config)
+    return {name: _init_tensor(spec.seed, name, shape).to(dtype) for name, shape in shapes.items()}
 
 
 def _init_tensor(model_seed: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -73,7 +76,13 @@ def _init_tensor(model_seed: int, name: str, shape: tuple[int, ...]) -> torch.Te
     return uniform_tensor(shape, PROJ_STD, seed)
 
 
-def _tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def num_parameters(config: dict[str, Any]) -> int:
+    """Parameters of a built-in checkpoint, from its config alone (no weights are built)."""
+    return sum(math.prod(shape) for shape in tensor_shapes(config).values())
+
+
+def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's HF name and shape for a built-in ``config``."""
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
     for layer_idx in range(config["num_hidden_layers"]):

@@ -9,7 +9,11 @@ structurally, without the engine importing ``transfer``.
 KV on a GPU is staged through a host mirror of the same shape (pinned memory): the prefill role
 calls :meth:`KVStorage.stage_to_host` on the blocks it exports, the decode role
 :meth:`KVStorage.stage_to_device` on the blocks it pulled, and byte views always point at host
-memory. On CPU the mirror is the KV tensor itself and both calls do nothing.
+memory. Both calls only *start* their copies, on a side stream (see :mod:`engine.kv.staging`):
+:meth:`KVStorage.block_view` waits for a block's copy to the host on the reader's thread, and
+the model runner calls :meth:`KVStorage.fence_uploads` before each step so the compute stream
+(not the host) waits for imports still in flight. On CPU the mirror is the KV tensor itself and
+both calls do nothing; a forced mirror on CPU (tests) copies at once.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 from core.errors import KVCacheError
 from core.kv_layout import KVLayout
+from engine.kv.staging import BlockCopier, StagingTracker
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +103,8 @@ class KVStorage:
             pin = torch.cuda.is_available()
             self.host = torch.zeros(self.kv.shape, dtype=self.kv.dtype, pin_memory=pin)
         self._bytes = self.host.view(torch.uint8).view(num_blocks, layout.block_bytes)
+        self._copier = BlockCopier(self.kv, self.host) if staged else None
+        self.staging = StagingTracker()
         logger.info(
             "KV storage: %d blocks x %d tokens, %.1f MiB on %s",
             num_blocks,
@@ -116,22 +123,36 @@ class KVStorage:
         return self.host is not self.kv
 
     def stage_to_host(self, block_ids: list[int]) -> None:
-        """Copy blocks KV -> host mirror before the transfer layer reads them (no-op on CPU)."""
-        if self.staged and block_ids:
-            ids = torch.tensor(block_ids, dtype=torch.long)
-            self.host[ids] = self.kv[ids.to(self.device)].to("cpu")
+        """Start copying blocks KV -> host mirror for the transfer layer (no-op on CPU); their
+        byte views wait for the copy, so this returns without waiting."""
+        if self._copier is not None and block_ids:
+            self._check_ids(block_ids)
+            self.staging.exported(block_ids, self._copier.to_host(block_ids))
 
     def stage_to_device(self, block_ids: list[int]) -> None:
-        """Copy blocks host mirror -> KV after the transfer layer wrote them (no-op on CPU)."""
-        if self.staged and block_ids:
-            ids = torch.tensor(block_ids, dtype=torch.long)
-            self.kv[ids.to(self.device)] = self.host[ids].to(self.device)
+        """Start copying blocks host mirror -> KV after the transfer layer wrote them (no-op on
+        CPU); the next step's compute waits for the copy on the device."""
+        if self._copier is not None and block_ids:
+            self._check_ids(block_ids)
+            self.staging.imported(self._copier.to_device(block_ids))
+
+    def fence_uploads(self) -> None:
+        """Order the compute stream after every :meth:`stage_to_device` copy still in flight;
+        call on the engine thread before a step (the runner does)."""
+        self.staging.fence_uploads()
 
     def block_view(self, block_id: int) -> memoryview:
-        """A writable byte view of one block (all layers, K and V) in host memory."""
+        """A writable byte view of one block (all layers, K and V) in host memory; waits for a
+        copy of the block to the host that is still in flight."""
         if not 0 <= block_id < self.num_blocks:
             raise KVCacheError(f"block id {block_id} out of range [0, {self.num_blocks})")
+        self.staging.wait_host(block_id)
         return memoryview(self._bytes[block_id].numpy().data)
+
+    def _check_ids(self, block_ids: list[int]) -> None:
+        bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
+        if bad:
+            raise KVCacheError(f"block ids {bad[:8]} out of range [0, {self.num_blocks})")
 
     def copy_blocks(self, src_block_ids: list[int], dst_block_ids: list[int]) -> None:
         """Copy whole blocks inside this storage (prefix reuse across forks, defragmentation)."""

@@ -22,6 +22,7 @@ from engine.attention.triton_kernels import (
     paged_prefill_attention,
     write_kv_cache,
 )
+from engine.cuda_graphs import DecodeBuffers, pad_decode
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 HEADS = [(4, 4), (8, 2), (16, 2), (8, 1)]  # GQA ratios 1, 4, 8 and MQA
@@ -143,3 +144,27 @@ def test_backend_matches_torch_backend_and_cache(paged_case) -> None:
         )
         torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
         assert torch.equal(case.kv, torch_kv)
+
+
+def test_backend_over_padded_static_buffers_matches_unpadded(paged_case, reference) -> None:
+    # What a CUDA graph replays: a decode step padded to its bucket in the static buffers, with
+    # a stale block-table tail and placeholder host lists. Real rows must match the reference;
+    # padding rows must write no KV (block 0 is a real block here) and stay finite.
+    case = paged_case([1, 1, 1], [5, 33, 17], block_size=8)
+    static = DecodeBuffers(max_batch=8, max_table_width=8, block_size=8, device=case.q.device)
+    static.block_tables.copy_(torch.randint(0, case.kv.shape[0], static.block_tables.shape))
+    tables = case.meta.block_tables.tolist()  # padded rows: pad_decode takes what it needs
+    padded = pad_decode([0, 0, 0], [5, 33, 17], tables, bucket=8, block_size=8, max_table_width=8)
+    static.load(padded)
+    expected_kv = case.kv.clone()
+    torch_write_kv_cache(expected_kv[:, 1], case.k, case.v, case.meta.slot_mapping, 8)
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, torch.randn(5, *x.shape[1:], dtype=x.dtype)])  # garbage rows
+
+    out = TritonAttentionBackend().forward(
+        pad(case.q), pad(case.k), pad(case.v), case.layer_cache, static.metadata(8), case.scale
+    )
+    check(out[:3], reference(case), torch.float32)
+    assert torch.isfinite(out[3:]).all()
+    assert torch.equal(case.kv, expected_kv)

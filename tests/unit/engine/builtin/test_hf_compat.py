@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from engine.builtin.resolve import ensure_builtin
-from engine.builtin.specs import BUILTIN_SPECS
+from engine.builtin.specs import TINY_SPECS
 from engine.tokenizer import Tokenizer
 
 PROMPTS = ["Hello, world", "The quick brown fox", "1 2 3 4 5", "a", "zz a", "Once upon a time"]
@@ -18,7 +18,7 @@ PROMPTS = ["Hello, world", "The quick brown fox", "1 2 3 4 5", "a", "zz a", "Onc
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("models")
-    for spec in BUILTIN_SPECS.values():
+    for spec in TINY_SPECS.values():
         ensure_builtin(spec, directory)
     return directory
 

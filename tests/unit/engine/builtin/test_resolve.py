@@ -13,7 +13,7 @@ from core.errors import ConfigError, ModelNotFoundError
 from engine.builtin import builtin_model_names, resolve_model
 from engine.builtin import resolve as resolve_module
 from engine.builtin.resolve import ensure_builtin
-from engine.builtin.specs import BUILTIN_SPECS, FORMAT_VERSION
+from engine.builtin.specs import BUILTIN_SPECS, FORMAT_VERSION, TINY_SPECS
 from engine.builtin.writer import MARKER_FILE, write_checkpoint
 
 CHECKPOINT_FILES = {
@@ -36,7 +36,7 @@ def _leftovers(models_dir: Path) -> list[str]:
 
 
 def test_builtin_names() -> None:
-    assert builtin_model_names() == ("builtin:tiny-llama", "builtin:tiny-moe")
+    assert builtin_model_names() == ("builtin:tiny-llama", "builtin:tiny-moe", "builtin:llama-1b")
 
 
 def test_resolve_writes_into_the_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,7 +75,7 @@ def test_paths(tmp_path: Path) -> None:
 
 
 def test_checkpoints_are_byte_deterministic(tmp_path: Path) -> None:
-    for spec in BUILTIN_SPECS.values():
+    for spec in TINY_SPECS.values():
         first, second = tmp_path / f"{spec.name}-a", tmp_path / f"{spec.name}-b"
         first.mkdir(), second.mkdir()
         write_checkpoint(spec, first)

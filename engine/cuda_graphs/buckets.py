@@ -1,0 +1,138 @@
+"""Which decode batch sizes get a CUDA graph, and how a step's batch is padded to one.
+
+Pure arithmetic, no torch: a graph replays fixed shapes, so the runner captures one graph per
+*bucket* (a batch size) and pads a decode step of ``B`` requests to the smallest bucket
+``>= B``. The padding rows compute garbage that nobody reads: they write no KV (slot -1) and
+attend over one slot of the padding block 0, so they cannot disturb a real request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: The smallest buckets, then every multiple of this step (vLLM's choice: few graphs, at most
+#: 7 padding rows per step beyond batch 8).
+SMALL_BUCKETS = (1, 2, 4)
+BUCKET_STEP = 8
+
+
+def default_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4 and every multiple of 8 up to ``max_num_seqs`` (which is always included)."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    sizes = {s for s in SMALL_BUCKETS if s <= max_num_seqs}
+    sizes.update(range(BUCKET_STEP, max_num_seqs + 1, BUCKET_STEP))
+    sizes.add(max_num_seqs)
+    return tuple(sorted(sizes))
+
+
+def graph_batch_sizes(
+    configured: Sequence[int] | None,
+    *,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    on_cuda: bool,
+    backend_supports_graphs: bool,
+    has_moe: bool,
+) -> tuple[int, ...]:
+    """The buckets an engine captures; empty means every step runs eagerly.
+
+    Graphs need CUDA, an attention backend that reads every length from its metadata tensors
+    (Triton; the torch reference loops over host lists) and a model without data-dependent host
+    syncs (an MoE layer sizes its per-expert loop from the routing, so it stays eager).
+    """
+    if enforce_eager or not on_cuda or not backend_supports_graphs or has_moe:
+        return ()
+    if configured is None:
+        return default_batch_sizes(max_num_seqs)
+    return tuple(sorted(set(configured)))
+
+
+def pick_bucket(num_seqs: int, sizes: Sequence[int]) -> int | None:
+    """The smallest bucket that holds ``num_seqs`` rows; None when none does (run eagerly)."""
+    if num_seqs < 1:
+        return None
+    return next((size for size in sorted(sizes) if size >= num_seqs), None)
+
+
+PADDING_SLOT = -1  # the KV write kernel skips negative slots
+PADDING_SEQ_LEN = 1  # a padding row attends over one slot of the padding block 0
+PADDING_BLOCK = 0
+
+
+@dataclass(frozen=True)
+class PaddedDecode:
+    """One decode step laid out for a bucket: the ``num_seqs`` real rows, then padding rows.
+
+    Every list has ``bucket`` entries; each ``block_tables`` row has ``table_width`` entries,
+    the most blocks any real row's context needs (entries past a row's context are never read,
+    so the static table's stale tail beyond ``table_width`` does not matter).
+    """
+
+    bucket: int
+    num_seqs: int
+    token_ids: list[int]
+    positions: list[int]
+    seq_lens: list[int]
+    slot_mapping: list[int]
+    block_tables: list[list[int]]
+
+    @property
+    def num_padding(self) -> int:
+        """Rows added to reach the bucket."""
+        return self.bucket - self.num_seqs
+
+    @property
+    def table_width(self) -> int:
+        """Columns of ``block_tables``."""
+        return len(self.block_tables[0])
+
+
+def pad_decode(
+    token_ids: Sequence[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    *,
+    bucket: int,
+    block_size: int,
+    max_table_width: int,
+) -> PaddedDecode:
+    """Lay out a decode step (one new token per sequence, at position ``seq_len - 1``) for
+    ``bucket`` rows; ``ValueError`` when it does not fit the bucket or the static table."""
+    num_seqs = len(token_ids)
+    if not (num_seqs == len(seq_lens) == len(block_tables)):
+        raise ValueError("token_ids, seq_lens and block_tables must have one entry per sequence")
+    if not 1 <= num_seqs <= bucket:
+        raise ValueError(f"{num_seqs} sequences do not fit a bucket of {bucket}")
+    needed = [-(-seq_len // block_size) for seq_len in seq_lens]
+    width = max(needed)
+    for seq_len, blocks, table in zip(seq_lens, needed, block_tables, strict=True):
+        if seq_len < 1 or blocks > len(table) or blocks > max_table_width:
+            raise ValueError(
+                f"a context of {seq_len} tokens does not fit {len(table)} blocks of {block_size} "
+                f"(static table width {max_table_width})"
+            )
+    positions = [seq_len - 1 for seq_len in seq_lens]
+    slots = [
+        table[pos // block_size] * block_size + pos % block_size
+        for pos, table in zip(positions, block_tables, strict=True)
+    ]
+    tables = [
+        _row(table, blocks, width) for table, blocks in zip(block_tables, needed, strict=True)
+    ]
+    num_padding = bucket - num_seqs
+    return PaddedDecode(
+        bucket=bucket,
+        num_seqs=num_seqs,
+        token_ids=[*token_ids, *[0] * num_padding],
+        positions=[*positions, *[0] * num_padding],
+        seq_lens=[*seq_lens, *[PADDING_SEQ_LEN] * num_padding],
+        slot_mapping=[*slots, *[PADDING_SLOT] * num_padding],
+        block_tables=tables + [[PADDING_BLOCK] * width for _ in range(num_padding)],
+    )
+
+
+def _row(table: Sequence[int], blocks: int, width: int) -> list[int]:
+    """The first ``blocks`` entries of ``table``, padded with the padding block to ``width``."""
+    return [*table[:blocks], *[PADDING_BLOCK] * (width - blocks)]

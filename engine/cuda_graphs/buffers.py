@@ -1,0 +1,83 @@
+"""The static tensors a captured decode graph reads: inputs plus attention metadata.
+
+A CUDA graph replays the kernels it recorded with the *addresses* it recorded, so every input
+of a decode step lives in a buffer allocated once, sized for the largest bucket: token ids,
+positions, and the attention metadata (context lengths, slot mapping, block tables). Before a
+replay :meth:`DecodeBuffers.load` copies the step's padded values into the first ``bucket`` rows;
+:meth:`DecodeBuffers.metadata` hands the graph views of those rows. Device-agnostic: on a CPU
+the same class backs the unit tests of the padding arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+from engine.cuda_graphs.buckets import PADDING_SEQ_LEN, PADDING_SLOT, PaddedDecode
+
+
+class DecodeBuffers:
+    """Static decode inputs for up to ``max_batch`` rows and ``max_table_width`` blocks a row."""
+
+    def __init__(
+        self, max_batch: int, max_table_width: int, block_size: int, device: torch.device
+    ) -> None:
+        self.max_batch = max_batch
+        self.max_table_width = max_table_width
+        self.block_size = block_size
+        self.device = device
+        self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)  # [Bmax]
+        self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)  # [Bmax]
+        self.seq_lens = torch.full(  # [Bmax]
+            (max_batch,), PADDING_SEQ_LEN, dtype=torch.int32, device=device
+        )
+        self.slot_mapping = torch.full(  # [Bmax]
+            (max_batch,), PADDING_SLOT, dtype=torch.long, device=device
+        )
+        self.block_tables = torch.zeros(  # [Bmax, W]
+            (max_batch, max_table_width), dtype=torch.int32, device=device
+        )
+        # One query token per row: the cumulative query lengths never change.
+        self.query_start_loc = torch.arange(  # [Bmax + 1]
+            max_batch + 1, dtype=torch.int32, device=device
+        )
+        self.all_rows = torch.arange(max_batch, dtype=torch.long, device=device)  # [Bmax]
+
+    def metadata(self, bucket: int) -> AttentionMetadata:
+        """Attention metadata over the first ``bucket`` rows of the static buffers.
+
+        NOTE: the host mirrors (``seq_lens_list``) hold placeholders: a graph replays with
+        whatever lengths :meth:`load` wrote, so a backend used under a graph must read lengths
+        from the tensors only (``AttentionBackend.supports_cuda_graphs``).
+        """
+        self._check_bucket(bucket)
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc[: bucket + 1],
+            seq_lens=self.seq_lens[:bucket],
+            block_tables=self.block_tables[:bucket],
+            slot_mapping=self.slot_mapping[:bucket],
+            query_lens_list=(1,) * bucket,
+            seq_lens_list=(PADDING_SEQ_LEN,) * bucket,
+            block_size=self.block_size,
+        )
+
+    def load(self, padded: PaddedDecode) -> None:
+        """Copy a padded step into the first ``padded.bucket`` rows (host -> device, async)."""
+        bucket, width = padded.bucket, padded.table_width
+        self._check_bucket(bucket)
+        if width > self.max_table_width:
+            raise ValueError(f"{width} blocks a row exceed the static width {self.max_table_width}")
+        self._put(self.input_ids[:bucket], padded.token_ids)
+        self._put(self.positions[:bucket], padded.positions)
+        self._put(self.seq_lens[:bucket], padded.seq_lens)
+        self._put(self.slot_mapping[:bucket], padded.slot_mapping)
+        self._put(self.block_tables[:bucket, :width], padded.block_tables)
+
+    def _put(self, dst: torch.Tensor, values: list[int] | list[list[int]]) -> None:
+        # NOTE: a pageable source is staged by the driver before the call returns, so the host
+        # list may go away at once; the copy stays ordered before the replay on this stream.
+        dst.copy_(torch.tensor(values, dtype=dst.dtype), non_blocking=True)
+
+    def _check_bucket(self, bucket: int) -> None:
+        if not 1 <= bucket <= self.max_batch:
+            raise ValueError(f"bucket {bucket} outside 1..{self.max_batch}")
