@@ -12,7 +12,9 @@ from core.kv_layout import KVLayout
 from engine.kv.staging import DONE, BlockCopier, StagingTracker, contiguous_runs
 from engine.kv.storage import KVStorage
 
-LAYOUT = KVLayout("m", "float32", block_size=4, num_layers=2, num_kv_heads=2, head_dim=8)
+LAYOUT = KVLayout(
+    "m", "float32", block_size=4, num_layers=2, num_kv_heads=2, head_dim=8, hash_seed=0
+)
 
 
 class FakeFence:
