@@ -18,7 +18,7 @@ import enum
 import functools
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from core.errors import MessageError
@@ -26,6 +26,12 @@ from core.errors import MessageError
 T = TypeVar("T")
 
 _SCALARS: tuple[type, ...] = (int, float, str, bool)
+_ITEM_TYPES: dict[type, frozenset[type]] = {
+    int: frozenset({int}),
+    float: frozenset({int, float}),
+    str: frozenset({str}),
+    bool: frozenset({bool}),
+}
 
 
 def to_plain(value: Any) -> Any:
@@ -46,96 +52,172 @@ def to_plain(value: Any) -> Any:
 
 def from_plain(cls: type[T], data: Any) -> T:
     """Rebuild a ``cls`` dataclass from :func:`to_plain` output."""
-    return typing.cast(T, _decode(cls, data, cls.__name__))
+    try:
+        kind: Any = cls
+        return typing.cast(T, _decoder(kind)(data))
+    except _Malformed as e:
+        where = "".join(reversed(e.path))
+        raise MessageError(f"{cls.__name__}{where}: {e.reason}") from None
 
 
-def _decode(kind: Any, data: Any, path: str) -> Any:
+Decoder = Callable[[Any], Any]
+
+
+class _Malformed(Exception):
+    """A value of the wrong shape; containers add their part of the path on the way out."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.path: list[str] = []
+
+
+@functools.cache
+def _decoder(kind: Any) -> Decoder:
+    """The decoder of one field type, built once per type (the hot path stays a few calls)."""
     origin = typing.get_origin(kind)
     if origin in (types.UnionType, typing.Union):
-        return _decode_union(kind, data, path)
+        return _union_decoder(kind)
     if origin is typing.Literal:
-        if data not in typing.get_args(kind):
-            raise MessageError(f"{path}: {data!r} is not one of {typing.get_args(kind)}")
-        return data
+        return _literal_decoder(typing.get_args(kind))
     if origin in (list, tuple):
-        return _decode_sequence(kind, origin, data, path)
+        return _sequence_decoder(kind, origin)
     if origin is dict:
-        _, value_kind = typing.get_args(kind)
-        if not isinstance(data, Mapping):
-            raise MessageError(f"{path}: expected a mapping, got {type(data).__name__}")
-        return {key: _decode(value_kind, item, f"{path}[{key!r}]") for key, item in data.items()}
+        return _dict_decoder(_decoder(typing.get_args(kind)[1]))
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-        return _decode_dataclass(kind, data, path)
+        return _dataclass_decoder(kind)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return _enum_decoder(kind)
+    if kind in _SCALARS:
+        return _scalar_decoder(kind)
+    raise MessageError(f"fields of type {kind!r} cannot be decoded")
+
+
+def _union_decoder(kind: Any) -> Decoder:
+    """``X | None``, or a union of dataclasses told apart by their field names."""
+    members = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    nullable = len(members) < len(typing.get_args(kind))
+    if len(members) == 1:
+        inner = _decoder(members[0])
+        return lambda data: None if data is None and nullable else inner(data)
+    if not all(dataclasses.is_dataclass(m) for m in members):
+        raise MessageError(f"only 'X | None' or unions of dataclasses can be decoded, not {kind}")
+    by_fields = {frozenset(_field_types(m)): _decoder(m) for m in members}
+
+    def decode(data: Any) -> Any:
+        if data is None and nullable:
+            return None
+        chosen = by_fields.get(frozenset(data)) if isinstance(data, Mapping) else None
+        if chosen is None:
+            raise _Malformed(f"{data!r} matches no single member of {kind}")
+        return chosen(data)
+
+    return decode
+
+
+def _literal_decoder(allowed: tuple[Any, ...]) -> Decoder:
+    def decode(data: Any) -> Any:
+        if data not in allowed:
+            raise _Malformed(f"{data!r} is not one of {allowed}")
+        return data
+
+    return decode
+
+
+def _sequence_decoder(kind: Any, origin: type) -> Decoder:
+    args = typing.get_args(kind)
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        return _fixed_tuple_decoder([_decoder(a) for a in args])
+    item_kind = args[0] if args else None
+    if item_kind in _SCALARS:
+        # NOTE: the hot path (token ids, block hashes): exact type checks, no call per item.
+        allowed = _ITEM_TYPES[item_kind]
+        reason = f"every item must be a {item_kind.__name__}"
+
+        def decode_scalars(data: Any) -> Any:
+            if not isinstance(data, list | tuple) or not all(type(x) in allowed for x in data):
+                raise _Malformed(reason)
+            return origin(data)
+
+        return decode_scalars
+    item = _decoder(item_kind)
+
+    def decode(data: Any) -> Any:
+        if not isinstance(data, list | tuple):
+            raise _Malformed(f"expected a list, got {type(data).__name__}")
+        return origin(_each(item, enumerate(data), "[{}]"))
+
+    return decode
+
+
+def _fixed_tuple_decoder(items: list[Decoder]) -> Decoder:
+    def decode(data: Any) -> Any:
+        if not isinstance(data, list | tuple) or len(data) != len(items):
+            raise _Malformed(f"expected {len(items)} items, got {data!r}")
+        pairs = enumerate(zip(items, data, strict=True))
+        return tuple(_at(f"[{i}]", fn, value) for i, (fn, value) in pairs)
+
+    return decode
+
+
+def _dict_decoder(value: Decoder) -> Decoder:
+    def decode(data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            raise _Malformed(f"expected a mapping, got {type(data).__name__}")
+        return dict(zip(data, _each(value, data.items(), "[{!r}]"), strict=True))
+
+    return decode
+
+
+def _dataclass_decoder(kind: type) -> Decoder:
+    fields = {name: _decoder(hint) for name, hint in _field_types(kind).items()}
+
+    def decode(data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            raise _Malformed(f"expected a {kind.__name__} mapping, got {type(data).__name__}")
+        if not fields.keys() >= data.keys():
+            unknown = sorted(map(str, data.keys() - fields.keys()))
+            raise _Malformed(f"unknown field(s) {', '.join(unknown)}")
+        values = {name: _at(f".{name}", fields[name], item) for name, item in data.items()}
+        try:
+            return kind(**values)
+        except TypeError as e:  # a required field is missing
+            raise _Malformed(str(e)) from e
+
+    return decode
+
+
+def _enum_decoder(kind: type[enum.Enum]) -> Decoder:
+    def decode(data: Any) -> Any:
         try:
             return kind(data)
         except ValueError as e:
-            raise MessageError(f"{path}: {data!r} is not a {kind.__name__}") from e
-    return _decode_scalar(kind, data, path)
+            raise _Malformed(f"{data!r} is not a {kind.__name__}") from e
+
+    return decode
 
 
-def _decode_union(kind: Any, data: Any, path: str) -> Any:
-    """``X | None``, or a union of dataclasses told apart by their field names."""
-    members = [arg for arg in typing.get_args(kind) if arg is not type(None)]
-    if data is None and len(members) < len(typing.get_args(kind)):
-        return None
-    if len(members) == 1:
-        return _decode(members[0], data, path)
-    if not all(dataclasses.is_dataclass(m) for m in members) or not isinstance(data, Mapping):
-        raise MessageError(f"{path}: cannot decode {data!r} as {kind}")
-    matches = [m for m in members if set(_field_types(m)) == set(data)]
-    if len(matches) != 1:
-        raise MessageError(f"{path}: fields {sorted(data)} match no single member of {kind}")
-    return _decode_dataclass(matches[0], data, path)
+def _scalar_decoder(kind: type) -> Decoder:
+    allowed = _ITEM_TYPES[kind]
+
+    def decode(data: Any) -> Any:
+        if type(data) not in allowed:
+            raise _Malformed(f"expected {kind.__name__}, got {data!r}")
+        return float(data) if kind is float else data
+
+    return decode
 
 
-def _decode_sequence(kind: Any, origin: type, data: Any, path: str) -> Any:
-    if not isinstance(data, list | tuple):
-        raise MessageError(f"{path}: expected a list, got {type(data).__name__}")
-    args = typing.get_args(kind)
-    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-        if len(args) != len(data):
-            raise MessageError(f"{path}: expected {len(args)} items, got {len(data)}")
-        pairs = enumerate(zip(args, data, strict=True))
-        return tuple(_decode(a, item, f"{path}[{i}]") for i, (a, item) in pairs)
-    item_kind = args[0] if args else Any
-    if item_kind in _SCALARS:
-        if not all(_is_scalar(item_kind, item) for item in data):
-            raise MessageError(f"{path}: every item must be a {item_kind.__name__}")
-        items = data
-    else:
-        items = [_decode(item_kind, item, f"{path}[{i}]") for i, item in enumerate(data)]
-    return origin(items)
-
-
-def _decode_dataclass(kind: type, data: Any, path: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise MessageError(f"{path}: expected a {kind.__name__} mapping, got {type(data).__name__}")
-    hints = _field_types(kind)
-    unknown = sorted(set(data) - set(hints))
-    if unknown:
-        raise MessageError(f"{path}: unknown field(s) {', '.join(map(str, unknown))}")
-    values = {name: _decode(hints[name], item, f"{path}.{name}") for name, item in data.items()}
+def _at(part: str, decode: Decoder, data: Any) -> Any:
     try:
-        return kind(**values)
-    except TypeError as e:  # a required field is missing
-        raise MessageError(f"{path}: {e}") from e
+        return decode(data)
+    except _Malformed as e:
+        e.path.append(part)
+        raise
 
 
-def _decode_scalar(kind: Any, data: Any, path: str) -> Any:
-    if kind is Any or kind is object:
-        raise MessageError(f"{path}: untyped fields cannot be decoded")
-    if not _is_scalar(kind, data):
-        raise MessageError(f"{path}: expected {getattr(kind, '__name__', kind)}, got {data!r}")
-    return float(data) if kind is float else data
-
-
-def _is_scalar(kind: type, value: Any) -> bool:
-    if kind is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
+def _each(decode: Decoder, items: Iterable[tuple[Any, Any]], part: str) -> list[Any]:
+    return [_at(part.format(key), decode, value) for key, value in items]
 
 
 @functools.cache

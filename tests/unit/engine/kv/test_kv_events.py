@@ -31,7 +31,7 @@ def test_batch_round_trips_through_json() -> None:
 
 
 def test_unknown_event_kind_is_rejected() -> None:
-    with pytest.raises(MessageError, match="match no single member"):
+    with pytest.raises(MessageError, match="matches no single member"):
         from_plain(KVEventBatch, {"replica_seq": 0, "events": [{"moved": [1]}]})
 
 
