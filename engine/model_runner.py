@@ -123,11 +123,12 @@ class ModelRunner:
         )
         logits = self.graphs.replay(padded)  # [B, vocab], the graph's static output
         rows = [i for i, item in enumerate(scheduled) if item.samples_token]
+        ids = [scheduled[i].request_id for i in rows]
+        # a copy the next replay leaves alone: [S, vocab]
+        if len(rows) == len(scheduled):
+            return StepLogits(ids, logits.clone())
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        return StepLogits(
-            [scheduled[i].request_id for i in rows],
-            logits.index_select(0, index),  # [S, vocab], a copy the next replay leaves alone
-        )
+        return StepLogits(ids, logits.index_select(0, index))
 
     def _all_logits(
         self,
