@@ -20,7 +20,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-LAYOUT = KVLayout("m", "bfloat16", block_size=16, num_layers=4, num_kv_heads=8, head_dim=64)
+LAYOUT = KVLayout(
+    "m", "bfloat16", block_size=16, num_layers=4, num_kv_heads=8, head_dim=64, hash_seed=0
+)
 MODEL = "builtin:tiny-llama"
 
 
