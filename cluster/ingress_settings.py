@@ -64,7 +64,7 @@ def build_ingress_settings(
         block_size=config.engine_for("decode").block_size,
         local_prefill_threshold_tokens=scheduler.local_prefill_threshold_tokens,
         fallback_to_local_prefill=scheduler.fallback_to_local_prefill,
-        prefill_pool=config.prefill.deployed,
+        prefill_required=config.prefill.min_replicas > 0,
         api_keys=load_api_keys(server, environ),
         max_in_flight_requests=server.max_in_flight_requests,
         retry_after_s=server.retry_after_s,

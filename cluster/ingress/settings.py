@@ -27,8 +27,10 @@ class IngressSettings:
     """Prompts with fewer uncached tokens than this prefill locally on decode (0: never)."""
     fallback_to_local_prefill: bool = True
     """Prefill locally on decode when a remote prefill fails; else fail the request cleanly."""
-    prefill_pool: bool = True
-    """False when the app has no prefill pool (colocated): ``/ready`` then needs decode only."""
+    prefill_required: bool = True
+    """True when the prefill pool always keeps a replica: ``/ready`` then waits for one. False
+    without a prefill pool (colocated) or when it may scale to zero: every prompt then prefills
+    on decode, so ``/ready`` needs decode only."""
     api_keys: frozenset[str] = field(default_factory=frozenset)
     """Accepted ``Authorization: Bearer`` keys; empty: no authentication."""
     max_in_flight_requests: int = 256
