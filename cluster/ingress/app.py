@@ -91,7 +91,7 @@ def create_app(
             "prefill": prefill.healthy(),
             "decode": decode.healthy(),
         }
-        prefill_ok = status["prefill"] or not settings.prefill_pool
+        prefill_ok = status["prefill"] or not settings.prefill_required
         is_ready = not status["draining"] and prefill_ok and status["decode"]
         body = {"status": "ready" if is_ready else "not_ready", **status}
         return JSONResponse(body, status_code=200 if is_ready else 503)

@@ -29,8 +29,10 @@ class IngressSettings:
     """The HTTP endpoint's limits and timeouts."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """Disaggregation threshold and fallback."""
-    prefill_pool: bool = True
-    """False when the app has no prefill pool (colocated): ``/ready`` then needs decode only."""
+    prefill_required: bool = True
+    """True when the prefill pool always keeps a replica: ``/ready`` then waits for one. False
+    without a prefill pool (colocated) or when it may scale to zero: every prompt then prefills
+    on decode, so ``/ready`` needs decode only."""
     api_keys: frozenset[str] = field(default_factory=frozenset)
     """Accepted ``Authorization: Bearer`` keys (read in the replica); empty: no authentication."""
     stats_timeout_s: float = 5.0

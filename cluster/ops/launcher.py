@@ -2,10 +2,12 @@
 
 ``up`` on ``cluster.address: local`` starts a Ray owned by this process, deploys through
 Serve's REST API, waits until ``/ready`` answers, records a :class:`RunState` and then holds
-the Ray until SIGINT/SIGTERM. ``--detach`` runs that same foreground process in the background
-(its own session, output to a log file) and returns once it is ready. On an existing cluster
-(``auto``, ``ray://``) ``up`` only deploys; in the foreground it removes the app on Ctrl-C.
-``down`` signals the recorded owner process (by pid) or removes the app through REST.
+the Ray until SIGINT/SIGTERM; then it stops that Ray and waits until every process of it has
+exited. ``--detach`` runs that same foreground process in the background (its own session,
+output to a log file) and returns once it is ready. On an existing cluster (``auto``,
+``ray://``) ``up`` only deploys; in the foreground it removes the app on Ctrl-C. ``down``
+signals the recorded owner process (by pid) and waits for it to exit, or removes the app
+through REST.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import httpx
 
-from cluster.ops import run_state
-from cluster.ops.ray_session import attach, attached, shutdown, start_local_ray
+from cluster.ops import process_tree, run_state
+from cluster.ops.ray_session import attach, attached, shutdown, start_local_ray, stop_local_ray
 from cluster.ops.rest import ServeRest
 from cluster.ops.run_state import RunState
 from cluster.serve.pool_options import DECODE_DEPLOYMENT, PREFILL_DEPLOYMENT
@@ -34,6 +37,11 @@ logger = logging.getLogger(__name__)
 
 DEPLOY_TIMEOUT_S = 600.0
 """How long ``up`` waits for the app to run and answer ``/ready``."""
+
+
+class StopRequested(BaseException):
+    """SIGINT/SIGTERM in ``up``: raised in its main thread (a BaseException, so that no
+    ``except Exception`` on the way swallows it)."""
 
 
 def endpoint_of(config: ClusterConfig) -> str:
@@ -75,12 +83,15 @@ def deploy(config: ClusterConfig, dashboard_url: str, timeout_s: float = DEPLOY_
 
 
 def run_foreground(config: ClusterConfig, on_ready: Callable[[RunState], None]) -> None:
-    """Start (or join), deploy, call ``on_ready``, then hold until SIGINT/SIGTERM."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    """Start (or join), deploy, call ``on_ready``, then hold until SIGINT/SIGTERM.
+
+    NOTE: the stop handlers are installed once Ray is connected, because connecting installs
+    Ray's own: a Python SIGTERM handler that exits at once, and the core worker's C++ one that
+    prints a stack trace (``logging.cc ... SIGTERM received ... PC: @``) to this terminal
+    before chaining on. Ours replace both, so a stop is quiet and always runs the cleanup.
+    """
     cluster = config.cluster
-    owner_pid = os.getpid() if cluster.is_local else None
+    owner = process_tree.ref(os.getpid()) if cluster.is_local else None
     if cluster.is_local:
         session = start_local_ray(cluster)
     else:
@@ -88,23 +99,40 @@ def run_foreground(config: ClusterConfig, on_ready: Callable[[RunState], None]) 
     dashboard_url = session.dashboard_url if cluster.is_local else cluster.resolved_dashboard_url()
     ray_address = session.gcs_address if cluster.is_local else cluster.address
     try:
+        _handle_stop_signals(_raise_stop)
         endpoint = deploy(config, dashboard_url)
         state = RunState(
             cluster.app_name,
             dashboard_url,
             endpoint,
             ray_address,
-            owner_pid,
+            owner.pid if owner else None,
             ray_auth_mode=session.auth_mode,
+            owner_start_ticks=owner.start_ticks if owner else None,
         )
         run_state.write_state(state)
         on_ready(state)
-        stop.wait()
+        threading.Event().wait()
+    except StopRequested:
+        logger.info("stopping %s", cluster.app_name)
     finally:
-        if not cluster.is_local:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a 2nd Ctrl-C interrupts
+        if cluster.is_local:
+            stop_local_ray()
+        else:
             _remove_quietly(dashboard_url, cluster.app_name)
-        shutdown()  # stops the local Ray this process started; else only disconnects
-        run_state.clear_state(cluster.app_name, owner_pid=owner_pid)
+            shutdown()  # only disconnects
+        run_state.clear_state(cluster.app_name, owner_pid=owner.pid if owner else None)
+
+
+def _raise_stop(signum: int, _frame: FrameType | None) -> None:
+    raise StopRequested(signal.Signals(signum).name)
+
+
+def _handle_stop_signals(handler: Callable[[int, FrameType | None], None]) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
 
 
 def start_detached(config_path: Path, config: ClusterConfig) -> RunState:
@@ -137,8 +165,10 @@ def down(
     """Stop the app (and the local Ray that ``up`` started); returns what was done."""
     state = run_state.read_state(app_name)
     if state is not None and state.owner_pid is not None and dashboard_url is None:
-        _stop_owner(state.owner_pid, timeout_s)
+        stopped = _stop_owner(state.owner_pid, state.owner_start_ticks, timeout_s)
         run_state.clear_state(app_name)
+        if not stopped:
+            return f"pdserve (pid {state.owner_pid}) was not running; cleared its run state"
         return f"stopped pdserve (pid {state.owner_pid}) and its local Ray"
     url, address, auth_mode = _target(app_name, dashboard_url, ray_address)
     with attached(address, auth_mode=auth_mode):
@@ -185,19 +215,19 @@ def _target(
     return state.dashboard_url, state.ray_address, state.ray_auth_mode
 
 
-def _stop_owner(pid: int, timeout_s: float) -> None:
+def _stop_owner(pid: int, start_ticks: int | None, timeout_s: float) -> bool:
+    """SIGTERM the ``up`` that recorded ``pid`` (started at ``start_ticks``) and wait until it
+    has exited (a zombie has: its parent may never reap it). False when it was not running."""
+    owner = process_tree.ref(pid)
+    if owner is None or (start_ticks is not None and owner.start_ticks != start_ticks):
+        return False  # gone, or its pid now belongs to another process
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(owner.pid, signal.SIGTERM)
     except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    raise UnavailableError(f"pdserve (pid {pid}) did not stop within {timeout_s:.0f}s")
+        return False
+    if process_tree.wait_stopped([owner], timeout_s):
+        raise UnavailableError(f"pdserve (pid {pid}) did not stop within {timeout_s:.0f}s")
+    return True
 
 
 def _remove_quietly(dashboard_url: str, app_name: str) -> None:

@@ -1,9 +1,9 @@
 """Starting a local Ray for ``pdserve up`` or attaching to an existing cluster.
 
 A local Ray is started in-process with ``ray.init`` (this process owns it: when it exits or
-calls ``ray.shutdown()`` every Ray process it started stops with it — nothing is left behind
-and nothing else is touched). The dashboard is always on: deploys and live scaling go through
-Serve's REST API on it.
+calls ``ray.shutdown()`` every Ray process it started stops with it — nothing else is
+touched; :func:`stop_local_ray` also waits until they all have). The dashboard is always on:
+deploys and live scaling go through Serve's REST API on it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from cluster.ops import process_tree
 from core.config import RayClusterConfig
 from core.errors import UnavailableError
 
@@ -22,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 
 _AUTH_MODE_VAR = "RAY_AUTH_MODE"
+LOCAL_RAY_EXIT_TIMEOUT_S = 10.0
+"""How long :func:`stop_local_ray` waits for the processes of the local Ray to exit."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,23 @@ def shutdown() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def stop_local_ray(exit_timeout_s: float = LOCAL_RAY_EXIT_TIMEOUT_S) -> None:
+    """Stop the local Ray this process started and wait until every process of it (this
+    process's descendants: GCS, raylet, dashboard, workers) has exited; SIGKILL those still
+    running after ``exit_timeout_s``."""
+    ray_processes = process_tree.descendants(os.getpid())
+    shutdown()
+    left = process_tree.wait_stopped(ray_processes, exit_timeout_s)
+    if left:
+        logger.warning(
+            "killing %d Ray processes still running %.0fs after shutdown (pids %s)",
+            len(left),
+            exit_timeout_s,
+            [process.pid for process in left],
+        )
+        process_tree.kill(left)
 
 
 @contextmanager

@@ -31,6 +31,9 @@ class RunState:
     """Where a detached ``up`` writes its output."""
     ray_auth_mode: str | None = None
     """``RAY_AUTH_MODE`` of the cluster (``token``): clients attaching by address need it."""
+    owner_start_ticks: int | None = None
+    """Start time of ``owner_pid`` (``/proc`` clock ticks): ``down`` never signals a later
+    process that reuses the pid of an ``up`` that died without clearing this file."""
 
 
 def run_dir() -> Path:

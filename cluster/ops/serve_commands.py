@@ -84,7 +84,7 @@ def down_command(
     ),
     address: str = typer.Option("auto", "--address", help="Ray address with --dashboard."),
 ) -> None:
-    """Stop the app; also stops the local Ray that `pdserve up` started."""
+    """Stop the app; also stops the local Ray that `pdserve up` started (returns once it has)."""
     from cluster.ops import launcher
 
     try:

@@ -65,6 +65,6 @@ def build_ingress_settings(
         hash_seed=decode_engine.hash_seed,
         server=config.server,
         scheduler=config.scheduler,
-        prefill_pool=config.prefill.deployed,
+        prefill_required=config.prefill.min_replicas > 0,
         api_keys=load_api_keys(config.server, environ),
     )

@@ -161,6 +161,13 @@ class PoolConfig(StrictModel):
             )
         return 1 if self.num_replicas is None else self.num_replicas
 
+    @property
+    def min_replicas(self) -> int:
+        """Fewest replicas the pool runs: ``autoscaling.min_replicas``, else the fixed count."""
+        if self.autoscaling is not None:
+            return self.autoscaling.min_replicas
+        return self.initial_replicas
+
 
 class PrefillPoolConfig(PoolConfig):
     """The prefill pool: runs prompts, samples the first token, exports the KV."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
+
+from cluster.ops import process_tree
 
 T = TypeVar("T")
 
@@ -45,31 +45,13 @@ def wait_until(
 
 
 def descendant_pids(root_pid: int) -> list[int]:
-    """Every live descendant of ``root_pid`` (Linux ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [root_pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """Every running descendant of ``root_pid`` (Linux ``/proc``)."""
+    return [process.pid for process in process_tree.descendants(root_pid)]
 
 
 def is_running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return process_tree.is_running(pid)
 
 
 def free_port() -> int:

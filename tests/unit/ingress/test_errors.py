@@ -198,16 +198,16 @@ def test_ready_needs_both_pools(make_harness: Callable[..., Harness]) -> None:
         assert (r.json()["prefill"], r.json()["decode"]) == (prefill_ok, decode_ok)
 
 
-def test_ready_without_a_prefill_pool_needs_decode_only(
+def test_ready_without_a_required_prefill_pool_needs_decode_only(
     make_harness: Callable[..., Harness],
 ) -> None:
-    """Colocated serving (``prefill.num_replicas: 0``): no prefill pool to wait for."""
+    """Colocated serving, or a prefill pool autoscaled to zero: decode serves alone."""
     statuses = []
     for decode_ok in (True, False):
         h = make_harness(
             prefill=FakePrefill(is_healthy=False),
             decode=FakeDecode(is_healthy=decode_ok),
-            prefill_pool=False,
+            prefill_required=False,
         )
 
         async def ready(h: Harness = h) -> Any:
