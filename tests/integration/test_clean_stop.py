@@ -75,7 +75,7 @@ def test_down_stops_an_unreaped_up_cleanly(tmp_path: Path) -> None:
     env = {**os.environ, "PDSERVE_CACHE_DIR": str(tmp_path / "cache")}
     state_file = tmp_path / "cache" / "run" / "pdserve.json"
     terminal = tmp_path / "up-terminal.txt"
-    command = [sys.executable, "-m", "cluster.cli", "up", str(scaled_to_zero_config(tmp_path))]
+    command = [sys.executable, "-m", "cluster.ops.cli", "up", str(scaled_to_zero_config(tmp_path))]
     with terminal.open("wb") as out:
         up = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     cluster: list[ProcessRef] = []
@@ -107,7 +107,7 @@ def test_down_stops_an_unreaped_up_cleanly(tmp_path: Path) -> None:
         assert len(cluster) >= 5  # gcs, raylet, dashboard, Serve's actors, the replicas
         started = time.monotonic()
         down = subprocess.run(
-            [sys.executable, "-m", "cluster.cli", "down"],
+            [sys.executable, "-m", "cluster.ops.cli", "down"],
             env=env,
             capture_output=True,
             text=True,
