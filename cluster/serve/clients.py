@@ -89,9 +89,18 @@ class ServePrefillClient:
         self._watch = watch
 
     async def prefill(self, request: PrefillRequest) -> PrefillResult:
-        """Run the prompt on one prefill replica (see the module docstring for errors)."""
+        """Run the prompt on one prefill replica (see the module docstring for errors).
+
+        Cancelling this call (an ingress timeout, a client that left) cancels the Serve call, so
+        the replica aborts the request and frees its blocks instead of computing and pinning
+        the prompt for nobody."""
+        response = self._prefill.remote(to_plain(request))
         try:
-            plain: dict[str, Any] = await self._prefill.remote(to_plain(request))
+            plain: dict[str, Any] = await response
+        except asyncio.CancelledError:
+            response.cancel()
+            logger.info("request %s: prefill call cancelled on its replica", request.request_id)
+            raise
         except BackPressureError as e:
             raise OverloadedError(f"prefill pool is at capacity: {e}") from e
         except _SERVE_UNAVAILABLE as e:
