@@ -37,6 +37,7 @@ from cluster.loadtest.report import (
     write_records,
     write_summary,
 )
+from cluster.loadtest.server_tokens import ServerTokenCounter
 from cluster.loadtest.sweep import SweepResult, run_sweep
 from cluster.loadtest.tokens import TokenCounter
 from cluster.loadtest.types import Session
@@ -151,7 +152,9 @@ def execute(flags: BenchFlags, out: OutputOptions) -> int:
             highlight=False,
         )
         sessions = prepare_sessions(config, counter, base_dir)
-        limit = served.max_model_len or getattr(counter, "max_model_len", None)
+        limit = served.max_model_len
+        if limit is None and isinstance(counter, ServerTokenCounter):
+            limit = counter.max_model_len  # /tokenize reports it too
         if out.preflight and limit is not None:
             check_fits(sessions, counter, served.model_id, limit)
         elif out.preflight:
