@@ -213,7 +213,7 @@ def _finish(
             console.print(interference_table(output.summary["interference"]))
         lines = failure_lines(output.summary)
         if lines:
-            console.print("[bold]failed requests[/] (count × kind: message):")
+            console.print("[bold]failed requests by reason:[/]")
             for line in lines:
                 console.print(f"  {line}", highlight=False, markup=False)
     paths: list[Path] = []

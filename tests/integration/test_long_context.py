@@ -115,7 +115,7 @@ def test_every_request_failing_prints_grouped_reasons_and_exits_1(
     args = ("--dataset-name", "long-32k", "--num-prompts", "2", "--no-preflight")
     result = bench(app.endpoint, tmp_path, *args)
     assert result.returncode == 1, result.stdout + result.stderr
-    grouped = [ln.strip() for ln in result.stdout.splitlines() if " × " in ln]
+    grouped = [ln.strip() for ln in result.stdout.splitlines() if re.match(r"\s*\d+ × ", ln)]
     assert len(grouped) == 1, result.stdout
     assert grouped[0].startswith(
         f"2 × HTTP 400: this model's maximum context length is {MAX_MODEL_LEN} tokens"
