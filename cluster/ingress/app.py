@@ -26,6 +26,7 @@ from cluster.ingress.handlers import GenerationHandlers
 from cluster.ingress.metrics import ROLE, IngressMetrics
 from cluster.ingress.prompts import PromptBuilder, PromptTokenizer
 from cluster.ingress.settings import IngressSettings
+from cluster.ingress.tokenize_routes import add_tokenize_routes
 from core.errors import PdserveError
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ def create_app(
 
     app.add_api_route("/v1/completions", handlers.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", handlers.chat_completions, methods=["POST"])
+    add_tokenize_routes(app, tokenizer, settings, metrics)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

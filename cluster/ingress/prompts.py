@@ -35,6 +35,14 @@ class PromptTokenizer(Protocol):
         """Token ids of ``text``; ``add_special_tokens`` adds BOS where the model expects it."""
         ...
 
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """The text of ``token_ids`` (``/detokenize``)."""
+        ...
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of ``token_id`` (``/tokenize`` with ``return_token_strs``)."""
+        ...
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -14,10 +14,11 @@ from typing import Any
 import httpx
 
 from cluster.loadtest.client import OpenAIStreamClient, first_model
+from cluster.loadtest.counters import counting_report
 from cluster.loadtest.metrics import DEFAULT_PERCENTILE_METRICS, summarize
 from cluster.loadtest.runner import OnDone, run_sessions
 from cluster.loadtest.text import TextSynthesizer
-from cluster.loadtest.tokens import TokenCounter, load_token_counter
+from cluster.loadtest.tokens import TokenCounter
 from cluster.loadtest.types import RequestRecord, Session
 from cluster.loadtest.workloads import build_sessions, requests_per_session
 from core.config import LoadTestConfig
@@ -57,7 +58,7 @@ def expected_requests(config: LoadTestConfig, num_sessions: int) -> int:
     return num_sessions * requests_per_session(config.workload)
 
 
-def run_settings(config: LoadTestConfig, model: str, counter: TokenCounter) -> dict[str, Any]:
+def run_settings(config: LoadTestConfig, model: str) -> dict[str, Any]:
     """The run-description fields vLLM writes ahead of the metrics."""
     rate = config.arrivals.request_rate
     chat = config.target.endpoint.rstrip("/").endswith("chat/completions")
@@ -67,8 +68,6 @@ def run_settings(config: LoadTestConfig, model: str, counter: TokenCounter) -> d
         "endpoint_type": "openai-chat" if chat else "openai",
         "label": config.name,
         "model_id": model,
-        "tokenizer_id": counter.name,
-        "token_counts": "exact" if counter.exact else "approximate",
         "workload": config.workload.kind,
         "num_prompts": config.arrivals.num_requests,
         "request_rate": "inf" if math.isinf(rate) else rate,
@@ -114,10 +113,6 @@ async def run_benchmark(
         percentiles=report.percentiles,
         percentile_metrics=report.percentile_metrics,
     )
-    summary = {**run_settings(config, model, counter), **metrics}
+    counting = counting_report(result.records, counter)
+    summary = {**run_settings(config, model), **counting, **metrics}
     return BenchOutput(config=config, model=model, records=result.records, summary=summary)
-
-
-def load_counter(config: LoadTestConfig) -> TokenCounter:
-    """The token counter the config asks for (exact with a tokenizer, else approximate)."""
-    return load_token_counter(config.target.tokenizer, config.target.model)

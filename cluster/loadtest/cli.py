@@ -3,8 +3,10 @@
 Flags follow ``vllm bench serve`` where both tools have the feature (same names, same meaning);
 ``--goodput`` takes ``KEY:MS`` pairs repeated (``--goodput ttft:500 --goodput tpot:50``) or in
 one quoted string (``--goodput "ttft:500 tpot:50"``); percentiles are reported for ttft, tpot,
-itl and e2el unless ``--percentile-metrics`` narrows them. Exit status: 0, 1 when no request
-succeeded, 2 for bad flags or configs. The work happens in ``command.py``, imported when a
+itl and e2el unless ``--percentile-metrics`` narrows them. Before sending, the workload is
+checked against the server's ``max_model_len`` (``--no-preflight`` skips it). Exit status: 0,
+1 when no request succeeded (the failures, grouped, are printed), 2 for bad flags or configs
+or a workload that cannot fit. The work happens in ``command.py``, imported when a
 command runs, so ``pdserve --help`` stays fast.
 """
 
@@ -33,7 +35,7 @@ _BACKEND_ENDPOINTS = {
 
 
 def _fail(message: str) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -56,7 +58,8 @@ def bench(
     dataset_name: str | None = typer.Option(
         None,
         "--dataset-name",
-        help="random | long-32k | long-128k | shared-prefix | multi-turn | mooncake-trace.",
+        help="random | long-32k | long-128k | long-short-mix | shared-prefix | multi-turn | "
+        "mooncake-trace.",
     ),
     dataset_path: str | None = typer.Option(None, "--dataset-path", help="Mooncake JSONL."),
     random_input_len: int | None = typer.Option(None, "--random-input-len"),
@@ -84,6 +87,9 @@ def bench(
     result_dir: str | None = typer.Option(None, "--result-dir"),
     result_filename: str | None = typer.Option(None, "--result-filename"),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="PNG plots with results."),
+    no_preflight: bool = typer.Option(
+        False, "--no-preflight", help="Send even if the workload exceeds max_model_len."
+    ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (CI)."),
     disable_tqdm: bool = typer.Option(False, "--disable-tqdm", help="Same as --no-progress."),
     sweep: str | None = typer.Option(None, "--sweep", help="concurrency | rate: find knee."),
@@ -142,6 +148,7 @@ def bench(
         percentile_metrics=percentile_metrics,
         metric_percentiles=metric_percentiles,
         api_key=api_key,
+        preflight=not no_preflight,
     )
     try:
         code = execute(flags, out)

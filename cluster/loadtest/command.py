@@ -7,19 +7,27 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 from rich.console import Console
 
 from cluster.loadtest.bench import (
     BenchOutput,
     ReportOptions,
     expected_requests,
-    load_counter,
     prepare_sessions,
     run_benchmark,
 )
-from cluster.loadtest.console import BenchProgress, summary_table, sweep_table
+from cluster.loadtest.console import (
+    BenchProgress,
+    failure_lines,
+    interference_table,
+    summary_table,
+    sweep_table,
+)
+from cluster.loadtest.counters import choose_counter
 from cluster.loadtest.flags import BenchFlags, build_config
 from cluster.loadtest.metrics import METRIC_NAMES
+from cluster.loadtest.preflight import ServedModel, check_fits, list_models, pick_model
 from cluster.loadtest.report import (
     detailed_fields,
     render_markdown,
@@ -29,14 +37,19 @@ from cluster.loadtest.report import (
     write_records,
     write_summary,
 )
+from cluster.loadtest.server_tokens import ServerTokenCounter
 from cluster.loadtest.sweep import SweepResult, run_sweep
+from cluster.loadtest.tokens import TokenCounter
+from cluster.loadtest.types import Session
 from core.config import LoadTestConfig
-from core.errors import ConfigError
+from core.errors import ConfigError, UnavailableError
+
+_PROBE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
 class OutputOptions:
-    """Flags that shape reporting, not the load."""
+    """Flags that shape reporting and the checks before the run, not the load."""
 
     save_result: bool = False
     save_detailed: bool = False
@@ -47,6 +60,7 @@ class OutputOptions:
     percentile_metrics: str | None = None
     metric_percentiles: str = "99"
     api_key: str | None = None
+    preflight: bool = True
 
 
 def report_options(out: OutputOptions) -> ReportOptions:
@@ -106,16 +120,57 @@ def _total(config: LoadTestConfig, num_sessions: int) -> int | None:
     return None if config.arrivals.duration_s else expected_requests(config, num_sessions)
 
 
+def _served_model(
+    config: LoadTestConfig, http: httpx.Client, api_key: str | None, err: Console
+) -> ServedModel:
+    """The model to send (``--model`` or the server's first) and its ``max_model_len``."""
+    try:
+        models = list_models(http, config.target.base_url, api_key)
+    except UnavailableError as e:
+        if config.target.model is None:
+            raise UnavailableError(f"{e.message}; pass --model") from e
+        err.print(f"warning: {e.message}: no preflight check", highlight=False)
+        return ServedModel(config.target.model, None)
+    return pick_model(models, config.target.model)
+
+
 def execute(flags: BenchFlags, out: OutputOptions) -> int:
     """Run ``pdserve bench``; the exit code is 1 when no request succeeded, else 0."""
     config, base_dir = build_config(flags)
     report = report_options(out)
-    counter = load_counter(config)
-    console, err = Console(), Console(stderr=True)
-    err.print(
-        f"preparing {config.arrivals.num_requests} sessions ({counter.name})", highlight=False
-    )
-    sessions = prepare_sessions(config, counter, base_dir)
+    console, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
+    with httpx.Client(timeout=_PROBE_TIMEOUT_S) as http:
+        served = _served_model(config, http, out.api_key, err)
+        target = config.target.model_copy(update={"model": served.model_id})
+        config = config.model_copy(update={"target": target})
+        counter = choose_counter(
+            config, served.model_id, http, api_key=out.api_key, max_model_len=served.max_model_len
+        )
+        err.print(
+            f"preparing {config.arrivals.num_requests} sessions (token counts: {counter.mode}, "
+            f"{counter.name})",
+            highlight=False,
+        )
+        sessions = prepare_sessions(config, counter, base_dir)
+        limit = served.max_model_len
+        if limit is None and isinstance(counter, ServerTokenCounter):
+            limit = counter.max_model_len  # /tokenize reports it too
+        if out.preflight and limit is not None:
+            check_fits(sessions, counter, served.model_id, limit)
+        elif out.preflight:
+            err.print("warning: the server reports no max_model_len: no preflight check")
+        outputs, sweep = _run(config, sessions, counter, report, out, err)
+    return _finish(outputs, sweep, out, console, err)
+
+
+def _run(
+    config: LoadTestConfig,
+    sessions: list[Session],
+    counter: TokenCounter,
+    report: ReportOptions,
+    out: OutputOptions,
+    err: Console,
+) -> tuple[list[BenchOutput], SweepResult | None]:
     with BenchProgress(out.progress, err) as progress:
         progress.start_run(_total(config, len(sessions)))
         if config.sweep is None:
@@ -129,22 +184,20 @@ def execute(flags: BenchFlags, out: OutputOptions) -> int:
                     on_done=progress.on_done,
                 )
             )
-            outputs, sweep = [output], None
-        else:
-            sweep = asyncio.run(
-                run_sweep(
-                    config,
-                    config.sweep,
-                    sessions,
-                    counter,
-                    report=report,
-                    api_key=out.api_key,
-                    on_done=progress.on_done,
-                    on_level=lambda _load, _out: progress.start_run(_total(config, len(sessions))),
-                )
+            return [output], None
+        sweep = asyncio.run(
+            run_sweep(
+                config,
+                config.sweep,
+                sessions,
+                counter,
+                report=report,
+                api_key=out.api_key,
+                on_done=progress.on_done,
+                on_level=lambda _load, _out: progress.start_run(_total(config, len(sessions))),
             )
-            outputs = list(sweep.outputs)
-    return _finish(outputs, sweep, out, console, err)
+        )
+        return list(sweep.outputs), sweep
 
 
 def _finish(
@@ -156,6 +209,13 @@ def _finish(
 ) -> int:
     for output in outputs:
         console.print(summary_table(output.summary))
+        if "interference" in output.summary:
+            console.print(interference_table(output.summary["interference"]))
+        lines = failure_lines(output.summary)
+        if lines:
+            console.print("[bold]failed requests by reason:[/]")
+            for line in lines:
+                console.print(f"  {line}", highlight=False, markup=False)
     paths: list[Path] = []
     if sweep is not None:
         console.print(sweep_table(sweep.to_dict()))
@@ -165,6 +225,10 @@ def _finish(
     for path in paths:
         console.print(f"wrote {path}", highlight=False)
     if sum(o.summary["completed"] for o in outputs) == 0:
-        err.print("[bold red]error:[/] no request succeeded", highlight=False)
+        failed = sum(o.summary["failed"] for o in outputs)
+        err.print(
+            f"[bold red]error:[/] no request succeeded ({failed} failed; reasons above)",
+            highlight=False,
+        )
         return 1
     return 0

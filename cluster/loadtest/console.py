@@ -18,6 +18,7 @@ from rich.progress import (
 from rich.table import Table
 
 from cluster.loadtest.compare import ComparisonRow
+from cluster.loadtest.failures import reason_line
 from cluster.loadtest.metrics import METRIC_NAMES
 from cluster.loadtest.types import THROUGHPUT_KEYS, StreamOutcome
 
@@ -90,6 +91,29 @@ def summary_table(summary: dict[str, Any]) -> Table:
     for metric in METRIC_NAMES:
         for key in sorted(k for k in summary if k.endswith(f"_{metric}_ms")):
             table.add_row(key, _fmt(summary[key]))
+    return table
+
+
+def failure_lines(summary: dict[str, Any]) -> list[str]:
+    """``2 × HTTP 400: ...`` per group of failed requests (none when all succeeded)."""
+    return [reason_line(reason) for reason in summary.get("failure_reasons") or []]
+
+
+def interference_table(interference: dict[str, Any]) -> Table:
+    """Short requests' TTFT / ITL during long prefills against outside them."""
+    table = Table(
+        title=(
+            f"Short requests around long prompts ({interference['long_completed']} of "
+            f"{interference['long_requests']} long completed)"
+        )
+    )
+    sections = ("short_during_long_prefill", "short_outside_long_prefill", "short_all")
+    table.add_column("metric")
+    for section in sections:
+        table.add_column(section.removeprefix("short_").replace("_", " "), justify="right")
+    keys = [k for k in interference[sections[0]] if k.endswith("_ms") or k.startswith("num_")]
+    for key in keys:
+        table.add_row(key, *(_fmt(interference[s].get(key)) for s in sections))
     return table
 
 

@@ -3,8 +3,9 @@
 Precedence: built-in defaults < the ``--workload`` YAML < flags given on the command line
 (flags left unset are ``None`` and change nothing). ``--dataset-name`` replaces the YAML's
 workload; the ``--random-*`` flags then tune a random-kind workload (random, long-32k,
-long-128k). As ``vllm bench serve`` does, random workloads send ``ignore_eos`` unless
-``--no-ignore-eos`` (or the YAML) says otherwise, so outputs run to their requested length.
+long-128k). As ``vllm bench serve`` does, random workloads (and the long-short mix) send
+``ignore_eos`` unless ``--no-ignore-eos`` (or the YAML) says otherwise, so outputs run to their
+requested length.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def _target(data: dict[str, Any], flags: BenchFlags, workload_kind: str) -> dict
         ("ignore_eos", flags.ignore_eos),
     ):
         _set(target, key, value)
-    if workload_kind == "random":
+    if workload_kind in ("random", "long-short-mix"):
         target.setdefault("ignore_eos", True)
     return target
 

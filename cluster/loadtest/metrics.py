@@ -11,7 +11,9 @@ Over successful requests only:
   output token has TPOT 0) per second of duration; ``None`` without SLOs.
 
 Mean/median/std/percentiles use numpy (linear interpolation); an empty list reports 0, as vLLM
-does. Failed requests appear only in ``failed`` and ``failures_by_kind``.
+does. Failed requests appear only in ``failed``, ``failures_by_kind`` and ``failure_reasons``
+(grouped by kind and message, ``failures.py``). Runs of the long-short mix add an
+``interference`` section (``interference.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from cluster.loadtest.failures import failure_reasons
+from cluster.loadtest.interference import interference_summary
 from cluster.loadtest.types import RequestRecord
 from core.config import SloConfig
 
@@ -103,6 +107,7 @@ def summarize(
         "completed": len(ok),
         "failed": len(records) - len(ok),
         "failures_by_kind": dict(sorted(failures.items())),
+        "failure_reasons": failure_reasons(records),
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
         "request_throughput": len(ok) / duration_s,
@@ -120,4 +125,7 @@ def summarize(
         if metric in percentile_metrics:
             for p in percentiles:
                 summary[percentile_key(metric, p)] = float(np.percentile(samples, p))
+    interference = interference_summary(records)
+    if interference is not None:
+        summary["interference"] = interference
     return summary

@@ -2,7 +2,9 @@
 
 - ``ttft_vs_input``: TTFT of each successful request against its prompt length;
 - ``itl_cdf``: the empirical CDF of every inter-token gap;
-- ``timeline``: output tokens per second and requests in flight, per 1-second bucket.
+- ``timeline``: output tokens per second and requests in flight, per 1-second bucket;
+- ``interference`` (long-short mix only): the short requests' TTFT over time with the long
+  prompts' prefill windows shaded, and their ITL CDF during those windows against outside them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from cluster.loadtest.interference import prefill_windows, split_short_samples
 from cluster.loadtest.types import RequestRecord
 
 
@@ -70,7 +73,43 @@ def write_plots(records: Sequence[RequestRecord], stem: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(paths[2])
     plt.close(fig)
+    if any(r.label == "long" for r in records) and any(r.label == "short" for r in records):
+        interference = stem.with_name(stem.name + ".interference.png")
+        paths.append(write_interference_plot(records, interference))
     return paths
+
+
+def write_interference_plot(records: Sequence[RequestRecord], path: Path) -> Path:
+    """Short-request TTFT over time under the long prefill windows, and short ITL CDFs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    windows = prefill_windows(records)
+    samples = split_short_samples(records, windows)
+    shorts = [r for r in records if r.label == "short" and r.success]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for begin_s, end_s in windows:
+        left.axvspan(begin_s, end_s, color="tab:orange", alpha=0.2, lw=0)
+    left.scatter([r.start_s for r in shorts], [r.ttft_s * 1000 for r in shorts], s=8)
+    left.set(
+        xlabel="request start (s); shaded: a long prompt prefilling",
+        ylabel="short request TTFT (ms)",
+        title="Short-request TTFT around long prompts",
+    )
+    for side, color in (("during", "tab:orange"), ("outside", "tab:blue")):
+        gaps_ms = np.sort(np.asarray(samples[side]["itl"]) * 1000)
+        if gaps_ms.size:
+            fraction = np.arange(1, gaps_ms.size + 1) / gaps_ms.size
+            right.plot(gaps_ms, fraction, color=color, label=f"{side} long prefill")
+    right.set(xlabel="short-request ITL (ms)", ylabel="fraction of gaps", title="Short ITL CDF")
+    right.set_xscale("log")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def write_sweep_plot(sweep: dict[str, Any], path: Path) -> Path:

@@ -3,6 +3,9 @@
 - ``long-32k`` / ``long-128k``: long-context traffic, prompt lengths lognormal with a median of
   a quarter of the ceiling (8K / 32K), clipped to [1K, 32K] / [4K, 128K]; short outputs
   (uniform 64..192 tokens), the shape of RAG and document-QA traffic.
+- ``long-short-mix``: every tenth request long (8K..24K-token prompt, 16 tokens out) among
+  short ones (128..384-token prompts, 48..80 tokens out): the summary's ``interference``
+  section compares the short requests' TTFT and ITL while long prompts prefill with the rest.
 - ``shared-prefix``: 8 system prompts of 2K tokens shared by users sending 256-token questions.
 - ``multi-turn``: 4-turn chats carrying their history, 1 s mean think time.
 - ``mooncake-trace`` needs ``--dataset-path``; ``random`` is configured by the ``--random-*``
@@ -39,6 +42,14 @@ PRESET_WORKLOADS: dict[str, dict[str, Any]] = {
             "max_tokens": 131072,
         },
         "output_len": _SHORT_OUTPUT,
+    },
+    "long-short-mix": {
+        "kind": "long-short-mix",
+        "long_fraction": 0.1,
+        "long_input_len": {"distribution": "uniform", "tokens": 16384, "range_ratio": 0.5},
+        "long_output_len": {"distribution": "fixed", "tokens": 16},
+        "short_input_len": {"distribution": "uniform", "tokens": 256, "range_ratio": 0.5},
+        "short_output_len": {"distribution": "uniform", "tokens": 64, "range_ratio": 0.25},
     },
     "shared-prefix": {
         "kind": "shared-prefix",

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from cluster.loadtest.failures import reason_label
 from cluster.loadtest.metrics import METRIC_NAMES
 from cluster.loadtest.types import THROUGHPUT_KEYS, RequestRecord
 
@@ -97,6 +98,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| {key} | {_fmt(summary.get(key))} |")
     lines.append(f"| max_concurrency | {_fmt(summary.get('max_concurrency'))} |")
     lines.append(f"| token_counts | {_fmt(summary.get('token_counts'))} |")
+    error = summary.get("prompt_token_error_pct")
+    if error:
+        lines.append(
+            f"| prompt token error vs server (%) | mean {error['mean_abs']:.3f}, "
+            f"max {error['max_abs']:.3f} over {error['requests']} requests |"
+        )
     lines += ["", "| result | value |", "|---|---|"]
     for key in THROUGHPUT_KEYS:
         lines.append(f"| {key} | {_fmt(summary.get(key))} |")
@@ -110,8 +117,38 @@ def render_markdown(summary: dict[str, Any]) -> str:
         cells = [summary.get(f"{stat}_{metric}_ms") for stat in ("mean", "median", "std")]
         cells += [summary.get(f"{p}_{metric}_ms") for p in percentile_keys]
         lines.append(f"| {_METRIC_TITLES[metric]} | " + " | ".join(_fmt(c) for c in cells) + " |")
+    lines += _interference_lines(summary.get("interference"))
     failures = summary.get("failures_by_kind") or {}
     if failures:
         lines += ["", "| failure kind | requests |", "|---|---|"]
         lines += [f"| {kind} | {count} |" for kind, count in failures.items()]
+    reasons = summary.get("failure_reasons") or []
+    if reasons:
+        lines += ["", "| requests | failed as | message |", "|---|---|---|"]
+        lines += [f"| {r['count']} | {reason_label(r)} | {_cell(r['message'])} |" for r in reasons]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _interference_lines(interference: dict[str, Any] | None) -> list[str]:
+    """Short requests' TTFT / ITL percentiles during long prefills and outside them."""
+    if not interference:
+        return []
+    sections = ("short_during_long_prefill", "short_outside_long_prefill", "short_all")
+    lines = [
+        "",
+        f"Short requests around long prompts: {interference['long_completed']} of "
+        f"{interference['long_requests']} long and {interference['short_completed']} of "
+        f"{interference['short_requests']} short requests completed.",
+        "",
+        "| short requests (ms) | " + " | ".join(sections) + " |",
+        "|---|" + "---|" * len(sections),
+    ]
+    keys = [k for k in interference[sections[0]] if k.endswith("_ms") or k.startswith("num_")]
+    for key in keys:
+        cells = " | ".join(_fmt(interference[section].get(key)) for section in sections)
+        lines.append(f"| {key} | {cells} |")
+    return lines

@@ -37,6 +37,7 @@ class _Sent:
     max_output_tokens: int
     queued_at_s: float
     outcome: StreamOutcome
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class _SessionDriver:
                     turn.max_output_tokens,
                     queued_at_s,
                     outcome,
+                    session.label,
                 )
             )
             if self._on_done is not None:
@@ -117,6 +119,7 @@ def _record(sent: _Sent, start_s: float, counter: TokenCounter) -> RequestRecord
         output_tokens, source = counter.count(out.generated_text), "tokenizer"
     else:
         output_tokens, source = out.num_token_chunks, "chunks"
+    expected_prompt_tokens = sent.prompt_tokens + counter.overhead_tokens
     return RequestRecord(
         request_id=sent.request_id,
         session_id=sent.session_id,
@@ -124,7 +127,7 @@ def _record(sent: _Sent, start_s: float, counter: TokenCounter) -> RequestRecord
         success=out.success,
         start_s=out.start_time_s - start_s,
         queue_s=out.start_time_s - sent.queued_at_s,
-        prompt_tokens=out.usage_prompt_tokens or sent.prompt_tokens,
+        prompt_tokens=out.usage_prompt_tokens or expected_prompt_tokens,
         output_tokens=output_tokens,
         ttft_s=out.ttft_s,
         latency_s=out.latency_s,
@@ -134,6 +137,9 @@ def _record(sent: _Sent, start_s: float, counter: TokenCounter) -> RequestRecord
         http_status=out.http_status,
         max_output_tokens=sent.max_output_tokens,
         output_token_source=source,
+        expected_prompt_tokens=expected_prompt_tokens,
+        prompt_token_source="usage" if out.usage_prompt_tokens else "bench",
+        label=sent.label,
     )
 
 

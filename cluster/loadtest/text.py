@@ -7,6 +7,10 @@ byte tokenizers alike. With an exact tokenizer every text is re-counted and patc
 one-token *filler* units if a tokenizer merges across units after all; the returned count is
 always the counter's. Units join without separators, so any prefix of units is a prefix of the
 text: prompts that share units share text exactly (what shared-prefix and trace replay rely on).
+A counter that estimates in words (``tokens_per_count`` != 1, the calibrated mode) gets
+``tokens / tokens_per_count`` words for a requested token count. ``overhead_tokens`` (the
+counter's) is what the server adds to a prompt; workloads subtract it so that prompts are the
+requested length on the server.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ _WORD_TEXT = (
     "live hold bring begin keep start show hear turn help call try ask need feel leave put "
 )
 _WORDS = tuple(_WORD_TEXT.split())
+WORD_UNITS = tuple(f" {w}" for w in _WORDS)
+"""Every unit prompts may draw from (a word with its leading space), each equally likely."""
 _FILLER_CANDIDATES = (" a", " I", ".", ",", "a", " the", "x")
 _MAX_PATCHES = 4
 
@@ -43,7 +49,9 @@ class TextSynthesizer:
 
     def __init__(self, counter: TokenCounter) -> None:
         self._counter = counter
-        units = [(f" {w}", counter.count(f" {w}")) for w in _WORDS]
+        self._scale = counter.tokens_per_count
+        self.overhead_tokens = counter.overhead_tokens
+        units = [(u, counter.count(u)) for u in WORD_UNITS]
         additive = [(u, c) for u, c in units if c >= 1 and counter.count(u * 3) == 3 * c]
         if not additive:
             logger.warning("tokenizer %s merges across words: counts may be off", counter.name)
@@ -65,8 +73,13 @@ class TextSynthesizer:
                 return candidate
         return self._units[int(np.argmin(self._costs))]
 
+    def _counts(self, num_tokens: int) -> int:
+        """``num_tokens`` in the counter's units."""
+        return num_tokens if self._scale == 1.0 else max(0, round(num_tokens / self._scale))
+
     def draw_units(self, num_tokens: int, rng: np.random.Generator) -> list[str]:
         """Random units whose costs sum to ``num_tokens`` (fillers top up the remainder)."""
+        num_tokens = self._counts(num_tokens)
         if num_tokens <= 0:
             return []
         mean_cost = float(self._costs.mean())
@@ -85,6 +98,7 @@ class TextSynthesizer:
 
     def prefix_units(self, units: list[str], num_tokens: int) -> list[str]:
         """The leading units of ``units`` costing ``num_tokens`` (topped up with fillers)."""
+        num_tokens = self._counts(num_tokens)
         out: list[str] = []
         total = 0
         for unit in units:
@@ -98,10 +112,12 @@ class TextSynthesizer:
     def finish(self, units: list[str], num_tokens: int) -> tuple[str, int]:
         """Join ``units`` into text; with an exact counter, patch it to ``num_tokens`` tokens.
 
-        Returns the text and its token count as the counter measures it.
+        Returns the text and its token count as the counter measures (or estimates) it.
         """
         text = "".join(units)
         actual = self._counter.count(text)
+        if self._scale != 1.0:
+            return text, round(actual * self._scale)
         for _ in range(_MAX_PATCHES):
             if actual == num_tokens or not self._counter.exact:
                 break

@@ -1,15 +1,19 @@
-"""Counting prompt tokens: exactly with the target model's ``tokenizer.json``, or approximately.
+"""Counting prompt tokens: the ``TokenCounter`` contract, a local tokenizer, and the fallback.
 
-``--tokenizer`` (or a ``--model`` that is a local directory) takes a ``tokenizer.json`` file or
-a directory holding one; ``builtin:NAME`` looks in the built-in model cache
-(``core.env.cache_dir()/models/NAME``, written the first time pdserve loads that model; pass
-that directory explicitly if your cache lives elsewhere).
+A counter counts *text* tokens (no special tokens); ``overhead_tokens`` is what the server adds
+around one prompt (BOS, a chat template), so a request's prompt is ``count(text) +
+overhead_tokens`` tokens on the server. ``tokens_per_count`` converts the counter's unit into
+tokens (1 except for the calibrated estimate, which counts words). Four modes, best first:
 
-Without a tokenizer the count is an **approximation**: one token per whitespace-separated word.
-Prompts are then built from short common English words, which Llama-3, Qwen2 and Mistral
-vocabularies hold as single tokens (with their leading space), so prompt lengths land within a
-few percent of the real count; the server's ``usage.prompt_tokens`` (when it reports usage)
-replaces the estimate in the results anyway.
+- ``tokenizer``: ``--tokenizer`` (or a ``--model`` that is a local directory) names a
+  ``tokenizer.json`` file or a directory holding one; ``builtin:NAME`` looks in the built-in
+  model cache (``core.env.cache_dir()/models/NAME``, written the first time pdserve loads it).
+- ``server``: the server counts (``POST /tokenize``, see ``server_tokens.py``).
+- ``calibrated``: words scaled by tokens-per-word fitted to the server's reported usage
+  (``calibration.py``).
+- ``approximate``: one token per whitespace-separated word. Prompts are built from short
+  common English words, which Llama-3, Qwen2 and Mistral vocabularies hold as single tokens,
+  so lengths land within a few percent there (a byte-level tokenizer is off ~6x).
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ class TokenCounter(Protocol):
     """Counts the tokens a text encodes to (no special tokens added)."""
 
     name: str
+    """What counts (a tokenizer path, a server URL, a description)."""
     exact: bool
+    """True when ``count`` is the target tokenizer's own count."""
+    mode: str
+    """``tokenizer``, ``server``, ``calibrated`` or ``approximate``."""
+    overhead_tokens: int
+    """Tokens the server adds around one prompt (BOS, chat template)."""
+    tokens_per_count: float
+    """Tokens per unit of ``count`` (1.0 unless the counter estimates in words)."""
 
     def count(self, text: str) -> int:
         """Number of tokens in ``text``."""
@@ -39,6 +51,9 @@ class WordCounter:
 
     name = "approx-words"
     exact = False
+    mode = "approximate"
+    overhead_tokens = 0
+    tokens_per_count = 1.0
 
     def count(self, text: str) -> int:
         """Whitespace-separated words in ``text``."""
@@ -49,6 +64,8 @@ class HFTokenCounter:
     """Exact counts from a HF ``tokenizer.json`` via the ``tokenizers`` library."""
 
     exact = True
+    mode = "tokenizer"
+    tokens_per_count = 1.0
 
     def __init__(self, path: Path) -> None:
         from tokenizers import Tokenizer
@@ -58,6 +75,9 @@ class HFTokenCounter:
         except Exception as e:  # the library raises bare Exception subclasses
             raise ConfigError(f"cannot load tokenizer {path}: {e}", param="tokenizer") from e
         self.name = str(path)
+        # BOS and the like, as the tokenizer's own post-processor adds them (a server that adds
+        # BOS in its own code, not in tokenizer.json, adds one more: the report shows it).
+        self.overhead_tokens = len(self._tokenizer.encode("x").ids) - self.count("x")
 
     def count(self, text: str) -> int:
         """Tokens of ``text`` without special tokens."""

@@ -83,7 +83,9 @@ def trace_sessions(
     blocks: dict[int, list[str]] = {}
     for session_id, entry in enumerate(entries):
         units: list[str] = []
-        remaining = entry.input_length
+        # leave room for what the server adds (BOS ...): the server sees input_length tokens
+        input_tokens = max(1, entry.input_length - synth.overhead_tokens)
+        remaining = input_tokens
         for hash_id in entry.hash_ids:
             if remaining <= 0:
                 break
@@ -93,7 +95,7 @@ def trace_sessions(
             units += synth.prefix_units(blocks[hash_id], take)
             remaining -= take
         units += synth.draw_units(remaining, rng)
-        text, tokens = synth.finish(units, entry.input_length)
+        text, tokens = synth.finish(units, input_tokens)
         output = entry.output_length
         if cfg.max_output_tokens is not None:
             output = min(output, cfg.max_output_tokens)

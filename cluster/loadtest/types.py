@@ -42,6 +42,8 @@ class Session:
     system_text: str = ""
     system_tokens: int = 0
     arrival_s: float | None = None
+    label: str = ""
+    """A request class (``long`` / ``short`` in the long-short mix); empty: unlabelled."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,12 @@ class RequestRecord:
     http_status: int | None = None
     max_output_tokens: int = 0
     output_token_source: str = "usage"
+    expected_prompt_tokens: int = 0
+    """The prompt's length as the load tester planned it (its counter plus the overhead)."""
+    prompt_token_source: str = "bench"
+    """``usage`` when ``prompt_tokens`` is the server's count, else ``bench`` (planned)."""
+    label: str = ""
+    """The session's label (``long`` / ``short`` in the long-short mix)."""
 
     @property
     def tpot_s(self) -> float:

@@ -1,8 +1,10 @@
 """Turn a workload config into a (possibly endless) stream of sessions to send.
 
-Random and shared-prefix sessions are one request each; multi-turn sessions hold several turns
-whose history the runner carries (it needs the server's answers); trace replay is in
-``trace.py``. Everything draws from one seeded generator, so a seed fixes every prompt.
+Random, shared-prefix and long-short-mix sessions are one request each; multi-turn sessions hold
+several turns whose history the runner carries (it needs the server's answers); trace replay is
+in ``trace.py``. Everything draws from one seeded generator, so a seed fixes every prompt.
+Single-request prompts leave room for the tokens the server adds (``overhead_tokens``: BOS, a
+chat template), so the server sees exactly the requested length when the counter is exact.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from cluster.loadtest.text import TextSynthesizer
 from cluster.loadtest.trace import trace_sessions
 from cluster.loadtest.types import Session, Turn
 from core.config import (
+    LongShortMixWorkloadConfig,
     MultiTurnWorkloadConfig,
     RandomWorkloadConfig,
     SharedPrefixWorkloadConfig,
@@ -29,6 +32,7 @@ WorkloadConfig = (
     | SharedPrefixWorkloadConfig
     | MultiTurnWorkloadConfig
     | TraceWorkloadConfig
+    | LongShortMixWorkloadConfig
 )
 
 
@@ -38,11 +42,34 @@ def random_sessions(
     """vLLM's random dataset: one shared prefix (possibly empty) plus random text per prompt."""
     prefix = synth.draw_units(cfg.prefix_len_tokens, rng)
     for session_id in itertools.count():
-        input_tokens = sample_length(cfg.input_len, rng)
+        input_tokens = _fresh_tokens(sample_length(cfg.input_len, rng), synth)
         output_tokens = sample_length(cfg.output_len, rng)
         units = prefix + synth.draw_units(input_tokens, rng)
         text, tokens = synth.finish(units, cfg.prefix_len_tokens + input_tokens)
         yield Session(session_id=session_id, turns=(Turn(text, tokens, output_tokens),))
+
+
+def _fresh_tokens(requested: int, synth: TextSynthesizer) -> int:
+    """Tokens of new text for a prompt of ``requested`` tokens on the server (at least 1)."""
+    return max(1, requested - synth.overhead_tokens)
+
+
+def long_short_sessions(
+    cfg: LongShortMixWorkloadConfig, synth: TextSynthesizer, rng: np.random.Generator
+) -> Iterator[Session]:
+    """Short requests with long ones spread evenly among them, each labelled by its class."""
+    for session_id in itertools.count():
+        is_long = int((session_id + 1) * cfg.long_fraction) > int(session_id * cfg.long_fraction)
+        input_len = cfg.long_input_len if is_long else cfg.short_input_len
+        output_len = cfg.long_output_len if is_long else cfg.short_output_len
+        input_tokens = _fresh_tokens(sample_length(input_len, rng), synth)
+        output_tokens = sample_length(output_len, rng)
+        text, tokens = synth.make(input_tokens, rng)
+        yield Session(
+            session_id=session_id,
+            turns=(Turn(text, tokens, output_tokens),),
+            label="long" if is_long else "short",
+        )
 
 
 def shared_prefix_sessions(
@@ -52,7 +79,7 @@ def shared_prefix_sessions(
     prefixes = [synth.draw_units(cfg.prefix_len_tokens, rng) for _ in range(cfg.num_groups)]
     for session_id in itertools.count():
         group = int(rng.integers(0, cfg.num_groups))
-        suffix_tokens = sample_length(cfg.suffix_len, rng)
+        suffix_tokens = _fresh_tokens(sample_length(cfg.suffix_len, rng), synth)
         output_tokens = sample_length(cfg.output_len, rng)
         units = prefixes[group] + synth.draw_units(suffix_tokens, rng)
         text, tokens = synth.finish(units, cfg.prefix_len_tokens + suffix_tokens)
@@ -95,6 +122,8 @@ def build_sessions(
         return shared_prefix_sessions(workload, synth, rng)
     if isinstance(workload, MultiTurnWorkloadConfig):
         return multi_turn_sessions(workload, synth, rng)
+    if isinstance(workload, LongShortMixWorkloadConfig):
+        return long_short_sessions(workload, synth, rng)
     return trace_sessions(workload, synth, rng, base_dir)
 
 

@@ -23,6 +23,13 @@ class EngineConfig(StrictModel):
     max_num_batched_tokens: int = Field(
         2048, ge=1, description="Token budget of one engine step (chunked prefill splits prompts)."
     )
+    long_prefill_token_threshold: int | None = Field(
+        None,
+        ge=1,
+        description="Most prompt tokens one request may prefill in a step; the rest of the "
+        "step's budget stays open to other requests (short prompts keep flowing while a long "
+        "one prefills). None: a prompt may take the whole budget (vLLM's option of this name).",
+    )
     max_num_seqs: int = Field(64, ge=1, description="Most requests running at once.")
     enable_prefix_caching: bool = Field(True, description="Reuse cached full prompt blocks.")
     hash_seed: int = Field(

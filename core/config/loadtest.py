@@ -64,6 +64,30 @@ class SharedPrefixWorkloadConfig(StrictModel):
     )
 
 
+class LongShortMixWorkloadConfig(StrictModel):
+    """Long prompts among short requests: how much do long prefills hurt the short ones?
+
+    Long requests are spread evenly (request ``i`` is long when ``floor((i + 1) * f)`` exceeds
+    ``floor(i * f)``), so every stretch of the run carries its share; the summary reports the
+    short requests' TTFT and ITL while a long prompt prefills apart from the rest.
+    """
+
+    kind: Literal["long-short-mix"] = Field("long-short-mix", description="Workload type tag.")
+    long_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of long requests.")
+    long_input_len: LengthConfig = Field(
+        default_factory=lambda: _length(16384), description="Prompt tokens of a long request."
+    )
+    long_output_len: LengthConfig = Field(
+        default_factory=lambda: _length(16), description="max_tokens of a long request."
+    )
+    short_input_len: LengthConfig = Field(
+        default_factory=lambda: _length(128), description="Prompt tokens of a short request."
+    )
+    short_output_len: LengthConfig = Field(
+        default_factory=lambda: _length(64), description="max_tokens of a short request."
+    )
+
+
 class MultiTurnWorkloadConfig(StrictModel):
     """Chat sessions: each turn resends the whole history (earlier turns and answers)."""
 
@@ -196,6 +220,7 @@ class LoadTestConfig(StrictModel):
         | SharedPrefixWorkloadConfig
         | MultiTurnWorkloadConfig
         | TraceWorkloadConfig
+        | LongShortMixWorkloadConfig
     ) = Field(
         default_factory=lambda: RandomWorkloadConfig.model_validate({}),
         discriminator="kind",

@@ -6,7 +6,9 @@ A step's plan, in order:
 
 1. **Running** requests in arrival order. A decode costs one token; a partly computed prompt
    gets ``min(remaining, budget - decodes still to come)`` tokens, so decodes of running
-   requests are never starved by a long prefill (chunked prefill).
+   requests are never starved by a long prefill (chunked prefill). With
+   ``long_prefill_token_threshold`` a prompt's chunk is capped at it (admission too), which
+   leaves the rest of the budget to other prompts.
 2. If that needs a block the pool lacks, the **latest-arrived** running request is preempted
    (blocks freed, ``num_computed_tokens`` reset, back to the head of the waiting queue) —
    repeatedly, down to the request itself. Earlier requests therefore always progress.
@@ -63,6 +65,9 @@ class Scheduler:
         self.block_size = config.block_size
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
+        self.max_prefill_chunk = (
+            config.long_prefill_token_threshold or config.max_num_batched_tokens
+        )
         self.events = KVEventPublisher(kv_event_callback)
         self.kv = KVCacheManager(
             num_blocks,
@@ -143,7 +148,7 @@ class Scheduler:
                 decodes_left -= 1
                 num_new = 1
             else:
-                num_new = min(remaining, budget - decodes_left)
+                num_new = min(remaining, budget - decodes_left, self.max_prefill_chunk)
             if num_new <= 0:
                 index += 1
                 continue
@@ -185,7 +190,7 @@ class Scheduler:
             if request.num_computed_tokens == 0:  # holds no blocks: look for a cached prefix
                 computed = self.kv.get_computed_blocks(request, request.num_tokens - 1)
             remaining = request.num_uncomputed_tokens - computed.num_tokens
-            num_new = min(remaining, budget)
+            num_new = min(remaining, budget, self.max_prefill_chunk)
             if not self.kv.allocate_slots(request, num_new, computed):
                 break
             queues.waiting.popleft()

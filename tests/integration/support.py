@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -105,3 +107,17 @@ def app_config(http_port: int, **overrides: Any) -> dict[str, Any]:
     for section, values in overrides.items():
         config[section] = {**config.get(section, {}), **values}
     return config
+
+
+def pdserve_cli(
+    *args: str, env: dict[str, str] | None = None, timeout_s: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``pdserve`` CLI as a user would (``python -m cluster.ops.cli``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "cluster.ops.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )

@@ -5,6 +5,9 @@ tester's timings are taken against an independent clock-driven peer: the first t
 ``ttft_s`` after the request arrived and token ``k`` at ``ttft_s + k * itl_s`` (absolute
 deadlines, no drift). Streams use chunked encoding like uvicorn. ``faults`` maps the arrival
 index of a request (0-based) to a fault; every request is recorded with its arrival time.
+Token counts (usage, ``/tokenize`` when served) are ``tokens_of(text)`` plus ``bos_tokens``;
+calibration probes (request ids ``bench-calibrate-*``) are answered but kept apart in ``probes``
+so they take no fault index.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ class FakeBehaviour:
     ttft_overrides_s: dict[int, float] = field(default_factory=dict)
     include_usage: bool = True
     model: str = "fake-model"
+    max_model_len: int | None = None
+    serves_tokenize: bool = False
+    tokens_of: Callable[[str], int] = field(default=lambda text: len(text.split()))
+    bos_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ class FakeOpenAIServer:
     def __init__(self, behaviour: FakeBehaviour) -> None:
         self.behaviour = behaviour
         self.received: list[Received] = []
+        self.probes: list[Received] = []
+        self.num_tokenize_calls = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -118,18 +127,48 @@ class FakeOpenAIServer:
         }
         body_bytes = await reader.readexactly(int(headers.get("content-length", "0")))
         if method == "GET" and path == "/v1/models":
-            data = {"object": "list", "data": [{"id": self.behaviour.model, "object": "model"}]}
-            await self._send_json(writer, 200, data)
+            model: dict[str, Any] = {"id": self.behaviour.model, "object": "model"}
+            if self.behaviour.max_model_len is not None:
+                model["max_model_len"] = self.behaviour.max_model_len
+            await self._send_json(writer, 200, {"object": "list", "data": [model]})
             return
         body = json.loads(body_bytes or b"{}")
+        if path == "/tokenize":
+            await self._tokenize(writer, body)
+            return
+        if headers.get("x-request-id", "").startswith("bench-calibrate"):
+            with self._lock:
+                self.probes.append(Received(len(self.probes), arrival_s, path, body))
+            await self._complete(writer, -1, body, path.endswith("chat/completions"))
+            return
         with self._lock:
             index = len(self.received)
             self.received.append(Received(index, arrival_s, path, body))
         await self._complete(writer, index, body, path.endswith("chat/completions"))
 
+    async def _tokenize(self, writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
+        with self._lock:
+            self.num_tokenize_calls += 1
+        if not self.behaviour.serves_tokenize:
+            await self._send_json(writer, 404, {"detail": "Not Found"})
+            return
+        special = body.get("add_special_tokens", "messages" not in body)
+        text = Received(0, 0.0, "", body).prompt_text
+        count = self.behaviour.tokens_of(text) + (self.behaviour.bos_tokens if special else 0)
+        if "messages" in body:
+            count += 5  # a chat template's role markers
+        data = {"count": count, "max_model_len": self.behaviour.max_model_len, "tokens": []}
+        await self._send_json(writer, 200, data)
+
     async def _send_json(self, writer: asyncio.StreamWriter, status: int, data: Any) -> None:
         payload = json.dumps(data).encode()
-        reason = {200: "OK", 429: "Too Many Requests", 500: "Internal Server Error"}[status]
+        reason = {
+            200: "OK",
+            400: "Bad Request",
+            404: "Not Found",
+            429: "Too Many Requests",
+            500: "Internal Server Error",
+        }[status]
         extra = "Retry-After: 1\r\n" if status == 429 else ""
         writer.write(
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n{extra}"
@@ -150,9 +189,28 @@ class FakeOpenAIServer:
             choice = {"index": 0, "text": f" t{i}", "finish_reason": None}
         return f"data: {json.dumps({'id': 'x', 'choices': [choice]})}\n\n"
 
+    def _too_long(self, body: dict[str, Any]) -> str | None:
+        """pdserve's 400 message when prompt + max_tokens exceed ``max_model_len``."""
+        limit = self.behaviour.max_model_len
+        if limit is None:
+            return None
+        prompt = self.behaviour.tokens_of(Received(0, 0.0, "", body).prompt_text)
+        prompt += self.behaviour.bos_tokens
+        wanted = int(body.get("max_tokens") or 16)
+        if prompt + wanted <= limit:
+            return None
+        return (
+            f"this model's maximum context length is {limit} tokens; you requested "
+            f"{prompt + wanted} tokens ({prompt} in the prompt, {wanted} in the completion)"
+        )
+
     async def _complete(
         self, writer: asyncio.StreamWriter, index: int, body: dict[str, Any], chat: bool
     ) -> None:
+        too_long = self._too_long(body)
+        if too_long is not None:
+            await self._send_json(writer, 400, {"error": {"message": too_long, "code": 400}})
+            return
         fault = self.behaviour.faults.get(index)
         if fault in ("http_500", "http_429"):
             status = 500 if fault == "http_500" else 429
@@ -194,7 +252,8 @@ class FakeOpenAIServer:
             self._chunk(writer, "data: this is not json\n\n")
         if self.behaviour.include_usage and fault is None:
             prompt = Received(0, 0.0, "", body).prompt_text
-            usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n}
+            prompt_tokens = self.behaviour.tokens_of(prompt) + self.behaviour.bos_tokens
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
             self._chunk(writer, f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n")
         if fault != "truncate":
             self._chunk(writer, "data: [DONE]\n\n")

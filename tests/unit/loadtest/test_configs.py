@@ -17,7 +17,7 @@ WORKLOAD_FILES = sorted(WORKLOAD_DIR.glob("*.yaml"))
 def test_the_directory_has_the_documented_workloads() -> None:
     names = {p.stem for p in WORKLOAD_FILES}
     assert {"random-1k", "long-context-32k", "long-context-128k", "shared-prefix"} <= names
-    assert {"multi-turn-chat", "mooncake-trace", "concurrency-knee"} <= names
+    assert {"multi-turn-chat", "mooncake-trace", "concurrency-knee", "long-short-mix"} <= names
 
 
 @pytest.mark.parametrize("path", WORKLOAD_FILES, ids=lambda p: p.name)

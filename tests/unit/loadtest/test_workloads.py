@@ -133,7 +133,7 @@ def test_multi_turn_sessions() -> None:
 def test_presets_are_valid_workloads() -> None:
     for name in PRESET_WORKLOADS:
         config = _config(preset_workload(name), num=3)
-        assert config.workload.kind in ("random", "shared-prefix", "multi-turn")
+        assert config.workload.kind in ("random", "shared-prefix", "multi-turn", "long-short-mix")
     long_128k = _config(preset_workload("long-128k")).workload
     assert long_128k.input_len.max_tokens == 131072  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="long-32k"):

@@ -137,6 +137,7 @@ def make_harness() -> MakeHarness:
         max_num_seqs: int = 8,
         max_model_len: int = 200,
         caching: bool = True,
+        long_prefill: int | None = None,
     ) -> Harness:
         batches: list[KVEventBatch] = []
         config = EngineConfig(
@@ -145,6 +146,7 @@ def make_harness() -> MakeHarness:
             max_num_seqs=max_num_seqs,
             enable_prefix_caching=caching,
             hash_seed=3,
+            long_prefill_token_threshold=long_prefill,
         )
         scheduler = Scheduler(
             config,

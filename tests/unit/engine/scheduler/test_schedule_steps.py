@@ -58,6 +58,30 @@ def test_long_prompt_is_chunked_exactly_by_the_budget(make_harness: Any, referen
     h.assert_pool_whole()
 
 
+def test_long_prefill_threshold_leaves_budget_to_a_short_prompt(
+    make_harness: Any, reference: Any
+) -> None:
+    h = make_harness(budget=16, long_prefill=10)
+    long_prompt = [(5 * i) % 37 + 1 for i in range(30)]
+    h.add("long", long_prompt, max_tokens=2)
+    assert summary(h.step()) == [("long", 0, 10, False)]
+    h.add("short", [3, 4, 5, 6], max_tokens=2)  # arrives while the long prompt prefills
+    assert summary(h.step()) == [("long", 10, 10, False), ("short", 0, 4, True)]
+    assert summary(h.step()) == [("long", 20, 10, True), ("short", 4, 1, True)]
+    h.run()
+    assert h.outputs["long"] == reference(long_prompt, 2)
+    assert h.outputs["short"] == reference([3, 4, 5, 6], 2)
+    h.assert_pool_whole()
+
+
+def test_without_the_threshold_a_long_prompt_takes_the_budget(make_harness: Any) -> None:
+    h = make_harness(budget=16)
+    h.add("long", [(5 * i) % 37 + 1 for i in range(40)], max_tokens=2)
+    h.step()
+    h.add("short", [3, 4, 5, 6], max_tokens=2)
+    assert summary(h.step()) == [("long", 16, 16, False)]  # the short prompt waits
+
+
 def test_running_decodes_come_before_a_new_prompt_chunk(make_harness: Any) -> None:
     h = make_harness(budget=16)
     h.add("a", [1, 2, 3], max_tokens=10)
