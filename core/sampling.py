@@ -25,6 +25,9 @@ class SamplingParams:
     (the stop token itself is not part of the text). ``logprobs`` asks for the top-n
     log-probabilities of each sampled position (``None``: none). ``seed`` (0 .. ``MAX_SEED``)
     gives the request its own generator, so its samples do not depend on its batch neighbours.
+    ``n`` completions per prompt are produced by ``LLM.generate`` (one engine request each;
+    sequence ``i`` of a seeded prompt samples with ``seed + i`` modulo 2**64); an engine request
+    itself always has ``n == 1``.
     """
 
     max_tokens: int = 16
@@ -37,6 +40,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    n: int = 1
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -48,6 +52,11 @@ class SamplingParams:
         self._validate_stops()
 
     def _validate_lengths(self) -> None:
+        _check(
+            _is_int(self.n) and 1 <= self.n <= _MAX_INT64,
+            "n",
+            f"n must be an integer in [1, 2**63 - 1], got {self.n!r}",
+        )
         _check(
             _is_int(self.max_tokens) and 1 <= self.max_tokens <= _MAX_INT64,
             "max_tokens",

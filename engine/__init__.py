@@ -13,13 +13,15 @@ if TYPE_CHECKING:
     from core.sampling import SamplingParams
     from engine.engine import LLMEngine
     from engine.llm import LLM
-    from engine.outputs import RequestOutput
+    from engine.outputs import CompletionOutput, Logprob, RequestOutput
 
-__all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "LLMEngine", "Logprob", "RequestOutput", "SamplingParams"]
 
 _HOMES = {
     "LLM": "engine.llm",
     "LLMEngine": "engine.engine",
+    "CompletionOutput": "engine.outputs",
+    "Logprob": "engine.outputs",
     "RequestOutput": "engine.outputs",
     "SamplingParams": "core.sampling",
 }

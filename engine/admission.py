@@ -26,7 +26,8 @@ def check_request(
 ) -> None:
     """Raise ``InvalidRequestError`` (naming the field) unless the request can be admitted: a
     string id, ``SamplingParams``, a non-empty prompt, every token id (``first_token_id`` too)
-    in ``[0, vocab_size)``, ``logprobs`` within the vocab. The prompt's length against
+    in ``[0, vocab_size)``, ``n == 1`` (``LLM.generate`` fans ``n`` out into that many engine
+    requests), ``logprobs`` within the vocab. The prompt's length against
     ``max_model_len`` is the scheduler's check (``PromptTooLongError``), also run before it
     queues anything."""
     if not isinstance(request_id, str) or not request_id:
@@ -45,6 +46,12 @@ def check_request(
     if first_token_id is not None:
         param = "first_token_id"
         _check_token_id(request_id, first_token_id, vocab_size, param, param)
+    if params.n != 1:
+        raise SamplingParamsError(
+            f"request {request_id}: an engine request generates one sequence, got n={params.n} "
+            "(LLM.generate runs n requests per prompt)",
+            param="n",
+        )
     if params.logprobs is not None and params.logprobs > vocab_size:
         raise SamplingParamsError(
             f"request {request_id}: logprobs={params.logprobs} exceeds the vocabulary "

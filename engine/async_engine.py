@@ -23,6 +23,7 @@ which is easier to check in one file.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -36,7 +37,7 @@ from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import CompletionOutput, RequestOutput
 from engine.request import RequestStatus
 from engine.scheduler.output import ImportAllocation, SchedulerStats
 
@@ -109,13 +110,14 @@ class RequestStream:
 
     def _aborted_output(self) -> RequestOutput:
         last = self._last
+        empty = CompletionOutput(index=0, text="", token_ids=())
+        so_far = empty if last is None else last.outputs[0]
         return RequestOutput(
             request_id=self.request_id,
+            prompt=None if last is None else last.prompt,
             prompt_token_ids=self._prompt_token_ids,
-            token_ids=() if last is None else last.token_ids,
-            text="" if last is None else last.text,
+            outputs=[dataclasses.replace(so_far, finish_reason="abort", stop_reason=None)],
             finished=True,
-            finish_reason="abort",
             num_cached_tokens=0 if last is None else last.num_cached_tokens,
         )
 

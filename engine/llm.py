@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Mapping, Sequence
-from typing import Any
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 from core.config import DType, EngineConfig, ModelConfig
-from core.errors import InvalidRequestError
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
+from engine.offline_batch import (
+    PromptInput,
+    PromptJob,
+    gather,
+    params_list,
+    parse_prompts,
+    plan_prompt,
+)
 from engine.outputs import RequestOutput
 from engine.setup import build_engine_parts
+
+logger = logging.getLogger(__name__)
+
+Messages = Sequence[Mapping[str, Any]]
+"""One conversation: OpenAI-style ``{"role": ..., "content": ...}`` messages."""
 
 
 class LLM:
@@ -19,6 +33,8 @@ class LLM:
 
     ``model`` is a built-in name (``builtin:tiny-llama``, ``builtin:tiny-moe``) or a local HF
     directory. Engine options are the fields of :class:`core.config.EngineConfig`.
+    ``generate`` and ``chat`` return vLLM-shaped :class:`RequestOutput` s, one per prompt, in
+    input order: ``outs[0].outputs[0].text``.
     """
 
     def __init__(
@@ -59,72 +75,95 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | Sequence[str] | None = None,
+        prompts: PromptInput | Sequence[PromptInput] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs in input order."""
-        texts, token_lists = self._prompts(prompts, prompt_token_ids)
-        params = _params_list(sampling_params, len(token_lists))
-        request_ids = [f"offline-{next(self._ids)}" for _ in token_lists]
-        requests = list(zip(request_ids, texts, token_lists, params, strict=True))
-        for rid, _, ids, p in requests:  # refuse a bad batch before queueing any of it
-            self.engine.check_request(rid, ids, p)
+        """Generate for every prompt (text, ``{"prompt": text}``, ``{"prompt_token_ids": ids}``,
+        or ids via ``prompt_token_ids``); one output per prompt with ``n`` sequences each.
+        ``sampling_params`` is one for all prompts or one per prompt. ``use_tqdm`` shows a
+        progress bar on stderr (when tqdm is installed)."""
+        texts, token_lists = parse_prompts(prompts, prompt_token_ids, self.tokenizer.encode)
+        params = params_list(sampling_params, len(token_lists))
+        jobs = [
+            plan_prompt(f"offline-{next(self._ids)}", text, ids, p)
+            for text, ids, p in zip(texts, token_lists, params, strict=True)
+        ]
+        sequences = [(job, seq) for job in jobs for seq in job.sequences]
+        for job, seq in sequences:  # refuse a bad batch before queueing any of it
+            self.engine.check_request(seq.request_id, job.prompt_token_ids, seq.params)
         try:
-            for rid, text, ids, p in requests:
-                self.engine.add_request(rid, ids, p, prompt=text)
-            return self._run(request_ids)
+            for job, seq in sequences:
+                self.engine.add_request(
+                    seq.request_id, job.prompt_token_ids, seq.params, prompt=job.prompt
+                )
+            return self._run(jobs, use_tqdm)
         except BaseException:
-            for rid in request_ids:  # NOTE: after a failure, none of the batch stays queued
-                self.engine.abort(rid)
+            for _, seq in sequences:  # NOTE: after a failure, none of the batch stays queued
+                self.engine.abort(seq.request_id)
             raise
 
     def chat(
         self,
-        messages: Sequence[Mapping[str, Any]],
-        sampling_params: SamplingParams | None = None,
-    ) -> RequestOutput:
-        """Render ``messages`` with the model's chat template and generate one reply."""
-        prompt = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        return self.generate(prompt_token_ids=[ids], sampling_params=sampling_params)[0]
-
-    def _prompts(
-        self,
-        prompts: str | Sequence[str] | None,
-        prompt_token_ids: Sequence[Sequence[int]] | None,
-    ) -> tuple[list[str | None], list[list[int]]]:
-        if (prompts is None) == (prompt_token_ids is None):
-            raise InvalidRequestError(
-                "pass exactly one of prompts or prompt_token_ids", param="prompts"
+        messages: Messages | Sequence[Messages],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Render each conversation (one, or a list of them) with the model's chat template and
+        generate its reply; one output per conversation."""
+        conversations = _conversations(messages)
+        token_lists = []
+        for conversation in conversations:
+            prompt = self.tokenizer.apply_chat_template(
+                list(conversation), add_generation_prompt=True
             )
-        if prompt_token_ids is not None:
-            return [None] * len(prompt_token_ids), [list(ids) for ids in prompt_token_ids]
-        text_list = [prompts] if isinstance(prompts, str) else list(prompts or [])
-        return list(text_list), [self.tokenizer.encode(text) for text in text_list]
-
-    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
-        pending = set(request_ids)
-        final: dict[str, RequestOutput] = {}
-        while pending:
-            for output in self.engine.step():
-                if output.finished and output.request_id in pending:
-                    final[output.request_id] = output
-                    pending.discard(output.request_id)
-        return [final[rid] for rid in request_ids]
-
-
-def _params_list(
-    sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
-) -> list[SamplingParams]:
-    if sampling_params is None:
-        return [SamplingParams()] * count
-    if isinstance(sampling_params, SamplingParams):
-        return [sampling_params] * count
-    if len(sampling_params) != count:
-        raise InvalidRequestError(
-            f"got {len(sampling_params)} sampling_params for {count} prompts",
-            param="sampling_params",
+            token_lists.append(self.tokenizer.encode(prompt, add_special_tokens=False))
+        return self.generate(
+            prompt_token_ids=token_lists, sampling_params=sampling_params, use_tqdm=use_tqdm
         )
-    return list(sampling_params)
+
+    def _run(self, jobs: list[PromptJob], use_tqdm: bool) -> list[RequestOutput]:
+        owner = {seq.request_id: job for job in jobs for seq in job.sequences}
+        left = {job.request_id: len(job.sequences) for job in jobs}
+        finals: dict[str, RequestOutput] = {}
+        with _progress(len(jobs), use_tqdm) as advance:
+            while owner:
+                for output in self.engine.step():
+                    job = owner.pop(output.request_id, None) if output.finished else None
+                    if job is None:
+                        continue
+                    finals[output.request_id] = output
+                    left[job.request_id] -= 1
+                    if left[job.request_id] == 0:
+                        advance()
+        return [gather(job, finals) for job in jobs]
+
+
+def _conversations(messages: Messages | Sequence[Messages]) -> list[Messages]:
+    """A single conversation (a list of message dicts) or a list of conversations."""
+    items = list(messages)
+    if not items or isinstance(items[0], Mapping):
+        return [cast(Messages, items)]
+    return [cast(Messages, conversation) for conversation in items]
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Callable[[], None]]:
+    """Yields "one more prompt done"; a tqdm bar on stderr when enabled and tqdm is installed."""
+    if not enabled:
+        yield lambda: None
+        return
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        logger.debug("tqdm is not installed; no progress bar")
+        yield lambda: None
+        return
+    bar = tqdm(total=total, desc="Processed prompts", unit="prompt", dynamic_ncols=True)
+    try:
+        yield lambda: bar.update(1)
+    finally:
+        bar.close()

@@ -1,9 +1,11 @@
-"""Per-request output state: detokenize new tokens, apply stop strings, build RequestOutputs.
+"""Per-request output state: detokenize new tokens, apply stop strings, gather logprobs, build
+RequestOutputs.
 
 The scheduler decides token-level stops (EOS, stop token ids, lengths); this module owns the
 text-level ones. A stop string ends the request and is never emitted; the text of a finishing
 stop token (EOS or a ``stop_token_ids`` entry) is not emitted either, though its id stays in
-``token_ids`` as HF ``generate()`` keeps it.
+``token_ids`` as HF ``generate()`` keeps it. Where the request asked for ``logprobs``, each
+sampled position becomes vLLM's ``{token_id: Logprob}`` (the sampled token and the top-n).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.sampling import SamplingParams
-from engine.outputs import RequestOutput, TokenLogprob
+from engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput, TokenLogprob
 from engine.sampling import StopStringMatcher
 from engine.scheduler.output import RequestUpdate
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -28,7 +30,8 @@ class RequestState:
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] | None = None  # None unless the request asked for them
+    cumulative_logprob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class OutputProcessor:
             params=params,
             detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_token_ids=prompt_token_ids),
             stops=StopStringMatcher(params.stop),
+            logprobs=None if params.logprobs is None else [],
+            cumulative_logprob=None if params.logprobs is None else 0.0,
         )
 
     def process(
@@ -69,7 +74,7 @@ class OutputProcessor:
         new_ids = list(update.new_token_ids)
         state.token_ids.extend(new_ids)
         if logprob is not None:
-            state.logprobs.append(logprob)
+            self._add_logprob(state, logprob)
         text_ids = new_ids
         if update.finished and new_ids and update.stop_reason == new_ids[-1]:
             text_ids = new_ids[:-1]  # a finishing stop token has no text
@@ -85,17 +90,37 @@ class OutputProcessor:
         reason_str: str | None = None if reason is None else str(reason)
         if check.stopped:
             finished, reason_str = True, "stop"
+        completion = CompletionOutput(
+            index=0,
+            text=state.stops.text,
+            token_ids=tuple(state.token_ids),
+            cumulative_logprob=state.cumulative_logprob,
+            logprobs=None if state.logprobs is None else list(state.logprobs),
+            finish_reason=reason_str,
+            stop_reason=check.stop if check.stopped else update.stop_reason,
+        )
         output = RequestOutput(
             request_id=state.request_id,
+            prompt=state.prompt,
             prompt_token_ids=state.prompt_token_ids,
-            token_ids=tuple(state.token_ids),
-            text=state.stops.text,
+            outputs=[completion],
+            finished=finished,
+            num_cached_tokens=update.num_cached_tokens,
             new_token_ids=tuple(new_ids),
             new_text="".join(pieces),
-            finished=finished,
-            finish_reason=reason_str,
-            num_cached_tokens=update.num_cached_tokens,
-            prompt=state.prompt,
-            logprobs=tuple(state.logprobs),
         )
         return ProcessedUpdate(output, check.stop if check.stopped else None)
+
+    def _add_logprob(self, state: RequestState, logprob: TokenLogprob) -> None:
+        if state.logprobs is None or state.cumulative_logprob is None:
+            return
+        position = {logprob.token_id: self._entry(logprob.token_id, logprob.logprob, logprob.rank)}
+        ranked = zip(logprob.top_token_ids, logprob.top_logprobs, strict=True)
+        for rank, (token_id, value) in enumerate(ranked, start=1):
+            position.setdefault(token_id, self._entry(token_id, value, rank))
+        state.logprobs.append(position)
+        state.cumulative_logprob += logprob.logprob
+
+    def _entry(self, token_id: int, value: float, rank: int) -> Logprob:
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return Logprob(logprob=value, rank=rank, decoded_token=text)

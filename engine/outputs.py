@@ -1,37 +1,94 @@
-"""What the engine hands back per request: cumulative output plus the delta of the last step."""
+"""What the engine hands back per request, shaped like vLLM's ``RequestOutput``.
+
+A :class:`RequestOutput` carries one :class:`CompletionOutput` per generated sequence (the
+engine's own outputs have exactly one; ``LLM.generate`` gathers ``n`` of them per prompt),
+plus the delta of the last step that streams send.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """Log-probability of one sampled token and the top-n alternatives at its position."""
+    """The sampler's record of one sampled token: its log-probability, its rank in the vocabulary
+    (1 = most likely) and the top-n alternatives at its position (best first)."""
 
     token_id: int
     logprob: float
+    rank: int
     top_token_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
-class RequestOutput:
-    """The state of one request after an engine step.
+class Logprob:
+    """vLLM's per-token entry: log-probability, rank in the vocabulary (1 = most likely) and the
+    token's text."""
 
-    ``token_ids``/``text`` are cumulative; ``new_token_ids``/``new_text`` are what this step
-    added (what a stream sends). ``text`` never contains a matched stop string.
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PositionLogprobs = dict[int, Logprob]
+"""One generated position: token id -> :class:`Logprob`, the sampled token and the top-n."""
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    """One generated sequence of a request, cumulative so far.
+
+    ``text`` never contains a matched stop string. ``cumulative_logprob`` and ``logprobs`` (one
+    :data:`PositionLogprobs` per generated token) are ``None`` unless the request asked for
+    ``logprobs``. ``stop_reason`` is the stop string or stop token id that ended the sequence;
+    ``None`` for any other end (EOS included) and while it runs.
+    """
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        """True once the sequence has ended (vLLM's ``CompletionOutput.finished()``)."""
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """The state of one request: after an engine step, or finished from ``LLM.generate``.
+
+    ``outputs`` holds one :class:`CompletionOutput` per sequence (index 0 .. n-1).
     ``num_cached_tokens`` counts prompt tokens served from the prefix cache.
+    ``new_token_ids``/``new_text`` are what the last engine step added to ``outputs[0]`` (what a
+    stream sends); ``token_ids``, ``text`` and ``finish_reason`` read ``outputs[0]``.
     """
 
     request_id: str
+    prompt: str | None
     prompt_token_ids: tuple[int, ...]
-    token_ids: tuple[int, ...]
-    text: str
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0
     new_token_ids: tuple[int, ...] = ()
     new_text: str = ""
-    finished: bool = False
-    finish_reason: str | None = None
-    num_cached_tokens: int = 0
-    prompt: str | None = None
-    logprobs: tuple[TokenLogprob, ...] = field(default=(), compare=False)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The first sequence's generated token ids."""
+        return self.outputs[0].token_ids
+
+    @property
+    def text(self) -> str:
+        """The first sequence's text."""
+        return self.outputs[0].text
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the first sequence ended (``stop``, ``length``, ``abort``), None while it runs."""
+        return self.outputs[0].finish_reason

@@ -87,9 +87,11 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 def top_logprobs(
     logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Log-softmax of ``logits`` [B, V]: chosen tokens' values [B], top-n ids and values [B, n]."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-softmax of ``logits`` [B, V]: chosen tokens' values [B] and vocabulary ranks [B]
+    (1 = most likely; ties share the better rank), top-n ids and values [B, n]."""
     logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
     chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)  # [B]
+    ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=-1) + 1  # [B]
     top_values, top_ids = logprobs.topk(num_top, dim=-1)  # [B, n] each
-    return chosen, top_ids, top_values
+    return chosen, ranks, top_ids, top_values

@@ -135,13 +135,15 @@ def _logprobs(
         return result
     num_top = max(rows[i].params.logprobs or 0 for i in wanted)
     index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
-    chosen, top_ids, top_values = ops.top_logprobs(logits[index], token_ids[index], num_top)
-    chosen_list, ids_list, values_list = chosen.tolist(), top_ids.tolist(), top_values.tolist()
+    chosen, ranks, top_ids, top_values = ops.top_logprobs(logits[index], token_ids[index], num_top)
+    chosen_list, ranks_list = chosen.tolist(), ranks.tolist()
+    ids_list, values_list = top_ids.tolist(), top_values.tolist()
     for j, i in enumerate(wanted):
         n = rows[i].params.logprobs or 0
         result[i] = TokenLogprob(
             token_id=token_id_list[i],
             logprob=chosen_list[j],
+            rank=ranks_list[j],
             top_token_ids=tuple(ids_list[j][:n]),
             top_logprobs=tuple(values_list[j][:n]),
         )

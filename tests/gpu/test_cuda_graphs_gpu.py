@@ -59,8 +59,14 @@ def test_replay_matches_eager_as_the_batch_shrinks_through_buckets(compiled: boo
 
     assert [o.token_ids for o in outs] == [o.token_ids for o in expected], f"seed={seed}"
     for out, ref in zip(outs, expected, strict=True):
-        ours = [lp.logprob for lp in out.logprobs]
-        theirs = [lp.logprob for lp in ref.logprobs]
+        ours_seq, ref_seq = out.outputs[0], ref.outputs[0]
+        assert ours_seq.logprobs is not None and ref_seq.logprobs is not None
+        ours = [
+            pos[t].logprob for pos, t in zip(ours_seq.logprobs, ours_seq.token_ids, strict=True)
+        ]
+        theirs = [
+            pos[t].logprob for pos, t in zip(ref_seq.logprobs, ref_seq.token_ids, strict=True)
+        ]
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
     buckets = {bucket for bucket, _ in replays}
     assert {1, 2, 4, 8} <= buckets, replays  # 7 -> 8 (padded), ..., 1

@@ -172,6 +172,7 @@ def test_logprobs_match_log_softmax_of_raw_logits() -> None:
     assert first is not None and second is not None and third is None
     assert first.token_id == out.token_ids[0]
     assert first.logprob == pytest.approx(reference[0].max().item(), abs=1e-6)
+    assert first.rank == 1  # greedy picks the most likely token
     top_values, top_ids = reference[0].topk(5)
     assert list(first.top_token_ids) == top_ids.tolist()
     assert list(first.top_logprobs) == pytest.approx(top_values.tolist(), abs=1e-6)
@@ -179,6 +180,8 @@ def test_logprobs_match_log_softmax_of_raw_logits() -> None:
     assert second.token_id == out.token_ids[1]
     assert second.logprob == pytest.approx(reference[1, out.token_ids[1]].item(), abs=1e-6)
     assert second.top_token_ids == () and second.top_logprobs == ()
+    expected_rank = int((reference[1] > reference[1, out.token_ids[1]]).sum().item()) + 1
+    assert second.rank == expected_rank
 
 
 def test_rows_must_match_logits() -> None:
