@@ -66,14 +66,15 @@ def generate(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
         )
         llm = LLM(model=model, dtype=dtype.value, max_model_len=max_model_len)
-        outputs = llm.generate(prompt, sampling_params=params)
+        outputs = llm.generate(prompt, params, use_tqdm=False)
     except PdserveError as e:
         fail(e.message)
         return
     for text, out in zip(prompt, outputs, strict=True):
+        seq = out.outputs[0]
         typer.echo(f"prompt: {text!r}")
-        typer.echo(f"output: {out.text!r}")
-        typer.echo(f"tokens: {len(out.token_ids)} ({out.finish_reason})")
+        typer.echo(f"output: {seq.text!r}")
+        typer.echo(f"tokens: {len(seq.token_ids)} ({seq.finish_reason})")
 
 
 app.add_typer(bench_app, name="bench")

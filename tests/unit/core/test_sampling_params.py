@@ -20,6 +20,8 @@ from core.sampling import MAX_SEED, SamplingParams
         ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [-3]}, "stop_token_ids"),
+        ({"n": 0}, "n"),
+        ({"n": 1.0}, "n"),
         ({"logprobs": 21}, "logprobs"),
         ({"logprobs": 1.5}, "logprobs"),
         ({"seed": 2**64}, "seed"),  # past what torch.Generator.manual_seed takes
