@@ -74,7 +74,7 @@ def hf_run(model: torch.nn.Module, prompts: list[list[int]], n: int) -> Callable
 def ours_run(llm: LLM, prompts: list[list[int]], n: int) -> Callable[[], object]:
     """Our ``LLM.generate()`` of exactly ``n`` greedy tokens for the batch ``prompts``."""
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    return lambda: llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    return lambda: llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
 
 
 def prefix_ttft(llm: LLM, vocab: int, repeats: int) -> tuple[float, float]:
@@ -85,11 +85,11 @@ def prefix_ttft(llm: LLM, vocab: int, repeats: int) -> tuple[float, float]:
         prefix = random_prompts(1, 2048, vocab, seed=1000 + i)[0]
         suffix = random_prompts(1, 32, vocab, seed=2000 + i)[0]
         start = time.perf_counter()
-        llm.generate(prompt_token_ids=[prefix + suffix], sampling_params=params)
+        llm.generate(prompt_token_ids=[prefix + suffix], sampling_params=params, use_tqdm=False)
         cold = time.perf_counter() - start
         other = random_prompts(1, 32, vocab, seed=3000 + i)[0]
         start = time.perf_counter()
-        llm.generate(prompt_token_ids=[prefix + other], sampling_params=params)
+        llm.generate(prompt_token_ids=[prefix + other], sampling_params=params, use_tqdm=False)
         warm = time.perf_counter() - start
         if i > 0:  # the first pair warms up the code paths
             cold_times.append(cold)
@@ -108,7 +108,7 @@ def long_prompt(vocab: int, length: int, compiled: bool) -> dict[str, float]:
     prompt = random_prompts(1, length, vocab, seed=7)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
-    out = llm.generate(prompt_token_ids=prompt, sampling_params=params)[0]
+    out = llm.generate(prompt_token_ids=prompt, sampling_params=params, use_tqdm=False)[0]
     return {
         "prompt_tokens": length,
         "seconds": time.perf_counter() - start,
