@@ -15,9 +15,10 @@ aborted the failed step's requests, and every request that could have been in th
 with a typed ``PdserveError`` and its blocks are freed; the engine keeps serving. Requests
 waiting for imported KV are left alone (a pull may still be writing into their blocks).
 :meth:`AsyncEngine.shutdown` aborts everything, makes every waiter raise ``UnavailableError``
-and joins the thread. Past 400 lines because the stream type, the command queue and the loop
-share one invariant (only the engine thread touches the engine and the per-request sinks),
-which is easier to check in one file.
+and joins the thread. Past 400 lines because the stream type, the command queue, the loop and
+the roles' named hand-off methods (``stage_export``, ``finish_import``, ``fail_import``, each one
+command on the engine thread) share one invariant (only the engine thread touches the engine and
+the per-request sinks), which is easier to check in one file.
 """
 
 from __future__ import annotations

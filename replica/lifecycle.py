@@ -80,7 +80,8 @@ class RoleReplica:
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve's routing-stats hook: ``core.stats.RoutingStats`` as plain data (Serve's hook
         must return a dict; the routers decode it with the same codec)."""
-        plain: dict[str, Any] = to_plain(self._worker.stats().routing())
+        # NOTE: every field it needs is the engine's; no transfer-metrics snapshot per report.
+        plain: dict[str, Any] = to_plain(self._worker.engine.kv_stats().routing())
         return plain
 
     async def __del__(self) -> None:

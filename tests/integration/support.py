@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from cluster.ops import process_tree
+from cluster.serve.config_file import REPO_CONFIGS
 
 T = TypeVar("T")
 
@@ -107,6 +112,21 @@ def app_config(http_port: int, **overrides: Any) -> dict[str, Any]:
     for section, values in overrides.items():
         config[section] = {**config.get(section, {}), **values}
     return config
+
+
+def repo_config_on_free_ports(
+    name: str, directory: Path, edit: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[Path, dict[str, str]]:
+    """``configs/<name>`` with free HTTP and dashboard ports (and ``edit`` applied), written to
+    ``directory``, plus an environment whose run state lives there too."""
+    config: dict[str, Any] = yaml.safe_load((REPO_CONFIGS / name).read_text())
+    config["server"]["port"] = free_port()
+    config["cluster"]["dashboard_port"] = free_port()
+    if edit is not None:
+        edit(config)
+    path = directory / name
+    path.write_text(yaml.safe_dump(config))
+    return path, {**os.environ, "PDSERVE_CACHE_DIR": str(directory / "cache")}
 
 
 def pdserve_cli(

@@ -19,12 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from cluster.ops import process_tree
 from cluster.ops.process_tree import ProcessRef
-from cluster.serve.config_file import REPO_CONFIGS
-from tests.integration.support import free_port, wait_until
+from tests.integration.support import repo_config_on_free_ports, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -32,15 +30,16 @@ DOWN_BUDGET_S = 15.0
 SIGNAL_TRACE_MARKERS = ("SIGTERM received", "PC: @", "logging.cc")
 
 
-def scaled_to_zero_config(tmp_path: Path) -> Path:
-    """configs/local.yaml on free ports, prefill autoscaling from zero, a small local Ray."""
-    config: dict[str, Any] = yaml.safe_load((REPO_CONFIGS / "local.yaml").read_text())
+def scale_prefill_from_zero(config: dict[str, Any]) -> None:
+    """Prefill autoscaling from zero, on a small local Ray."""
     del config["prefill"]["num_replicas"]
     config["prefill"]["autoscaling"] = {"min_replicas": 0, "max_replicas": 1}
-    config["server"]["port"] = free_port()
-    config["cluster"].update(dashboard_port=free_port(), num_cpus=4)
-    path = tmp_path / "scaled-to-zero.yaml"
-    path.write_text(yaml.safe_dump(config))
+    config["cluster"]["num_cpus"] = 4
+
+
+def scaled_to_zero_config(tmp_path: Path) -> Path:
+    """configs/local.yaml on free ports with :func:`scale_prefill_from_zero` applied."""
+    path, _ = repo_config_on_free_ports("local.yaml", tmp_path, scale_prefill_from_zero)
     return path
 
 

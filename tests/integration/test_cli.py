@@ -6,36 +6,25 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from cluster.serve.config_file import REPO_CONFIGS
-from tests.integration.support import descendant_pids, free_port, is_running, wait_until
+from tests.integration.support import (
+    descendant_pids,
+    is_running,
+    pdserve_cli,
+    repo_config_on_free_ports,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 GIB = 1024**3
-
-
-def pdserve(
-    *args: str, env: dict[str, str], timeout_s: float = 240
-) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would (``python -m cluster.ops.cli``)."""
-    return subprocess.run(
-        [sys.executable, "-m", "cluster.ops.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
 
 
 def rss_bytes(pid: int) -> int:
@@ -53,21 +42,16 @@ def rss_bytes(pid: int) -> int:
 @pytest.fixture
 def local_config(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """configs/local.yaml on free ports, and an environment with a private run-state dir."""
-    config = yaml.safe_load((REPO_CONFIGS / "local.yaml").read_text())
-    config["server"]["port"] = free_port()
-    config["cluster"]["dashboard_port"] = free_port()
-    path = tmp_path / "local.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PDSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    path, env = repo_config_on_free_ports("local.yaml", tmp_path)
     yield path, env
-    pdserve("down", env=env)  # no-op when the test already stopped it
+    pdserve_cli("down", env=env)  # no-op when the test already stopped it
 
 
 def test_up_detach_status_down_on_the_local_default(
     local_config: tuple[Path, dict[str, str]],
 ) -> None:
     path, env = local_config
-    up = pdserve("up", str(path), "--detach", env=env)
+    up = pdserve_cli("up", str(path), "--detach", env=env)
     assert up.returncode == 0, up.stdout + up.stderr
     state_file = Path(env["PDSERVE_CACHE_DIR"]) / "run" / "pdserve.json"
     state: dict[str, Any] = json.loads(state_file.read_text())
@@ -84,7 +68,7 @@ def test_up_detach_status_down_on_the_local_default(
         f"{total_rss / GIB:.2f} GiB resident over {len(processes)} processes"
     )
 
-    status = pdserve("status", "--json", env=env)
+    status = pdserve_cli("status", "--json", env=env)
     assert status.returncode == 0, status.stderr
     pools = {p["pool"]: p for p in json.loads(status.stdout)["pools"]}
     for name in ("Prefill", "Decode"):
@@ -92,7 +76,7 @@ def test_up_detach_status_down_on_the_local_default(
         assert replica["state"] == "RUNNING"
         assert replica["stats"]["kv_blocks_total"] > 0
 
-    down = pdserve("down", env=env)
+    down = pdserve_cli("down", env=env)
     assert down.returncode == 0, down.stderr
     wait_until(lambda: not any(is_running(pid) for pid in processes), 60, "processes left")
     assert not state_file.exists()
@@ -102,10 +86,10 @@ def test_up_detach_status_down_on_the_local_default(
 
 def test_validate_reports_field_errors(tmp_path: Path) -> None:
     env = {**os.environ, "PDSERVE_CACHE_DIR": str(tmp_path)}
-    ok = pdserve("validate", str(REPO_CONFIGS / "local.yaml"), env=env)
+    ok = pdserve_cli("validate", str(REPO_CONFIGS / "local.yaml"), env=env)
     assert ok.returncode == 0 and "ok" in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: {name: builtin:tiny-moe}\ndecode: {num_replicas: 1, gpus: 2}\n")
-    result = pdserve("validate", str(bad), env=env)
+    result = pdserve_cli("validate", str(bad), env=env)
     assert result.returncode == 2
     assert "decode.gpus" in result.stderr

@@ -11,7 +11,6 @@ anything succeeded.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ import yaml
 
 from cluster.serve.config_file import REPO_CONFIGS
 from tests.integration.conftest import ServingApp
-from tests.integration.support import MAX_MODEL_LEN, free_port, pdserve_cli
+from tests.integration.support import MAX_MODEL_LEN, pdserve_cli, repo_config_on_free_ports
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -38,12 +37,7 @@ _REQUEST_COUNTERS = re.compile(
 def long_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     """configs/local-long-context.yaml up on free ports: (endpoint, environment)."""
     tmp = tmp_path_factory.mktemp("long-context")
-    config = yaml.safe_load((REPO_CONFIGS / "local-long-context.yaml").read_text())
-    config["server"]["port"] = free_port()
-    config["cluster"]["dashboard_port"] = free_port()
-    path = tmp / "local-long-context.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PDSERVE_CACHE_DIR": str(tmp / "cache")}
+    path, env = repo_config_on_free_ports("local-long-context.yaml", tmp)
     up = pdserve_cli("up", str(path), "--detach", env=env)
     assert up.returncode == 0, up.stdout + up.stderr
     state = json.loads((tmp / "cache" / "run" / "pdserve.json").read_text())
