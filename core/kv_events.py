@@ -7,6 +7,12 @@ and per engine, so a consumer that sees a gap knows it missed something and must
 the replica's entries and wait for the next ``AllBlocksCleared`` or rebuild from scratch).
 Events inside a batch are in the order they happened.
 
+Each stored/removed event names the **medium** (tier) it concerns: ``device`` (the engine's KV
+pool), ``host`` (host-RAM tier) or ``disk`` (disk tier). A block moving down a tier is a
+``BlockStored`` on the lower medium (written while the upper copy may still exist) and, when the
+upper copy is evicted, a ``BlockRemoved`` on the upper one; a consumer keeps one entry per
+(replica, medium) and treats a replica's best medium as the cheapest one holding the hash.
+
 Everything here is plain ints, strings and lists so batches cross processes as plain data through
 ``core.codec`` (the event kinds are told apart by their fields) — never pickle.
 """
@@ -14,8 +20,15 @@ Everything here is plain ints, strings and lists so batches cross processes as p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from core.hashing import BlockHash
+
+KVMedium = Literal["device", "host", "disk"]
+"""Where a cached block lives on its replica."""
+
+MEDIA: tuple[KVMedium, ...] = ("device", "host", "disk")
+"""Every medium, cheapest to use first."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,7 @@ class BlockStored:
     parent_hash: BlockHash | None
     token_ids: list[int]
     block_size: int
+    medium: KVMedium = "device"
 
     @property
     def num_tokens(self) -> int:
@@ -40,9 +54,10 @@ class BlockStored:
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    """These hashes left the prefix cache (their blocks were evicted for reuse)."""
+    """These hashes left the prefix cache of ``medium`` (evicted for reuse, demoted or expired)."""
 
     block_hashes: list[BlockHash]
+    medium: KVMedium = "device"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,27 @@ class TransferStats:
 
 
 @dataclass(frozen=True)
+class KVTierStats:
+    """One KV tier of a replica (``device``, ``host`` or ``disk``); counters since it started."""
+
+    medium: str
+    blocks_used: int = 0
+    """Blocks holding cached KV (on ``device``: held by requests)."""
+    blocks_capacity: int = 0
+    hits_total: int = 0
+    """Prefix blocks found in this tier by a lookup."""
+    offload_bytes_total: int = 0
+    """Bytes written into this tier from the tier above."""
+    offload_seconds_total: float = 0.0
+    onload_bytes_total: int = 0
+    """Bytes brought back from this tier to the device."""
+    onload_seconds_total: float = 0.0
+    ttl_expiries_total: int = 0
+    """Blocks demoted or released because they sat idle past the tier's TTL."""
+    evictions_total: int = 0
+
+
+@dataclass(frozen=True)
 class ExpertLoadStats:
     """An expert-parallel rank's load: lockstep steps and the tokens its experts computed."""
 
@@ -69,6 +90,8 @@ class ReplicaStats:
     """Calls this replica received."""
     transfer: TransferStats = TransferStats()
     expert_load: ExpertLoadStats | None = None
+    kv_tiers: tuple[KVTierStats, ...] = ()
+    """The host and disk tiers (and the device tier's tier counters) when tiers are on."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""
