@@ -22,6 +22,7 @@ from cluster.ingress.clients import DecodeClient, PrefillClient, StatsProvider
 from cluster.ingress.disagg import CachedBlocksFn, DisaggPolicy
 from cluster.ingress.errors import error_body, error_response
 from cluster.ingress.flow import GenerationFlow
+from cluster.ingress.guards import IngressGuard
 from cluster.ingress.handlers import GenerationHandlers
 from cluster.ingress.metrics import ROLE, IngressMetrics
 from cluster.ingress.prompts import PromptBuilder, PromptTokenizer
@@ -58,6 +59,13 @@ def create_app(
     app.state.gate = gate
     app.state.metrics = metrics
     _add_error_handlers(app)
+    app.add_middleware(
+        IngressGuard,
+        max_header_bytes=settings.server.max_header_bytes,
+        api_keys=settings.api_keys,
+        public_routes=settings.server.public_routes,
+        metrics=metrics,
+    )
 
     app.add_api_route("/v1/completions", handlers.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", handlers.chat_completions, methods=["POST"])

@@ -7,7 +7,6 @@ errors become a 400 naming the field path (``messages[0].role``); a 429 carries
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -92,17 +91,6 @@ def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
         else:
             path += f".{part}" if path else str(part)
     return path
-
-
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; malformed JSON or a non-object is a 400."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidRequestError(f"malformed JSON body: {e}", param=None) from e
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the request body must be a JSON object", param=None)
-    return body
 
 
 def rejection_reason(exc: PdserveError) -> str:

@@ -142,7 +142,15 @@ class RequestRun:
             if not self._flow.settings.scheduler.fallback_to_local_prefill:
                 if isinstance(e, PdserveError | TimeoutError):
                     raise
-                raise UnavailableError(f"prefill failed: {type(e).__name__}: {e}") from e
+                logger.warning(
+                    "request %s: remote prefill failed: %s: %s",
+                    self.request_id,
+                    type(e).__name__,
+                    e,
+                )
+                raise UnavailableError(
+                    f"request {self.request_id}: the prefill pool failed to serve it"
+                ) from e
             logger.warning(
                 "request %s: remote prefill failed (%s: %s); prefilling locally on decode",
                 self.request_id, type(e).__name__, e,
@@ -201,7 +209,12 @@ class RequestRun:
         except (PdserveError, TimeoutError):
             raise
         except Exception as e:  # a dead decode replica surfaces as any exception type
-            raise UnavailableError(f"decode failed: {type(e).__name__}: {e}") from e
+            logger.warning(
+                "request %s: decode stream failed: %s: %s", self.request_id, type(e).__name__, e
+            )
+            raise UnavailableError(
+                f"request {self.request_id}: the decode pool failed to serve it"
+            ) from e
 
     def _delta(self, token_ids: list[int], text: str, finish_reason: str | None) -> Delta:
         self.usage.num_generated_tokens += len(token_ids)

@@ -21,14 +21,15 @@ from cluster.ingress.errors import (
     error_body,
     error_response,
     from_validation_error,
-    parse_json_object,
     rejection_reason,
     timeout_response,
     too_large_response,
 )
 from cluster.ingress.flow import Delta, GenerationFlow, RequestRun
+from cluster.ingress.json_body import parse_json_object
 from cluster.ingress.metrics import IngressMetrics
 from cluster.ingress.prompts import PreparedPrompt, PromptBuilder
+from cluster.ingress.public_errors import for_client
 from cluster.ingress.responses import ResponseRenderer
 from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from cluster.ingress.settings import IngressSettings
@@ -87,7 +88,7 @@ class GenerationHandlers:
             try:
                 body, prompt = self._prepare(raw, request.headers, chat=chat)
             except PdserveError as e:
-                return self._reject(e, headers)
+                return self._reject(for_client(e, request_id), headers)
             logger.debug("request %s accepted (client id %s)", request_id, client_id)
             run = self._flow.start(request_id, prompt, arrival_s)
             renderer = ResponseRenderer(chat=chat, response_id=request_id, model=self._model(body))
@@ -97,7 +98,7 @@ class GenerationHandlers:
                 return response
             return await self._complete(run, renderer, headers)
         except PdserveError as e:  # failed after acceptance: counted by the run, not rejected
-            return error_response(e, headers)
+            return error_response(for_client(e, request_id), headers)
         finally:
             if not handed_over:
                 admission.release()
@@ -194,7 +195,7 @@ async def _sse_body(
             yield sse_event(renderer.usage_chunk(run.usage))
     except PdserveError as e:
         logger.warning("request %s failed mid-stream: %s", run.request_id, e.message)
-        yield sse_event(e.to_openai())
+        yield sse_event(for_client(e, run.request_id).to_openai())
     except TimeoutError:
         logger.warning("request %s timed out mid-stream", run.request_id)
         message = f"request {run.request_id} timed out"

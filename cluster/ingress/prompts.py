@@ -109,6 +109,8 @@ class PromptBuilder:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt is empty", param="prompt")
             ids = self._tokenizer.encode(prompt)
         elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
             ids = [int(t) for t in prompt]

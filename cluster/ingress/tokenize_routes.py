@@ -23,10 +23,10 @@ from cluster.ingress.admission import authenticate
 from cluster.ingress.errors import (
     error_response,
     from_validation_error,
-    parse_json_object,
     rejection_reason,
     too_large_response,
 )
+from cluster.ingress.json_body import parse_json_object
 from cluster.ingress.metrics import IngressMetrics
 from cluster.ingress.prompts import PromptTokenizer
 from cluster.ingress.settings import IngressSettings

@@ -239,6 +239,16 @@ class ServerConfig(StrictModel):
     proxy_location: Literal["HeadOnly", "EveryNode"] = Field(
         "HeadOnly", description="Where Serve runs HTTP proxies: the head only or every node."
     )
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        description="Largest accepted request header block (names + values); more gets 400.",
+    )
+    public_routes: tuple[str, ...] = Field(
+        (),
+        description="Routes served without an API key when keys are set (e.g. /metrics for a "
+        "scraper). /health and /ready never need one; everything else does.",
+    )
 
     @model_validator(mode="after")
     def _one_key_source(self) -> ServerConfig:

@@ -76,7 +76,7 @@ def test_rejections_by_reason(make_harness: Callable[..., Harness]) -> None:
             h.app.state.gate.start_draining()
             headers = {"authorization": "Bearer k"}
             await client.post("/v1/completions", json={"prompt": "hi"}, headers=headers)
-            return await client.get("/metrics")
+            return await client.get("/metrics", headers=headers)
 
     found = samples(run(scenario()).text)
     assert value(found, "pdserve:requests_rejected_total", reason="unauthorized") == 2.0
