@@ -23,6 +23,8 @@ class TransferStats:
     failures_by_reason: dict[str, int] = field(default_factory=dict)
     """``core.kv_handle.TransferFailure`` value -> count."""
     leases_expired_total: int = 0
+    unauthenticated_calls_total: int = 0
+    """Export side: calls refused for a missing or wrong auth token."""
 
 
 @dataclass(frozen=True)

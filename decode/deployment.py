@@ -21,6 +21,7 @@ from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.messages import DecodeRequest, TokenChunk
 from decode.worker import DecodeWorker, build_decode_worker
 from replica import GangEngineFactory, KVEventPublisherFactory, RoleReplica, StatsReporter
+from replica.kv_token import KVToken
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class DecodeDeployment(RoleReplica):
         stats_reporter: StatsReporter | None = None,
         kv_events: KVEventPublisherFactory | None = None,
         gang: GangEngineFactory | None = None,
+        kv_token: KVToken | None = None,
     ) -> None:
         context = serve.get_replica_context()
         self._publisher = (
@@ -56,7 +58,7 @@ class DecodeDeployment(RoleReplica):
         self._worker = build_decode_worker(
             model_cfg,
             engine_cfg,
-            TransferConfig.model_validate(transfer),
+            _transfer_config(transfer, kv_token),
             kv_failure_policy=kv_failure_policy,
             kv_event_callback=callback,
             async_engine=rank_engine,
@@ -75,3 +77,8 @@ class DecodeDeployment(RoleReplica):
         async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
                 yield to_plain(chunk)
+
+
+def _transfer_config(transfer: dict[str, Any], kv_token: KVToken | None) -> TransferConfig:
+    config = TransferConfig.model_validate(transfer)
+    return kv_token.install(config) if kv_token is not None else config

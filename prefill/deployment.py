@@ -21,6 +21,7 @@ from core.errors import PdserveError
 from core.messages import PrefillReply, PrefillRequest
 from prefill.worker import PrefillWorker, build_prefill_worker
 from replica import GangEngineFactory, KVEventPublisherFactory, RoleReplica, StatsReporter
+from replica.kv_token import KVToken
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class PrefillDeployment(RoleReplica):
         stats_reporter: StatsReporter | None = None,
         kv_events: KVEventPublisherFactory | None = None,
         gang: GangEngineFactory | None = None,
+        kv_token: KVToken | None = None,
     ) -> None:
         context = serve.get_replica_context()
         self._publisher = (
@@ -49,6 +51,8 @@ class PrefillDeployment(RoleReplica):
             EngineConfig.model_validate(engine),
         )
         transfer_cfg = TransferConfig.model_validate(transfer)
+        if kv_token is not None:
+            transfer_cfg = kv_token.install(transfer_cfg)
         callback = self._publisher.callback if self._publisher else None
         node_host = ray.util.get_node_ip_address()
         rank_engine = (

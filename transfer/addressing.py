@@ -31,6 +31,17 @@ def is_wildcard(host: str) -> bool:
     return host in WILDCARD_HOSTS
 
 
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1)."""
+    bare = host.strip("[]")
+    if bare == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
+
+
 def host_port(host: str, port: int) -> str:
     """``host:port``, bracketing IPv6 literals (``[::1]:50051``)."""
     bare = host.strip("[]")

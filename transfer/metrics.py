@@ -52,6 +52,10 @@ class TransferMetrics(Protocol):
         """An export's blocks were freed; ``cause`` is a ``ReleaseCause`` value (e.g. expired)."""
         ...
 
+    def call_rejected(self) -> None:
+        """A call to the export server was refused for a missing or wrong auth token."""
+        ...
+
 
 @dataclass(frozen=True)
 class TransferMetricsSnapshot:
@@ -65,6 +69,7 @@ class TransferMetricsSnapshot:
     """side -> counts per bucket of ``DURATION_BUCKETS_S`` plus +Inf (not cumulative)."""
     duration_sum_s: dict[str, float]
     lease_releases: dict[str, int]
+    rejected_calls: int = 0
 
     def failures(self, side: TransferSide) -> dict[str, int]:
         """Failure reason -> count for one side."""
@@ -86,6 +91,7 @@ class TransferMetricsSnapshot:
             failures_total=sum(failures.values()),
             failures_by_reason=failures,
             leases_expired_total=self.lease_releases.get("expired", 0),
+            unauthenticated_calls_total=self.rejected_calls if side == "export" else 0,
         )
 
 
@@ -100,6 +106,7 @@ class InMemoryTransferMetrics:
         self._buckets: dict[str, list[int]] = {}
         self._duration_sum_s: dict[str, float] = {}
         self._releases: Counter[str] = Counter()
+        self._rejected_calls = 0
 
     def transfer_started(self, side: TransferSide) -> None:
         """A pull began on ``side``."""
@@ -128,6 +135,11 @@ class InMemoryTransferMetrics:
         with self._lock:
             self._releases[cause] += 1
 
+    def call_rejected(self) -> None:
+        """A call was refused for its token."""
+        with self._lock:
+            self._rejected_calls += 1
+
     def snapshot(self) -> TransferMetricsSnapshot:
         """A consistent copy of every counter."""
         with self._lock:
@@ -138,4 +150,5 @@ class InMemoryTransferMetrics:
                 duration_bucket_counts={s: tuple(c) for s, c in self._buckets.items()},
                 duration_sum_s=dict(self._duration_sum_s),
                 lease_releases=dict(self._releases),
+                rejected_calls=self._rejected_calls,
             )

@@ -66,8 +66,10 @@ def call_metadata(token: bytes | None) -> tuple[tuple[str, str], ...]:
 class TokenAuthInterceptor(grpc.ServerInterceptor):
     """Rejects every non-health call whose bearer token differs from the shared one."""
 
-    def __init__(self, token: bytes) -> None:
+    def __init__(self, token: bytes, on_reject: Callable[[], None] | None = None) -> None:
+        """``on_reject`` is called once per refused call (the metrics counter)."""
         self._expected = b"Bearer " + token
+        self._on_reject = on_reject
 
     def intercept_service(
         self,
@@ -87,6 +89,8 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         if hmac.compare_digest(presented, self._expected):
             return handler
         logger.warning("kv transfer call %s rejected: missing or wrong token", method)
+        if self._on_reject is not None:
+            self._on_reject()
         return _deny(handler)
 
 

@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from core.config import TransferConfig
 from core.errors import ConfigError, TransferError
 from core.kv_handle import KVHandle, TransferFailure
-from transfer.addressing import host_port, is_wildcard, node_address
+from transfer.addressing import host_port, is_loopback, is_wildcard, node_address
 from transfer.block_store import BlockStore
 from transfer.codec import encode_chunk
 from transfer.exporter import KVExporter
@@ -102,17 +102,23 @@ class KVExportServer:
         """
         self.metrics = metrics or InMemoryTransferMetrics()
         token = resolve_auth_token(config)
-        if token is None:
-            logger.warning(
-                "kv transfer server runs WITHOUT an auth token (%s unset)", config.auth_token_env
-            )
         host = config.bind_host or node_host or node_address()
+        if token is None:
+            if not is_loopback(host):
+                raise ConfigError(
+                    f"the kv transfer server would bind {host}, which is not a loopback "
+                    "address, without an auth token: configure transfer.auth_token_file or the "
+                    f"{config.auth_token_env or 'transfer.auth_token_env'} variable (pdserve "
+                    "generates a per-cluster secret when it deploys the app)",
+                    param="transfer.auth_token_env",
+                )
+            logger.warning("kv transfer server on loopback %s runs WITHOUT an auth token", host)
         self._executor = ThreadPoolExecutor(
             config.server_threads, thread_name_prefix="pdserve-kv-export"
         )
         self._server = grpc.server(
             self._executor,
-            interceptors=[TokenAuthInterceptor(token)] if token else [],
+            interceptors=[TokenAuthInterceptor(token, self.metrics.call_rejected)] if token else [],
             options=[*message_options(config), ("grpc.so_reuseport", 0)],
         )
         port = self._bind(host, config)

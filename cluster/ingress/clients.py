@@ -7,14 +7,14 @@ Ray.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
 from core.stats import ReplicaStats
 
-StatsProvider = Callable[[], Awaitable[Mapping[str, Sequence[ReplicaStats]]]]
-"""Returns the stats of every live replica, by role (``"prefill"``, ``"decode"``)."""
+StatsProvider = Callable[[], Awaitable[Mapping[str, Mapping[str, ReplicaStats]]]]
+"""Returns the stats of every live replica by role (``"prefill"``, ``"decode"``) and replica id."""
 
 
 class PrefillClient(Protocol):

@@ -48,12 +48,14 @@ from core.config import ClusterConfig, Role
 from core.errors import ConfigError
 from decode.deployment import DecodeDeployment
 from prefill.deployment import PrefillDeployment
+from replica.kv_token import KVToken
 
 
 def build_app_from_config(config: ClusterConfig) -> Application:
     """The pdserve Serve application for ``config`` (deploy with ``serve.run``)."""
     model = config.model.model_dump(mode="json")
     transfer = config.transfer.model_dump(mode="json")
+    kv_token = KVToken.for_deploy(config.transfer)
     reporter = BoardReporter(config.cluster.app_name)
     board = _deployment(StatsBoard, BOARD_DEPLOYMENT, board_deployment_options()).bind()
     prefill = None
@@ -67,6 +69,7 @@ def build_app_from_config(config: ClusterConfig) -> Application:
             reporter,
             IndexPublisherFactory("prefill"),
             gang_engine_factory(config.prefill),
+            kv_token,
         )
     decode = _deployment(DecodeDeployment, DECODE_DEPLOYMENT, _pool_options(config, "decode")).bind(
         model,
@@ -76,6 +79,7 @@ def build_app_from_config(config: ClusterConfig) -> Application:
         reporter,
         IndexPublisherFactory("decode"),
         gang_engine_factory(config.decode),
+        kv_token,
     )
     ingress = _deployment(
         IngressDeployment, INGRESS_DEPLOYMENT, ingress_deployment_options(config.server)

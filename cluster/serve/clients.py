@@ -67,10 +67,13 @@ class PoolWatch:
         self._num_live = {role: len(replicas) for role, replicas in reports.items()}
         return reports
 
-    async def stats_by_role(self) -> dict[str, list[ReplicaStats]]:
-        """``role -> [stats of each live replica]`` (the ingress's ``StatsProvider``)."""
+    async def stats_by_role(self) -> dict[str, dict[str, ReplicaStats]]:
+        """``role -> replica id -> stats`` of each live replica (the ingress's
+        ``StatsProvider``)."""
         reports = await self.snapshot()
-        return {role: [r.stats for r in replicas] for role, replicas in reports.items()}
+        return {
+            role: {r.replica_id: r.stats for r in replicas} for role, replicas in reports.items()
+        }
 
     async def _refresh_forever(self) -> None:
         while True:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cluster.ingress.worker_stats import WorkerStatsCollector
 from core.stats import ReplicaStats, TransferStats
 
 from .conftest import MODEL, FakeDecode, Harness, run
@@ -86,7 +88,7 @@ def test_rejections_by_reason(make_harness: Callable[..., Harness]) -> None:
 def test_worker_stats_per_role(make_harness: Callable[..., Harness]) -> None:
     calls = []
 
-    async def stats() -> dict[str, list[ReplicaStats]]:
+    async def stats() -> dict[str, dict[str, ReplicaStats]]:
         calls.append(1)
         prefill = ReplicaStats(
             kv_blocks_used=3,
@@ -108,7 +110,7 @@ def test_worker_stats_per_role(make_harness: Callable[..., Harness]) -> None:
                 failures_total=1, failures_by_reason={"deadline_exceeded": 1}, seconds_total=0.5
             ),
         )
-        return {"prefill": [prefill], "decode": [decode, decode]}
+        return {"prefill": {"p1": prefill}, "decode": {"d1": decode, "d2": decode}}
 
     h = make_harness(stats_provider=stats)
     found = samples(run(scrape_after(h, [])).text)
@@ -127,6 +129,36 @@ def test_worker_stats_per_role(make_harness: Callable[..., Harness]) -> None:
     assert value(found, failures, role="prefill", reason="lease_expired") == 2.0
     assert value(found, failures, role="prefill", reason="corrupt_chunk") == 1.0
     assert value(found, failures, role="decode", reason="deadline_exceeded") == 2.0
+
+
+def test_counters_never_go_down_when_a_replica_is_replaced() -> None:
+    collector = WorkerStatsCollector()
+
+    def prefill(expired: int, failures: int, blocks: int) -> ReplicaStats:
+        transfer = TransferStats(
+            leases_expired_total=expired,
+            unauthenticated_calls_total=1,
+            failures_by_reason={"lease_expired": failures},
+        )
+        return ReplicaStats(kv_blocks_used=blocks, transfer=transfer)
+
+    def scrape() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        registry = CollectorRegistry()
+        registry.register(collector)
+        return samples(generate_latest(registry).decode())
+
+    collector.update({"prefill": {"a": prefill(3, 2, 5), "b": prefill(1, 0, 1)}})
+    before = scrape()
+    collector.update({"prefill": {"b": prefill(1, 0, 1), "c": prefill(0, 0, 0)}})  # a died
+    after = scrape()
+    expired = "pdserve:kv_leases_expired_total"
+    assert value(before, expired, role="prefill") == value(after, expired, role="prefill") == 4.0
+    failures = "pdserve:transfer_failures_total"
+    assert value(after, failures, role="prefill", reason="lease_expired") == 2.0
+    assert value(after, "pdserve:transfer_unauthenticated_calls_total", role="prefill") == 3.0
+    assert value(after, "pdserve:kv_blocks_used", role="prefill") == 1.0  # gauges: live only
+    collector.update({"prefill": {"a": prefill(5, 2, 2), "b": prefill(1, 0, 1)}})  # a is back
+    assert value(scrape(), expired, role="prefill") == 6.0  # a counted once, c kept
 
 
 def test_broken_stats_provider_does_not_break_the_scrape(

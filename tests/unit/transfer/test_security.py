@@ -14,8 +14,10 @@ from pydantic import ValidationError
 from core.config import TransferConfig
 from core.errors import ConfigError, TransferError
 from core.kv_handle import TransferFailure, TransferState
+from replica.kv_token import KVToken
 from transfer import KVExportServer, KVImportClient, NumpyBlockStore, ReleaseCause
-from transfer.addressing import host_port, is_wildcard, node_address
+from transfer.addressing import host_port, is_loopback, is_wildcard, node_address
+from transfer.metrics import TransferSide
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import KVTransferClientMethods
 from transfer.security import resolve_auth_token
@@ -60,6 +62,9 @@ def test_wrong_or_missing_token_is_rejected_and_changes_nothing(
             )
         assert raw.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
     assert released == []
+    # Pull, Heartbeat, Release and the raw Release: four refusals, each counted once.
+    export_stats = server.metrics.snapshot().role_stats(TransferSide.EXPORT)
+    assert export_stats.unauthenticated_calls_total == 4
 
 
 def tls_config(config: TransferConfig, cert: Path, key: Path, ca: Path) -> TransferConfig:
@@ -172,6 +177,40 @@ def test_host_port_brackets_ipv6() -> None:
 
 
 def test_an_unbindable_address_is_a_config_error(make_store: MakeStore) -> None:
+    unbindable = TransferConfig(bind_host="192.0.2.1", insecure_test_token="t")  # TEST-NET-1
     with pytest.raises(ConfigError) as info:
-        KVExportServer(make_store(1), TransferConfig(bind_host="192.0.2.1"))  # TEST-NET-1
+        KVExportServer(make_store(1), unbindable)
     assert info.value.param == "transfer.port"
+
+
+@pytest.mark.parametrize("host", ["10.1.2.3", "0.0.0.0", "node-a"])
+def test_no_token_on_a_routable_address_is_refused(make_store: MakeStore, host: str) -> None:
+    open_config = TransferConfig(bind_host=host, auth_token_env=None)
+    with pytest.raises(ConfigError, match="not a loopback address") as info:
+        KVExportServer(make_store(1), open_config)
+    assert info.value.param == "transfer.auth_token_env"
+
+
+def test_no_token_on_loopback_is_allowed(make_store: MakeStore) -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    server = KVExportServer(
+        make_store(1), TransferConfig(bind_host="127.0.0.1", auth_token_env=None)
+    )
+    server.stop()
+
+
+def test_a_generated_cluster_secret_reaches_the_replica_and_stays_out_of_reprs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PDSERVE_KV_TOKEN", raising=False)
+    config = TransferConfig()
+    token = KVToken.for_deploy(config)
+    assert token is not None and len(token.value) >= 40
+    assert token.value not in repr(token) and token.value not in str(token)
+    installed = token.install(config)
+    assert resolve_auth_token(installed) == token.value.encode()
+    assert token.value not in repr(installed) and token.value not in installed.model_dump_json()
+    # Once a token resolves in the deploying process, nothing is generated; configured wins.
+    assert KVToken.for_deploy(config) is None
+    assert KVToken.generate().install(installed) is installed
+    assert resolve_auth_token(installed) == token.value.encode()
