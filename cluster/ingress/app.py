@@ -53,11 +53,15 @@ def create_app(
         settings.scheduler.local_prefill_threshold_tokens, settings.block_size, cached_blocks_fn
     )
     flow = GenerationFlow(prefill, decode, policy, settings, metrics)
+    metrics.degraded.labels("prefill_unavailable").set_function(
+        lambda: float(settings.prefill_required and not flow.prefill_available())
+    )
     handlers = GenerationHandlers(settings, PromptBuilder(tokenizer, settings), flow, gate, metrics)
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
     created = int(time.time())
     app.state.gate = gate
     app.state.metrics = metrics
+    app.state.flow = flow
     _add_error_handlers(app)
     app.add_middleware(
         IngressGuard,
@@ -90,20 +94,39 @@ def create_app(
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    def parts() -> dict[str, bool]:
+        return {
+            "draining": gate.draining,
+            "prefill": flow.prefill_available(),
+            "decode": decode.healthy(),
+        }
+
+    def degraded(status: dict[str, bool]) -> list[str]:
+        return (
+            ["prefill_unavailable"] if settings.prefill_required and not status["prefill"] else []
+        )
+
     @app.get("/health")
     async def health() -> Response:
-        return JSONResponse({"status": "ok"})
+        status = parts()
+        return JSONResponse({"status": "ok", **status, "degraded": degraded(status)})
 
     @app.get("/ready")
     async def ready() -> Response:
-        status = {
-            "draining": gate.draining,
-            "prefill": prefill.healthy(),
-            "decode": decode.healthy(),
-        }
-        prefill_ok = status["prefill"] or not settings.prefill_required
+        # NOTE: ready means "a request sent now is served": with local fallback, decode alone
+        # serves every prompt, so a missing prefill pool only shows as degraded.
+        status = parts()
+        prefill_ok = (
+            status["prefill"]
+            or not settings.prefill_required
+            or settings.scheduler.fallback_to_local_prefill
+        )
         is_ready = not status["draining"] and prefill_ok and status["decode"]
-        body = {"status": "ready" if is_ready else "not_ready", **status}
+        body = {
+            "status": "ready" if is_ready else "not_ready",
+            **status,
+            "degraded": degraded(status),
+        }
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/metrics")

@@ -17,13 +17,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from cluster.ingress.breaker import PrefillBreaker
 from cluster.ingress.clients import DecodeClient, PrefillClient
 from cluster.ingress.disagg import DisaggDecision, DisaggPolicy
 from cluster.ingress.errors import rejection_reason
 from cluster.ingress.metrics import IngressMetrics
 from cluster.ingress.prompts import PreparedPrompt
 from cluster.ingress.settings import IngressSettings
-from core.errors import InvalidRequestError, PdserveError, UnavailableError
+from core.errors import InvalidRequestError, OverloadedError, PdserveError, UnavailableError
 from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,22 @@ class GenerationFlow:
         self.policy = policy
         self.settings = settings
         self.metrics = metrics
+        self.breaker = PrefillBreaker(settings.scheduler.prefill_failover_cooldown_s)
+
+    def prefill_available(self) -> bool:
+        """Whether a request may try remote prefill now: a replica is live and, with fallback
+        on, no remote prefill failed within the cooldown."""
+        healthy = self.prefill.healthy()
+        if not self.settings.scheduler.fallback_to_local_prefill:
+            return healthy
+        return self.breaker.allows(healthy)
+
+    def prefill_failed(self) -> None:
+        """A remote prefill failed for lack of capacity (see :class:`PrefillBreaker`)."""
+        if self.settings.scheduler.fallback_to_local_prefill:
+            if not self.breaker.is_open:
+                self.metrics.prefill_failovers.inc()
+            self.breaker.failed()
 
     def start(self, request_id: str, prompt: PreparedPrompt, arrival_s: float) -> RequestRun:
         """A run of one request; iterate :meth:`RequestRun.events` to drive it."""
@@ -109,7 +126,7 @@ class RequestRun:
     async def _generate(self) -> AsyncGenerator[Delta, None]:
         flow = self._flow
         decision = flow.policy.decide(
-            self.prompt.num_prompt_tokens, self.prompt.block_hashes, flow.prefill.healthy()
+            self.prompt.num_prompt_tokens, self.prompt.block_hashes, flow.prefill_available()
         )
         self._count(decision)
         if decision.remote:
@@ -135,10 +152,14 @@ class RequestRun:
         )
         try:
             async with asyncio.timeout(self._flow.settings.server.prefill_timeout_s):
-                return await self._flow.prefill.prefill(request)
+                result = await self._flow.prefill.prefill(request)
+            self._flow.breaker.succeeded()
+            return result
         except InvalidRequestError:
             raise  # the request itself is at fault: local prefill would fail the same way
         except Exception as e:  # a dead replica surfaces as any exception type
+            if not isinstance(e, OverloadedError):  # a busy pool is alive: no failover
+                self._flow.prefill_failed()
             if not self._flow.settings.scheduler.fallback_to_local_prefill:
                 if isinstance(e, PdserveError | TimeoutError):
                     raise

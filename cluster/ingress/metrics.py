@@ -83,6 +83,17 @@ class IngressMetrics:
             "pdserve:requests_in_flight", "Requests this ingress is serving.", ["role"],
             registry=r,
         )  # fmt: skip
+        self.degraded = Gauge(
+            "pdserve:serving_degraded",
+            "1 while requests are served without a part of the cluster (reason: "
+            "prefill_unavailable - every prompt prefills on decode).",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.prefill_failovers = Counter(
+            "pdserve:prefill_failovers",
+            "Times a failed remote prefill switched the ingress to local prefill for a cooldown.",
+            registry=r,
+        )  # fmt: skip
 
     def observe_ttft(self, prefill: str, seconds: float) -> None:
         """One request's time to first token."""

@@ -203,6 +203,13 @@ class SchedulerConfig(StrictModel):
         True,
         description="Prefill locally on decode when a remote prefill fails; else fail cleanly.",
     )
+    prefill_failover_cooldown_s: float = Field(
+        5.0,
+        gt=0.0,
+        description="With fallback_to_local_prefill: after a remote prefill fails for lack of "
+        "capacity (dead replica, unavailable pool, timeout), prefill locally for this long "
+        "before trying the pool again.",
+    )
 
 
 class ServerConfig(StrictModel):

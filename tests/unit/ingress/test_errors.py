@@ -183,19 +183,30 @@ def test_draining_is_503_and_not_ready(make_harness: Callable[..., Harness]) -> 
     assert health.status_code == 200
 
 
-def test_ready_needs_both_pools(make_harness: Callable[..., Harness]) -> None:
-    for prefill_ok, decode_ok in ((False, True), (True, False)):
+def test_ready_needs_decode_and_prefill_only_without_fallback(
+    make_harness: Callable[..., Harness],
+) -> None:
+    cases = ((False, True, False), (True, False, True), (False, True, True))
+    for prefill_ok, decode_ok, fallback in cases:
         h = make_harness(
-            prefill=FakePrefill(is_healthy=prefill_ok), decode=FakeDecode(is_healthy=decode_ok)
+            prefill=FakePrefill(is_healthy=prefill_ok),
+            decode=FakeDecode(is_healthy=decode_ok),
+            fallback_to_local_prefill=fallback,
         )
 
-        async def ready(h: Harness = h) -> Any:
+        async def probe(h: Harness = h) -> tuple[Any, Any]:
             async with h.client() as client:
-                return await client.get("/ready")
+                return await client.get("/ready"), await client.get("/health")
 
-        r = run(ready())
-        assert r.status_code == 503
-        assert (r.json()["prefill"], r.json()["decode"]) == (prefill_ok, decode_ok)
+        ready, health = run(probe())
+        body = ready.json()
+        assert (body["prefill"], body["decode"]) == (prefill_ok, decode_ok)
+        degraded = [] if prefill_ok else ["prefill_unavailable"]
+        assert body["degraded"] == health.json()["degraded"] == degraded
+        # With local fallback a dead prefill pool degrades serving but does not stop it.
+        serves = decode_ok and (prefill_ok or fallback)
+        assert ready.status_code == (200 if serves else 503), (prefill_ok, decode_ok, fallback)
+        assert health.status_code == 200
 
 
 def test_ready_without_a_required_prefill_pool_needs_decode_only(

@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from core.errors import TransferError
+from core.errors import OverloadedError, TransferError
 from core.messages import DecodeRequest
 
 from .conftest import MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads, wait_until
@@ -64,6 +64,34 @@ def test_failed_prefill_falls_back_to_local(make_harness: Callable[..., Harness]
         (decode_req,) = h.decode.requests
         assert decode_req.first_token_id is None and decode_req.kv_handle is None
         assert decisions(h) == {("remote", "long_prompt"): 1.0, ("local", "prefill_failed"): 1.0}
+
+
+def test_first_failed_prefill_sends_the_next_requests_local_at_once(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness(prefill=FakePrefill(error=RuntimeError("actor died")))
+    for _ in range(3):
+        assert run(complete(h, LONG)).status_code == 200
+    assert len(h.prefill.requests) == 1  # only the first paid for the dead pool
+    assert decisions(h) == {
+        ("remote", "long_prompt"): 1.0,
+        ("local", "prefill_failed"): 1.0,
+        ("local", "no_prefill_capacity"): 2.0,
+    }
+    metrics = run(h.client().get("/metrics")).text
+    assert "pdserve:prefill_failovers_total 1.0" in metrics
+    assert 'pdserve:serving_degraded{reason="prefill_unavailable"} 1.0' in metrics
+    h.app.state.flow.breaker.succeeded()  # cooldown over, the probe worked
+    h.prefill.error = None
+    assert run(complete(h, LONG)).status_code == 200
+    assert len(h.prefill.requests) == 2
+
+
+def test_a_busy_prefill_pool_is_not_failed_over(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness(prefill=FakePrefill(error=OverloadedError("at capacity", retry_after_s=1)))
+    for _ in range(2):
+        assert run(complete(h, LONG)).status_code == 200
+    assert len(h.prefill.requests) == 2
 
 
 def test_stalled_prefill_times_out_into_fallback(make_harness: Callable[..., Harness]) -> None:
