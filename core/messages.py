@@ -56,6 +56,9 @@ class PrefillResult:
     num_cached_tokens: int
     kv_handle: KVHandle | None
     finish_reason: str | None = None
+    prompt_chunk_ends: tuple[int, ...] = ()
+    """Where the prefill's prompt chunks ended (a prefix-cache hit's end included), so a decode
+    that must recompute the prompt chunks it the same way (same output)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class DecodeRequest:
     routing: RoutingKeys = RoutingKeys()
     first_token_id: int | None = None
     kv_handle: KVHandle | None = None
+    prompt_chunk_ends: tuple[int, ...] = ()
+    """The prefill's chunk ends (``PrefillResult.prompt_chunk_ends``), for a recompute."""
 
 
 @dataclass(frozen=True)

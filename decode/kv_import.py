@@ -68,7 +68,11 @@ class KVImport:
         return 0 if self.task is None else len(self.task.dst_block_ids)
 
     async def reserve(
-        self, prompt_token_ids: list[int], params: SamplingParams, first_token_id: int
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        first_token_id: int,
+        prompt_chunk_ends: tuple[int, ...] = (),
     ) -> None:
         """Check the layout, then reserve blocks (reusing local prefix hits) on the engine."""
         mine = self._engine.layout
@@ -82,7 +86,7 @@ class KVImport:
             self._raise_if_aborted()
             try:
                 self.allocation, self.stream = await self._engine.open_import(
-                    self.request_id, prompt_token_ids, params, first_token_id
+                    self.request_id, prompt_token_ids, params, first_token_id, prompt_chunk_ends
                 )
                 break
             except KVCacheError:

@@ -130,7 +130,12 @@ class DecodeWorker:
                 raise InvalidRequestError(f"request {request_id} is already importing")
             self._imports[request_id] = kv
         try:
-            await kv.reserve(request.prompt_token_ids, params, request.first_token_id)
+            await kv.reserve(
+                request.prompt_token_ids,
+                params,
+                request.first_token_id,
+                request.prompt_chunk_ends,
+            )
             status = await kv.pull()
             num_cached = await self._hand_off(kv, status, len(request.prompt_token_ids))
             assert kv.stream is not None

@@ -40,7 +40,7 @@ from core.stats import ReplicaStats
 from engine.engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.request import RequestStatus
-from engine.scheduler.output import ImportAllocation, SchedulerStats
+from engine.scheduler.output import ImportAllocation, PinnedBlocks, SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -216,12 +216,15 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         first_token_id: int,
+        prompt_chunk_ends: tuple[int, ...] = (),
     ) -> tuple[ImportAllocation, RequestStream]:
         """``add_import_request`` on the engine thread plus the stream of its outputs (the
         tokens after ``first_token_id``, once ``mark_kv_ready`` or ``mark_kv_failed`` ran)."""
 
         def add(engine: LLMEngine) -> ImportAllocation:
-            return engine.add_import_request(request_id, prompt_token_ids, params, first_token_id)
+            return engine.add_import_request(
+                request_id, prompt_token_ids, params, first_token_id, prompt_chunk_ends
+            )
 
         stream, allocation = await self._open(request_id, prompt_token_ids, add)
         return allocation, stream
@@ -286,13 +289,13 @@ class AsyncEngine:
         """The KV layout of this engine's cache (its fingerprint travels on every handle)."""
         return self.engine.parts.layout
 
-    def stage_export(self, request_id: str) -> Future[list[int]]:
-        """The blocks a finished prefill-only request keeps pinned, staged where the transfer
-        layer reads them (the host mirror of GPU KV). The future raises ``UnavailableError``
-        when nothing is pinned (aborted, released). The blocks stay pinned until
-        :meth:`release_soon`."""
+    def stage_export(self, request_id: str) -> Future[PinnedBlocks]:
+        """The blocks a finished prefill-only request keeps pinned (with its recorded prompt
+        chunk ends), staged where the transfer layer reads them (the host mirror of GPU KV).
+        The future raises ``UnavailableError`` when nothing is pinned (aborted, released). The
+        blocks stay pinned until :meth:`release_soon`."""
 
-        def stage(engine: LLMEngine) -> list[int]:
+        def stage(engine: LLMEngine) -> PinnedBlocks:
             pinned = engine.get_pinned_blocks(request_id)
             if pinned is None:
                 raise UnavailableError(f"request {request_id}: its KV is no longer pinned")
@@ -301,7 +304,7 @@ class AsyncEngine:
             except BaseException:
                 engine.release(request_id)
                 raise
-            return list(pinned.block_ids)
+            return pinned
 
         return self.submit(stage)
 

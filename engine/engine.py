@@ -117,10 +117,13 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         first_token_id: int,
+        prompt_chunk_ends: tuple[int, ...] = (),
     ) -> ImportAllocation:
         """Reserve blocks for a prompt whose KV will be written from outside (reusing local
         prefix-cache hits); the request decodes after :meth:`mark_kv_ready`. Its outputs
-        continue after ``first_token_id``, which the prefill side already returned."""
+        continue after ``first_token_id``, which the prefill side already returned. Should the
+        import fail and the prompt be recomputed here, its chunks end at ``prompt_chunk_ends``
+        (where the prefill replica's chunks ended), so the output is the same."""
         self.check_request(request_id, prompt_token_ids, params, first_token_id=first_token_id)
         request = Request(
             request_id=request_id,
@@ -128,6 +131,7 @@ class LLMEngine:
             sampling_params=params,
             eos_token_ids=self.parts.eos_token_ids,
         )
+        request.follow_chunk_ends = tuple(prompt_chunk_ends)
         state = self.outputs.new_state(request_id, [*prompt_token_ids, first_token_id], params)
         state.prompt_token_ids = tuple(prompt_token_ids)
         state.token_ids.append(first_token_id)

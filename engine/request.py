@@ -71,7 +71,10 @@ class Request:
 
     ``prefill_only``: finish with ``FINISHED_PREFILL`` once the first token is sampled, keeping
     the prompt's blocks pinned until released (the prefill role). ``eos_token_ids`` end the
-    request unless ``sampling_params.ignore_eos``.
+    request unless ``sampling_params.ignore_eos``. ``prompt_chunk_ends`` records where each
+    computed prompt chunk ended (and where a prefix-cache hit left off); a request given
+    ``follow_chunk_ends`` (a recompute of another replica's prefill) never lets a chunk cross one
+    of those positions, so its prompt is computed in the same chunks.
     """
 
     request_id: str
@@ -88,6 +91,8 @@ class Request:
     num_cached_tokens: int | None = field(default=None, init=False)
     num_preemptions: int = field(default=0, init=False)
     arrival_seq: int = field(default=-1, init=False)
+    prompt_chunk_ends: list[int] = field(default_factory=list, init=False)
+    follow_chunk_ends: tuple[int, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

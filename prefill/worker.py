@@ -79,7 +79,7 @@ class PrefillWorker:
                 first.finish_reason,
             )
             return _result(first, None)
-        handle = await self._export(request_id)
+        handle, chunk_ends = await self._export(request_id)
         logger.info(
             "request %s: prefilled %d tokens (%d cached); exported %d blocks as %s",
             request_id,
@@ -88,7 +88,7 @@ class PrefillWorker:
             handle.num_blocks,
             handle.transfer_id,
         )
-        return _result(first, handle)
+        return _result(first, handle, chunk_ends)
 
     async def _first_token(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
@@ -106,18 +106,19 @@ class PrefillWorker:
             )
         return final
 
-    async def _export(self, request_id: str) -> KVHandle:
+    async def _export(self, request_id: str) -> tuple[KVHandle, tuple[int, ...]]:
         """Stage the request's pinned blocks, then export them under a lease (off the event
-        loop); a cancellation at any point frees whatever the export holds."""
+        loop); a cancellation at any point frees whatever the export holds. Returns the handle
+        and the prompt's recorded chunk ends."""
         staged = self._engine.stage_export(request_id)
         try:
-            block_ids = await asyncio.shield(asyncio.wrap_future(staged))
+            pinned = await asyncio.shield(asyncio.wrap_future(staged))
         except asyncio.CancelledError:
             staged.add_done_callback(lambda _: self._engine.release_soon(request_id))
             raise
-        exported = self._exporter.submit(self._export_blocks, request_id, block_ids)
+        exported = self._exporter.submit(self._export_blocks, request_id, list(pinned.block_ids))
         try:
-            return await asyncio.shield(asyncio.wrap_future(exported))
+            return await asyncio.shield(asyncio.wrap_future(exported)), pinned.prompt_chunk_ends
         except asyncio.CancelledError:
             exported.add_done_callback(lambda f: self._undo_export(request_id, f))
             raise
@@ -183,7 +184,9 @@ class PrefillWorker:
         self._exporter.shutdown(wait=True)
 
 
-def _result(first: RequestOutput, handle: KVHandle | None) -> PrefillResult:
+def _result(
+    first: RequestOutput, handle: KVHandle | None, chunk_ends: tuple[int, ...] = ()
+) -> PrefillResult:
     return PrefillResult(
         request_id=first.request_id,
         first_token_id=first.token_ids[0],
@@ -191,6 +194,7 @@ def _result(first: RequestOutput, handle: KVHandle | None) -> PrefillResult:
         num_cached_tokens=first.num_cached_tokens,
         kv_handle=handle,
         finish_reason=first.finish_reason,
+        prompt_chunk_ends=chunk_ends,
     )
 
 

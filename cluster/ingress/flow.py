@@ -196,6 +196,7 @@ class RequestRun:
             routing=self.prompt.routing,
             first_token_id=None if result is None else result.first_token_id,
             kv_handle=None if result is None else result.kv_handle,
+            prompt_chunk_ends=() if result is None else result.prompt_chunk_ends,
         )
 
     async def _decode_stream(self, request: DecodeRequest) -> AsyncGenerator[Delta, None]:

@@ -101,6 +101,8 @@ class PinnedBlocks:
     block_hashes: list[BlockHash]
     num_tokens: int
     first_token_id: int
+    prompt_chunk_ends: tuple[int, ...] = ()
+    """Where the prompt's chunks ended (and a prefix-cache hit left off), in order."""
 
 
 @dataclass(frozen=True)

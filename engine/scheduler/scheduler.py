@@ -32,6 +32,7 @@ from core.errors import InvalidRequestError, KVCacheError, PdserveError, PromptT
 from engine.kv.event_publisher import KVEventCallback, KVEventPublisher
 from engine.kv.kv_cache_manager import NO_HIT, ComputedBlocks, KVCacheManager
 from engine.request import FinishReason, Request, RequestStatus
+from engine.scheduler.chunk_plan import record_chunk, recorded_hit, recorded_span
 from engine.scheduler.output import (
     ImportAllocation,
     PinnedBlocks,
@@ -92,6 +93,8 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._step_id = 0
         self._num_preemptions_total = 0
+        self._overshoot = False
+        """True once a recorded chunk took more than the step's room (one per step)."""
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -119,6 +122,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan the next step (see the module docstring)."""
+        self._overshoot = False
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
         budget = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
@@ -141,7 +145,7 @@ class Scheduler:
         running = self._queues.running
         decodes_left = sum(1 for r in running if r.num_uncomputed_tokens == 1)
         index = 0
-        while index < len(running) and budget > 0:
+        while index < len(running) and (budget > 0 or self._overshoot):
             request = running[index]
             remaining = request.num_uncomputed_tokens
             if remaining == 1:
@@ -149,6 +153,7 @@ class Scheduler:
                 num_new = 1
             else:
                 num_new = min(remaining, budget - decodes_left, self.max_prefill_chunk)
+                num_new = self._follow_recorded_chunk(request, num_new, budget - decodes_left)
             if num_new <= 0:
                 index += 1
                 continue
@@ -174,6 +179,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.kv.free(request.request_id)
         request.num_computed_tokens = 0
+        request.prompt_chunk_ends.clear()
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self._num_preemptions_total += 1
@@ -189,8 +195,12 @@ class Scheduler:
             computed: ComputedBlocks = NO_HIT
             if request.num_computed_tokens == 0:  # holds no blocks: look for a cached prefix
                 computed = self.kv.get_computed_blocks(request, request.num_tokens - 1)
+                computed = recorded_hit(request, computed, self.block_size)
             remaining = request.num_uncomputed_tokens - computed.num_tokens
             num_new = min(remaining, budget, self.max_prefill_chunk)
+            num_new = self._follow_recorded_chunk(request, num_new, budget, computed.num_tokens)
+            if num_new <= 0:
+                break
             if not self.kv.allocate_slots(request, num_new, computed):
                 break
             queues.waiting.popleft()
@@ -201,6 +211,22 @@ class Scheduler:
             queues.add_running(request)
             scheduled.append(self._plan(request, num_new))
             budget -= num_new
+
+    def _follow_recorded_chunk(
+        self, request: Request, num_new: int, room: int, num_hit: int = 0
+    ) -> int:
+        """``num_new`` for a request following recorded chunk ends: exactly the tokens up to
+        the next recorded end. A chunk that does not fit ``room`` takes the step's one overshoot
+        (at most ``max_num_batched_tokens`` more tokens in that step) or waits a step."""
+        span = recorded_span(request, request.num_computed_tokens + num_hit)
+        if span is None or span > self.max_num_batched_tokens:
+            return num_new
+        if span <= room:
+            return span
+        if self._overshoot:
+            return 0
+        self._overshoot = True
+        return span
 
     def _plan(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -229,6 +255,8 @@ class Scheduler:
                 or request.num_computed_tokens != item.start_position
             ):
                 continue
+            if item.start_position < request.num_prompt_tokens:
+                record_chunk(request, item.start_position, item.end_position)
             request.num_computed_tokens = item.end_position
             self.kv.cache_full_blocks(request)
             if item.samples_token:
@@ -293,6 +321,7 @@ class Scheduler:
             block_hashes=self.kv.block_hashes(request, num_tokens // self.block_size),
             num_tokens=num_tokens,
             first_token_id=request.output_token_ids[0],
+            prompt_chunk_ends=tuple(request.prompt_chunk_ends),
         )
 
     def release(self, request_id: str) -> bool:

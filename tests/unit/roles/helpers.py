@@ -75,6 +75,7 @@ def decode_request(
         params,
         first_token_id=None if result is None else result.first_token_id,
         kv_handle=None if result is None else result.kv_handle,
+        prompt_chunk_ends=() if result is None else result.prompt_chunk_ends,
     )
 
 

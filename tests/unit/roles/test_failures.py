@@ -67,6 +67,8 @@ def _check_recompute(pair: Pair, reference: dict[str, list[int]], fault: FaultIn
     assert got.token_ids == reference["len70"]
     assert all(c.error is None for c in got.chunks)
     assert pair.decode.stats().transfer.failures_total == failures_before + 1
+    # The prefill's chunk ends travel with its result, so the recompute chunked the same way.
+    assert got.prefill.prompt_chunk_ends[-1] == len(PROMPTS["len70"])
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
