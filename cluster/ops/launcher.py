@@ -57,13 +57,15 @@ def endpoint_of(config: ClusterConfig) -> str:
 def wait_http_ready(
     endpoint: str, timeout_s: float, alive: Callable[[], bool] = lambda: True
 ) -> None:
-    """Poll ``GET /ready`` until 200; UnavailableError on timeout or when ``alive()`` fails."""
+    """Poll ``GET /ready`` until 200 with no degraded part (``up`` waits for the whole app as
+    configured, not only for "a request would be served"); UnavailableError on timeout or when
+    ``alive()`` fails."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     while time.monotonic() < deadline and alive():
         try:
             response = httpx.get(f"{endpoint}/ready", timeout=5.0)
-            if response.status_code == 200:
+            if response.status_code == 200 and not response.json().get("degraded"):
                 return
             last = f"{response.status_code} {response.text[:200]}"
         except httpx.HTTPError as e:

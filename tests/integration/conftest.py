@@ -163,5 +163,6 @@ def _at_baseline(app: ServingApp) -> bool:
     board = app.board()
     live = [r for role in ("prefill", "decode") for r in board.get(role, [])]
     idle = all(r["stats"]["kv_blocks_used"] == 0 for r in live)
-    ready = httpx.get(app.url("/ready"), timeout=10).status_code == 200
+    response = httpx.get(app.url("/ready"), timeout=10)
+    ready = response.status_code == 200 and not response.json()["degraded"]
     return len(live) == 2 and idle and ready
