@@ -389,7 +389,9 @@ class AsyncEngine:
 
     def _can_step(self) -> bool:
         stats = self.engine.scheduler.stats()
-        return not self._stalled and stats.num_running + stats.num_waiting > 0
+        return (
+            not self._stalled and stats.num_running + stats.num_waiting + stats.num_loading_kv > 0
+        )
 
     def _wait_s(self) -> float | None:
         """How long to wait for a command before stepping (0: not at all, None: forever)."""

@@ -31,6 +31,9 @@ from engine.setup import EngineParts
 
 logger = logging.getLogger(__name__)
 
+_LOAD_WAIT_S = 0.005
+"""Longest an empty step waits for a KV-tier load to finish (nothing else is runnable then)."""
+
 
 class LLMEngine:
     """One model, one KV cache, one continuous batch."""
@@ -169,6 +172,7 @@ class LLMEngine:
         propagates: nothing the failed step touched stays in the engine."""
         plan = self.scheduler.schedule()
         if plan.is_empty:
+            self.scheduler.wait_for_loads(_LOAD_WAIT_S)
             return []
         try:
             return self._run(plan)

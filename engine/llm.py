@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-from core.config import DType, EngineConfig, ModelConfig
+from core.config import DType, EngineConfig, KVTiersConfig, ModelConfig
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
 from engine.offline_batch import (
@@ -53,6 +53,7 @@ class LLM:
         compile_model: bool = False,
         enforce_eager: bool = False,
         cuda_graph_batch_sizes: Sequence[int] | None = None,
+        kv_tiers: KVTiersConfig | None = None,
     ) -> None:
         model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed)
         engine_cfg = EngineConfig(
@@ -68,6 +69,7 @@ class LLM:
             cuda_graph_batch_sizes=(
                 None if cuda_graph_batch_sizes is None else tuple(cuda_graph_batch_sizes)
             ),
+            kv_tiers=kv_tiers or KVTiersConfig(),
         )
         self.engine = LLMEngine(build_engine_parts(model_cfg, engine_cfg))
         self.tokenizer = self.engine.tokenizer

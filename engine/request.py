@@ -31,6 +31,7 @@ class RequestStatus(enum.Enum):
 
     WAITING = "waiting"
     WAITING_FOR_KV = "waiting_for_kv"  # import: blocks held, KV being written from outside
+    LOADING_KV = "loading_kv"  # prefix hit in a lower KV tier: blocks held, KV being copied back
     RUNNING = "running"
     PREEMPTED = "preempted"  # back in the waiting queue, will recompute
     FINISHED_STOPPED = "finished_stopped"

@@ -25,6 +25,7 @@ from engine.attention import get_backend
 from engine.builtin import resolve_model
 from engine.cuda_graphs import graph_batch_sizes
 from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
+from engine.kv.tiers import KVTiers
 from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig
 from engine.scheduler import Scheduler
@@ -102,11 +103,17 @@ def build_engine_parts(
         device, engine_cfg.kv_cache_memory_bytes, engine_cfg.kv_cache_memory_fraction, weights_bytes
     )
     storage = KVStorage(layout, num_blocks_for_budget(layout, budget), device)
+    tiers = (
+        KVTiers(engine_cfg.kv_tiers, layout, storage.block_bytes_view())
+        if engine_cfg.kv_tiers.host is not None or engine_cfg.kv_tiers.disk is not None
+        else None
+    )
     scheduler = Scheduler(
         engine_cfg,
         storage.num_blocks,
         max_model_len=max_model_len,
         kv_event_callback=kv_event_callback,
+        tiers=tiers,
     )
     eos_ids = tuple(dict.fromkeys(tokenizer.eos_token_ids + arch.eos_token_ids))
     graph_sizes = graph_batch_sizes(

@@ -19,6 +19,7 @@ from core.config.cluster import (
     ServerConfig,
 )
 from core.config.engine import EngineConfig, ModelConfig
+from core.config.kv_tiers import DiskTierConfig, HostTierConfig, KVTiersConfig, WritePolicy
 from core.config.loadtest import (
     ArrivalConfig,
     LengthConfig,
@@ -40,7 +41,10 @@ __all__ = [
     "ClusterConfig",
     "DType",
     "DecodePoolConfig",
+    "DiskTierConfig",
     "EngineConfig",
+    "HostTierConfig",
+    "KVTiersConfig",
     "LengthConfig",
     "LoadTestConfig",
     "LoadTestTargetConfig",
@@ -61,4 +65,5 @@ __all__ = [
     "SweepConfig",
     "TraceWorkloadConfig",
     "TransferConfig",
+    "WritePolicy",
 ]

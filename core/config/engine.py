@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from core.config.base import DType, StrictModel
+from core.config.kv_tiers import KVTiersConfig
 
 
 class EngineConfig(StrictModel):
@@ -57,6 +58,11 @@ class EngineConfig(StrictModel):
         "decode step of B requests replays the smallest size >= B with padding rows. Default: "
         "1, 2, 4 and every multiple of 8 up to max_num_seqs. Prefill steps, larger batches and "
         "MoE models run eagerly (or compiled).",
+    )
+
+    kv_tiers: KVTiersConfig = Field(
+        default_factory=KVTiersConfig,
+        description="Host-RAM and disk tiers under the prefix cache, and idle TTLs per tier.",
     )
 
     @model_validator(mode="after")

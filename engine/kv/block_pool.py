@@ -18,8 +18,9 @@ it tail first so that, among blocks freed together, the prefix is evicted last.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from core.errors import KVCacheError
@@ -28,6 +29,10 @@ from core.kv_events import AllBlocksCleared, BlockRemoved
 from engine.kv.event_publisher import KVEventPublisher
 
 NULL_BLOCK_ID = 0
+
+EvictHook = Callable[[int, BlockHash], None]
+"""Called with (block id, hash) just before a cached block loses its hash (evicted or expired),
+while its KV is still intact: the KV tiers copy it down here."""
 
 
 @dataclass(slots=True)
@@ -42,15 +47,23 @@ class KVBlock:
 class BlockPool:
     """Ref-counted block ids 1..num_blocks-1 with an LRU of cached-but-free blocks."""
 
-    def __init__(self, num_blocks: int, publisher: KVEventPublisher | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        publisher: KVEventPublisher | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if num_blocks < 2:
             raise KVCacheError(f"a block pool needs at least 2 blocks (1 null), got {num_blocks}")
         self.num_blocks = num_blocks
         self.blocks = [KVBlock(block_id) for block_id in range(num_blocks)]
         self._free: deque[int] = deque(range(1, num_blocks))
-        self._cached_free: OrderedDict[int, None] = OrderedDict()  # LRU first
+        self._cached_free: OrderedDict[int, float] = OrderedDict()  # LRU first: id -> freed at
         self._hash_to_block: dict[BlockHash, int] = {}
         self._publisher = publisher or KVEventPublisher()
+        self._clock = clock
+        self.on_evict: EvictHook | None = None
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -111,7 +124,7 @@ class BlockPool:
                 block_id = self._free.popleft()
             else:
                 block_id, _ = self._cached_free.popitem(last=False)
-                evicted.append(self._drop_hash(block_id))
+                evicted.append(self._evict(block_id))
             self.blocks[block_id].ref_cnt = 1
             block_ids.append(block_id)
         if evicted:
@@ -139,7 +152,29 @@ class BlockPool:
                 if block.block_hash is None:
                     self._free.append(block_id)
                 else:
-                    self._cached_free[block_id] = None
+                    self._cached_free[block_id] = self._clock()
+
+    def expire(self, idle_s: float) -> int:
+        """Release cached-free blocks unused for ``idle_s`` seconds (copied down through
+        ``on_evict`` first); returns how many. One ``BlockRemoved`` event for them all."""
+        cutoff = self._clock() - idle_s
+        expired: list[BlockHash] = []
+        while self._cached_free:
+            block_id, freed_at = next(iter(self._cached_free.items()))
+            if freed_at >= cutoff:
+                break  # LRU order is free order: the rest are younger
+            del self._cached_free[block_id]
+            expired.append(self._evict(block_id))
+            self._free.append(block_id)
+        if expired:
+            self._publisher.record(BlockRemoved(block_hashes=expired))
+        return len(expired)
+
+    def _evict(self, block_id: int) -> BlockHash:
+        block_hash = self.blocks[block_id].block_hash
+        if self.on_evict is not None and block_hash is not None:
+            self.on_evict(block_id, block_hash)
+        return self._drop_hash(block_id)
 
     # -- prefix cache -------------------------------------------------------------------------
 

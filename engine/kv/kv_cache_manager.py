@@ -10,6 +10,7 @@ during decode — and a later request whose tokens start with the same blocks sh
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.errors import KVCacheError
@@ -42,14 +43,21 @@ class KVCacheManager:
         hash_seed: int,
         enable_prefix_caching: bool = True,
         publisher: KVEventPublisher | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_seed = hash_seed
         self._publisher = publisher or KVEventPublisher()
-        self.pool = BlockPool(num_blocks, self._publisher)
+        self.pool = (
+            BlockPool(num_blocks, self._publisher)
+            if clock is None
+            else BlockPool(num_blocks, self._publisher, clock=clock)
+        )
         self._tables: dict[str, list[int]] = {}
         self._num_offered_blocks: dict[str, int] = {}  # leading blocks already offered to cache
+        self.on_cached: Callable[[int, BlockHash], None] | None = None
+        """Called with (block id, hash) for each block that joins the prefix cache."""
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -167,6 +175,8 @@ class KVCacheManager:
         for index in range(start, num_full):
             if self.pool.cache_block(table[index], hashes[index]):
                 run.append(index)
+                if self.on_cached is not None:
+                    self.on_cached(table[index], hashes[index])
                 continue
             self._record_stored(request, run)
             run = []

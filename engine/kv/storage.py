@@ -149,6 +149,11 @@ class KVStorage:
         self.staging.wait_host(block_id)
         return memoryview(self._bytes[block_id].numpy().data)
 
+    def block_bytes_view(self) -> torch.Tensor:
+        """``[num_blocks, block_bytes]`` uint8 view of the KV tensor itself (on its device), for
+        the KV tiers' copies."""
+        return self.kv.view(self.num_blocks, -1).view(torch.uint8)
+
     def _check_ids(self, block_ids: list[int]) -> None:
         bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
         if bad:

@@ -133,3 +133,5 @@ class SchedulerStats:
     num_cached_blocks: int
     kv_usage: float
     num_preemptions_total: int
+    num_loading_kv: int = 0
+    """Requests whose prefix is being copied back from a host or disk tier."""

@@ -23,6 +23,9 @@ class RequestQueues:
         self.running: list[Request] = []
         self.importing: dict[str, Request] = {}  # WAITING_FOR_KV
         self.pinned: dict[str, Request] = {}  # FINISHED_PREFILL, blocks held
+        self.loading: dict[str, Request] = {}  # LOADING_KV: a lower-tier prefix copying back
+        self.cancelled_loads: dict[str, Request] = {}  # ended while loading; blocks held until
+        # the copy into them has finished
         self._next_arrival_seq = 0
 
     def register(self, request: Request) -> None:
@@ -57,6 +60,8 @@ class RequestQueues:
             self.importing.pop(request.request_id, None)
         elif status is RequestStatus.FINISHED_PREFILL:
             self.pinned.pop(request.request_id, None)
+        elif status is RequestStatus.LOADING_KV:
+            self.loading.pop(request.request_id, None)
         elif request in self.waiting:
             self.waiting.remove(request)
 
@@ -65,8 +70,11 @@ class RequestQueues:
         self.requests.pop(request.request_id, None)
 
     def has_unfinished(self) -> bool:
-        """True while any request waits, runs or waits for imported KV."""
-        return bool(self.waiting or self.running or self.importing)
+        """True while any request waits, runs, waits for imported KV or loads it from a tier
+        (ended requests whose load is still copying included: their blocks are still held)."""
+        return bool(
+            self.waiting or self.running or self.importing or self.loading or self.cancelled_loads
+        )
 
     def check_consistent(self) -> list[str]:
         """Problems found (empty when every request sits where its status says)."""
@@ -76,6 +84,8 @@ class RequestQueues:
             *((r, {RequestStatus.RUNNING}) for r in self.running),
             *((r, {RequestStatus.WAITING_FOR_KV}) for r in self.importing.values()),
             *((r, {RequestStatus.FINISHED_PREFILL}) for r in self.pinned.values()),
+            *((r, {RequestStatus.LOADING_KV}) for r in self.loading.values()),
+            *((r, {r.status} if r.is_finished else set()) for r in self.cancelled_loads.values()),
         ]
         seen: set[str] = set()
         for request, allowed in members:

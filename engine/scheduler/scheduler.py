@@ -25,12 +25,16 @@ several files, so this module is past 400 lines for that reason.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from core.config import EngineConfig
 from core.errors import InvalidRequestError, KVCacheError, PdserveError, PromptTooLongError
+from core.stats import KVTierStats
 from engine.kv.event_publisher import KVEventCallback, KVEventPublisher
 from engine.kv.kv_cache_manager import NO_HIT, ComputedBlocks, KVCacheManager
+from engine.kv.tiers import KVTiers
+from engine.kv.tiers.counters import TierCounters
 from engine.request import FinishReason, Request, RequestStatus
 from engine.scheduler.chunk_plan import record_chunk, recorded_hit, recorded_span
 from engine.scheduler.output import (
@@ -62,6 +66,8 @@ class Scheduler:
         *,
         max_model_len: int,
         kv_event_callback: KVEventCallback | None = None,
+        tiers: KVTiers | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.block_size = config.block_size
         self.max_num_batched_tokens = config.max_num_batched_tokens
@@ -76,7 +82,14 @@ class Scheduler:
             enable_prefix_caching=config.enable_prefix_caching,
             hash_seed=config.hash_seed,
             publisher=self.events,
+            clock=clock,
         )
+        self.device_ttl_s = config.kv_tiers.device_ttl_s
+        self.tiers = tiers
+        if tiers is not None:
+            tiers.attach(self.events)
+            self.kv.pool.on_evict = tiers.on_device_evicted
+            self.kv.on_cached = tiers.on_device_cached
         # NOTE: the last token of a sequence never needs KV, so a lone request of
         # capacity + 1 tokens fits the whole pool.
         capacity_tokens = self.kv.pool.num_usable_blocks * config.block_size + 1
@@ -123,6 +136,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan the next step (see the module docstring)."""
         self._overshoot = False
+        self._tier_housekeeping()
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
         budget = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
@@ -190,12 +204,21 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> None:
         queues = self._queues
-        while queues.waiting and budget > 0 and len(queues.running) < self.max_num_seqs:
+        while (
+            queues.waiting
+            and budget > 0
+            and len(queues.running) + len(queues.loading) < self.max_num_seqs
+        ):
             request = queues.waiting[0]
             computed: ComputedBlocks = NO_HIT
             if request.num_computed_tokens == 0:  # holds no blocks: look for a cached prefix
                 computed = self.kv.get_computed_blocks(request, request.num_tokens - 1)
+                num_lower = self._lower_tier_hit(request, computed)
                 computed = recorded_hit(request, computed, self.block_size)
+                if num_lower:
+                    if not self._start_load(request, computed, num_lower):
+                        break
+                    continue
             remaining = request.num_uncomputed_tokens - computed.num_tokens
             num_new = min(remaining, budget, self.max_prefill_chunk)
             num_new = self._follow_recorded_chunk(request, num_new, budget, computed.num_tokens)
@@ -204,13 +227,81 @@ class Scheduler:
             if not self.kv.allocate_slots(request, num_new, computed):
                 break
             queues.waiting.popleft()
-            request.num_computed_tokens += computed.num_tokens
-            if request.num_cached_tokens is None:
-                request.num_cached_tokens = computed.num_tokens
+            self._adopt_hit(request, computed)
             request.status = RequestStatus.RUNNING
             queues.add_running(request)
             scheduled.append(self._plan(request, num_new))
             budget -= num_new
+
+    def _adopt_hit(self, request: Request, computed: ComputedBlocks) -> None:
+        request.num_computed_tokens += computed.num_tokens
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = computed.num_tokens
+        if self.tiers is not None and computed.block_ids:
+            self.tiers.on_device_hit(request.block_hashes[: len(computed.block_ids)])
+
+    # -- lower KV tiers -----------------------------------------------------------------------
+
+    def _lower_tier_hit(self, request: Request, computed: ComputedBlocks) -> int:
+        """Blocks after the device hit found in host/disk tiers (whole recorded chunks only)."""
+        if self.tiers is None or not self.kv.enable_prefix_caching or request.follow_chunk_ends:
+            return 0
+        start = len(computed.block_ids)
+        hashes = self.kv.block_hashes(request, (request.num_tokens - 1) // self.block_size)
+        return self.tiers.find(hashes[start:])
+
+    def _start_load(self, request: Request, computed: ComputedBlocks, num_lower: int) -> bool:
+        """Hold blocks for the device hit plus ``num_lower`` blocks and start copying them back;
+        the request waits in ``loading`` (the batch keeps stepping). False: no room now."""
+        assert self.tiers is not None
+        if not self.kv.allocate_slots(request, num_lower * self.block_size, computed):
+            return False
+        self._queues.waiting.popleft()
+        self._adopt_hit(request, computed)
+        first = len(computed.block_ids)
+        table = self.kv.block_ids(request.request_id)
+        self.tiers.start_load(
+            request.request_id,
+            request.block_hashes[first : first + num_lower],
+            table[first : first + num_lower],
+        )
+        request.status = RequestStatus.LOADING_KV
+        self._queues.loading[request.request_id] = request
+        return True
+
+    def _tier_housekeeping(self) -> None:
+        """Settle finished loads and apply the tiers' idle TTLs (start of every step)."""
+        if self.device_ttl_s is not None:
+            expired = self.kv.pool.expire(self.device_ttl_s)
+            if self.tiers is not None:
+                for _ in range(expired):
+                    self.tiers.count_device_expiry()
+        if self.tiers is None:
+            return
+        self.tiers.expire()
+        for load in self.tiers.poll():
+            self._settle_load(load.request_id, load.num_loaded)
+
+    def _settle_load(self, request_id: str, num_loaded: int) -> None:
+        queues = self._queues
+        cancelled = queues.cancelled_loads.pop(request_id, None)
+        if cancelled is not None:
+            self.kv.free(request_id)
+            queues.forget(cancelled)
+            return
+        request = queues.loading.pop(request_id)
+        request.num_computed_tokens += num_loaded * self.block_size
+        request.num_cached_tokens = request.num_computed_tokens
+        if request.num_computed_tokens == 0:
+            self.kv.free(request_id)  # nothing usable came back: start clean
+        self.kv.cache_full_blocks(request)
+        request.status = RequestStatus.WAITING
+        queues.waiting.appendleft(request)
+
+    def wait_for_loads(self, timeout_s: float) -> None:
+        """With nothing to step but loads in flight: wait for one to finish (bounded)."""
+        if self.tiers is not None and not self._queues.waiting and not self._queues.running:
+            self.tiers.wait(timeout_s)
 
     def _follow_recorded_chunk(
         self, request: Request, num_new: int, room: int, num_hit: int = 0
@@ -291,14 +382,18 @@ class Scheduler:
         return True
 
     def abort(self, request_id: str) -> bool:
-        """Abort a waiting, running, importing or pinned request; frees its blocks at once."""
+        """Abort a waiting, running, importing, loading or pinned request; frees its blocks at
+        once (a loading request's once the copy into them has finished)."""
         return self.finish(request_id, FinishReason.ABORT)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         was_finished = request.is_finished
+        was_loading = request.status is RequestStatus.LOADING_KV
         self._queues.detach(request)
         request.status = status
-        if status is RequestStatus.FINISHED_PREFILL:
+        if was_loading:  # a copy is still writing its blocks: free them once it is done
+            self._queues.cancelled_loads[request.request_id] = request
+        elif status is RequestStatus.FINISHED_PREFILL:
             self._queues.pinned[request.request_id] = request
         else:
             self.kv.free(request.request_id)
@@ -435,7 +530,16 @@ class Scheduler:
             num_cached_blocks=pool.num_cached_blocks,
             kv_usage=pool.usage,
             num_preemptions_total=self._num_preemptions_total,
+            num_loading_kv=len(self._queues.loading) + len(self._queues.cancelled_loads),
         )
+
+    def tier_stats(self) -> tuple[KVTierStats, ...]:
+        """Every tier of this engine, device first: occupancy and counters."""
+        pool = self.kv.pool
+        device = (
+            self.tiers.counters["device"] if self.tiers is not None else TierCounters()
+        ).stats("device", pool.num_used_blocks + pool.num_evictable_blocks, pool.num_usable_blocks)
+        return (device, *(self.tiers.stats() if self.tiers is not None else ()))
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (e.g. after new weights); emits ``AllBlocksCleared``."""
@@ -445,6 +549,8 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Raise ``KVCacheError`` unless the pool, the tables and the queues agree."""
         self.kv.check_integrity()
+        if self.tiers is not None:
+            self.tiers.check_integrity()
         problems = self._queues.check_consistent()
         tables = self.kv.block_tables()
         for request_id, table in tables.items():
@@ -453,7 +559,11 @@ class Scheduler:
                 problems.append(f"blocks {table} held by unknown request {request_id}")
             elif len(table) * self.block_size < request.num_computed_tokens:
                 problems.append(f"request {request_id}'s table is shorter than its KV")
-        for request in [*self._queues.running, *self._queues.pinned.values()]:
+        for request in [
+            *self._queues.running,
+            *self._queues.pinned.values(),
+            *self._queues.loading.values(),
+        ]:
             if request.request_id not in tables:
                 problems.append(f"request {request.request_id} holds no blocks")
         if problems:
