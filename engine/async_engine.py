@@ -537,4 +537,5 @@ class AsyncEngine:
                 self._driver.close()
             except Exception:
                 logger.exception("closing the step driver raised")
+        self.engine.close()
         logger.info("engine thread stopped")

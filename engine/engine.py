@@ -160,6 +160,11 @@ class LLMEngine:
         self._forget(request_id)
         return self.scheduler.abort(request_id)
 
+    def close(self) -> None:
+        """Release what outlives a step: the KV tiers' I/O threads (pending disk writes are
+        finished) and the disk tier's directory lock. Requests still queued stay queued."""
+        self.scheduler.close()
+
     def has_unfinished(self) -> bool:
         """True while any request is queued, running, or waiting for imported KV."""
         return self.scheduler.has_unfinished()

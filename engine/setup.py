@@ -25,7 +25,7 @@ from engine.attention import get_backend
 from engine.builtin import resolve_model
 from engine.cuda_graphs import graph_batch_sizes
 from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
-from engine.kv.tiers import KVTiers
+from engine.kv.tiers.store import KVTiers
 from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig
 from engine.scheduler import Scheduler

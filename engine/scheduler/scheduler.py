@@ -27,13 +27,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from core.config import EngineConfig
 from core.errors import InvalidRequestError, KVCacheError, PdserveError, PromptTooLongError
 from core.stats import KVTierStats
 from engine.kv.event_publisher import KVEventCallback, KVEventPublisher
 from engine.kv.kv_cache_manager import NO_HIT, ComputedBlocks, KVCacheManager
-from engine.kv.tiers import KVTiers
 from engine.kv.tiers.counters import TierCounters
 from engine.request import FinishReason, Request, RequestStatus
 from engine.scheduler.chunk_plan import record_chunk, recorded_hit, recorded_span
@@ -47,6 +47,9 @@ from engine.scheduler.output import (
 )
 from engine.scheduler.queue import RequestQueues
 from engine.scheduler.stop import check_stop
+
+if TYPE_CHECKING:
+    from engine.kv.tiers.store import KVTiers
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +91,8 @@ class Scheduler:
         self.tiers = tiers
         if tiers is not None:
             tiers.attach(self.events)
-            self.kv.pool.on_evict = tiers.on_device_evicted
-            self.kv.on_cached = tiers.on_device_cached
+            self.kv.pool.on_evict = tiers.moves.on_device_evicted
+            self.kv.on_cached = tiers.moves.on_device_cached
         # NOTE: the last token of a sequence never needs KV, so a lone request of
         # capacity + 1 tokens fits the whole pool.
         capacity_tokens = self.kv.pool.num_usable_blocks * config.block_size + 1
@@ -238,7 +241,7 @@ class Scheduler:
         if request.num_cached_tokens is None:
             request.num_cached_tokens = computed.num_tokens
         if self.tiers is not None and computed.block_ids:
-            self.tiers.on_device_hit(request.block_hashes[: len(computed.block_ids)])
+            self.tiers.moves.on_device_hit(request.block_hashes[: len(computed.block_ids)])
 
     # -- lower KV tiers -----------------------------------------------------------------------
 
@@ -275,10 +278,10 @@ class Scheduler:
             expired = self.kv.pool.expire(self.device_ttl_s)
             if self.tiers is not None:
                 for _ in range(expired):
-                    self.tiers.count_device_expiry()
+                    self.tiers.moves.count_device_expiry()
         if self.tiers is None:
             return
-        self.tiers.expire()
+        self.tiers.moves.expire()
         for load in self.tiers.poll():
             self._settle_load(load.request_id, load.num_loaded)
 
@@ -297,6 +300,11 @@ class Scheduler:
         self.kv.cache_full_blocks(request)
         request.status = RequestStatus.WAITING
         queues.waiting.appendleft(request)
+
+    def close(self) -> None:
+        """Stop the KV tiers' I/O (after pending writes and the loads in flight)."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     def wait_for_loads(self, timeout_s: float) -> None:
         """With nothing to step but loads in flight: wait for one to finish (bounded)."""

@@ -1,5 +1,5 @@
-"""The KV memory hierarchy below the device pool: host-RAM and disk tiers (see ``store``)."""
+"""The KV memory hierarchy below the device pool: host-RAM and disk tiers.
 
-from engine.kv.tiers.store import FinishedLoad, KVTiers
-
-__all__ = ["FinishedLoad", "KVTiers"]
+``store.KVTiers`` is the entry point (it needs torch); ``entries``, ``counters`` and ``loads``
+are plain bookkeeping the tensor-free scheduler may import.
+"""

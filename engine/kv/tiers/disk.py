@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 from core.errors import ConfigError
 from core.hashing import BlockHash
+from core.kv_events import KVMedium
 from engine.kv.tiers.block_file import (
     HEADER_BYTES,
     SUFFIX,
@@ -41,7 +42,7 @@ MAX_ENGINE_DIRS = 256
 class DiskTier:
     """Up to ``capacity`` block files in this engine's directory."""
 
-    medium = "disk"
+    medium: KVMedium = "disk"
 
     def __init__(
         self, directory: Path, lock: BinaryIO, fingerprint: str, block_bytes: int, capacity: int

@@ -13,13 +13,14 @@ import torch
 
 from core.errors import KVCacheError
 from core.hashing import BlockHash
+from core.kv_events import KVMedium
 from engine.kv.tiers.entries import TierEntries, TierEntry
 
 
 class HostTier:
     """``num_slots`` host block slots, indexed by block hash."""
 
-    medium = "host"
+    medium: KVMedium = "host"
 
     def __init__(self, block_bytes: int, num_slots: int, *, pin_memory: bool) -> None:
         self.block_bytes = block_bytes

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from core.hashing import BlockHash
+from core.kv_events import KVMedium
 from engine.kv.tiers.block_file import BlockFileError
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ class LoadPart:
     """One block to bring back: where it comes from and which device block receives it."""
 
     block_hash: BlockHash
-    medium: str
+    medium: KVMedium
     dst_block_id: int
     source: Callable[[], torch.Tensor]
     """Returns the block's bytes (uint8, ``block_bytes``); raises when they are unusable."""

@@ -156,3 +156,41 @@ def test_check_integrity_catches_corruption(corrupt: object) -> None:
 def test_pool_needs_a_usable_block() -> None:
     with pytest.raises(KVCacheError, match="at least 2"):
         BlockPool(1)
+
+
+def test_expire_releases_idle_cached_blocks_oldest_first_through_the_evict_hook() -> None:
+    now = [100.0]
+    batches: list[KVEventBatch] = []
+    publisher = KVEventPublisher(batches.append)
+    pool = BlockPool(6, publisher, clock=lambda: now[0])
+    copied: list[tuple[int, int]] = []
+    pool.on_evict = lambda block_id, block_hash: copied.append((block_id, block_hash))
+    ids = pool.allocate(3)
+    for block_id, block_hash in zip(ids, (11, 12, 13), strict=True):
+        pool.cache_block(block_id, block_hash)
+    pool.free([ids[0]])
+    now[0] += 5
+    pool.free([ids[1], ids[2]])
+    now[0] += 6  # ids[0] idle 11 s, the others 6 s
+    assert pool.expire(10.0) == 1
+    assert copied == [(ids[0], 11)]
+    assert pool.lookup(11) is None and pool.lookup(12) == ids[1]
+    assert pool.evictable_order() == [ids[1], ids[2]]
+    publisher.flush()
+    assert batches[-1].events == [BlockRemoved(block_hashes=[11])]
+    now[0] += 10
+    assert pool.expire(10.0) == 2
+    assert copied[1:] == [(ids[1], 12), (ids[2], 13)]
+    assert pool.num_cached_blocks == 0 and pool.num_free_blocks == 5
+    pool.check_integrity()
+
+
+def test_eviction_for_space_calls_the_hook_before_the_block_is_reused() -> None:
+    pool, _, _ = make_pool(3)
+    seen: list[tuple[int, int]] = []
+    pool.on_evict = lambda block_id, block_hash: seen.append((block_id, block_hash))
+    (a, b) = pool.allocate(2)
+    pool.cache_block(a, 21)
+    pool.free([a, b])
+    assert pool.allocate(2) == [b, a]
+    assert seen == [(a, 21)]
