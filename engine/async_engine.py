@@ -338,6 +338,7 @@ class AsyncEngine:
             num_waiting=s.num_waiting + s.num_waiting_for_kv,
             num_waiting_for_kv=s.num_waiting_for_kv,
             num_pinned=s.num_pinned,
+            kv_tiers=s.kv_tiers,
         )
 
     @property

@@ -22,6 +22,7 @@ from typing import TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cluster.ingress.tier_metrics import tier_families
 from core.stats import ReplicaStats
 
 _MetricT = TypeVar("_MetricT", GaugeMetricFamily, CounterMetricFamily)
@@ -119,6 +120,7 @@ class WorkerStatsCollector(Collector):
             metric = CounterMetricFamily(family.name, family.doc, labels=["role"])
             yield _fill(metric, family, ever)
         yield _failures(ever)
+        yield from tier_families(live, ever)
 
     def _roles(self) -> set[str]:
         return set(self._by_role) | set(self._gone)

@@ -50,9 +50,13 @@ class ApplyStatus(enum.Enum):
 
 
 def compact_events(events: Iterable[KVEvent]) -> list[IndexOp]:
-    """The index's view of engine events: kinds and hashes only (token ids dropped)."""
+    """The index's view of engine events: kinds and hashes only (token ids dropped). Only the
+    device medium is indexed for now; host and disk tier moves are left out, so a hash leaving
+    the device pool leaves the index even while a lower tier still holds it."""
     ops: list[IndexOp] = []
     for event in events:
+        if isinstance(event, BlockStored | BlockRemoved) and event.medium != "device":
+            continue
         if isinstance(event, BlockStored):
             ops.append((OP_STORED, list(event.block_hashes)))
         elif isinstance(event, BlockRemoved):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from core.hashing import BlockHash
 from core.sampling import SamplingParams
+from core.stats import KVTierStats
 from engine.request import FinishReason, RequestStatus
 
 
@@ -135,3 +136,5 @@ class SchedulerStats:
     num_preemptions_total: int
     num_loading_kv: int = 0
     """Requests whose prefix is being copied back from a host or disk tier."""
+    kv_tiers: tuple[KVTierStats, ...] = ()
+    """Every KV tier, device first (occupancy and counters)."""

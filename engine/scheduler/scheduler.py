@@ -539,6 +539,7 @@ class Scheduler:
             kv_usage=pool.usage,
             num_preemptions_total=self._num_preemptions_total,
             num_loading_kv=len(self._queues.loading) + len(self._queues.cancelled_loads),
+            kv_tiers=self.tier_stats(),
         )
 
     def tier_stats(self) -> tuple[KVTierStats, ...]:

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.ingress.worker_stats import WorkerStatsCollector
-from core.stats import ReplicaStats, TransferStats
+from core.stats import KVTierStats, ReplicaStats, TransferStats
 
 from .conftest import MODEL, FakeDecode, Harness, run
 
@@ -179,3 +179,34 @@ def test_each_app_has_its_own_registry(make_harness: Callable[..., Harness]) -> 
     found = samples(run(scrape_after(second, [])).text)
     tokens = {"model_name": MODEL, "role": "ingress"}
     assert value(found, "pdserve:generation_tokens_total", **tokens) is None
+
+
+def test_tier_metrics_per_role_and_tier() -> None:
+    collector = WorkerStatsCollector()
+    registry = CollectorRegistry()
+    registry.register(collector)
+
+    def decode(host_hits: int, used: int) -> ReplicaStats:
+        return ReplicaStats(
+            kv_tiers=(
+                KVTierStats("device", blocks_used=used, blocks_capacity=100, hits_total=7),
+                KVTierStats(
+                    "host",
+                    blocks_used=2 * used,
+                    blocks_capacity=400,
+                    hits_total=host_hits,
+                    onload_bytes_total=4096,
+                    ttl_expiries_total=1,
+                ),
+            )
+        )
+
+    collector.update({"decode": {"a": decode(3, 10), "b": decode(4, 20)}})
+    collector.update({"decode": {"b": decode(5, 20)}})  # a died: its counters stay
+    scraped = samples(generate_latest(registry).decode())
+    assert value(scraped, "pdserve:kv_tier_hits_total", role="decode", tier="host") == 8.0
+    assert value(scraped, "pdserve:kv_tier_hits_total", role="decode", tier="device") == 14.0
+    assert value(scraped, "pdserve:kv_tier_blocks_used", role="decode", tier="host") == 40.0
+    assert value(scraped, "pdserve:kv_tier_blocks_capacity", role="decode", tier="device") == 100
+    assert value(scraped, "pdserve:kv_tier_onload_bytes_total", role="decode", tier="host") == 8192
+    assert value(scraped, "pdserve:kv_tier_ttl_expiries_total", role="decode", tier="host") == 2.0
