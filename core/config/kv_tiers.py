@@ -42,8 +42,12 @@ class DiskTierConfig(StrictModel):
 class KVTiersConfig(StrictModel):
     """``engine.kv_tiers``: the tiers and their session timeouts (idle TTLs)."""
 
-    host: HostTierConfig | None = None
-    disk: DiskTierConfig | None = None
+    host: HostTierConfig | None = Field(
+        None, description="The host-RAM tier (the first one below the device); None: off."
+    )
+    disk: DiskTierConfig | None = Field(
+        None, description="The disk tier (below host, or below the device alone); None: off."
+    )
     device_ttl_s: float | None = Field(
         None,
         gt=0,
