@@ -43,6 +43,7 @@ class KVTierStats:
     onload_bytes_total: int = 0
     """Bytes brought back from this tier to the device."""
     onload_seconds_total: float = 0.0
+    onload_blocks_total: int = 0
     ttl_expiries_total: int = 0
     """Blocks demoted or released because they sat idle past the tier's TTL."""
     evictions_total: int = 0
@@ -69,6 +70,11 @@ class RoutingStats:
     kv_blocks_used: int = 0
     kv_blocks_free: int | None = None
     """``None`` until the replica reported."""
+    host_block_cost: float | None = None
+    """Loading one block from the host tier, as a fraction of recomputing it (measured on this
+    replica; ``None`` until it has both loaded from host and computed a prompt)."""
+    disk_block_cost: float | None = None
+    """The same for the disk tier."""
 
 
 @dataclass(frozen=True)
@@ -94,10 +100,32 @@ class ReplicaStats:
     expert_load: ExpertLoadStats | None = None
     kv_tiers: tuple[KVTierStats, ...] = ()
     """The host and disk tiers (and the device tier's tier counters) when tiers are on."""
+    kv_block_size: int = 0
+    prefill_tokens_total: int = 0
+    """Prompt tokens this replica computed (prefix-cache and tier hits excluded)."""
+    prefill_seconds_total: float = 0.0
+    """Their share of step time (``engine.prefill_rate``)."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""
-        return RoutingStats(self.num_waiting, self.kv_blocks_used, self.kv_blocks_free)
+        return RoutingStats(
+            self.num_waiting,
+            self.kv_blocks_used,
+            self.kv_blocks_free,
+            host_block_cost=self.tier_block_cost("host"),
+            disk_block_cost=self.tier_block_cost("disk"),
+        )
+
+    def tier_block_cost(self, medium: str) -> float | None:
+        """Mean seconds to load a block from ``medium`` over mean seconds to compute one;
+        ``None`` until both were measured here."""
+        tier = next((t for t in self.kv_tiers if t.medium == medium), None)
+        if tier is None or not tier.onload_blocks_total or not self.prefill_tokens_total:
+            return None
+        compute_s = self.prefill_seconds_total / self.prefill_tokens_total * self.kv_block_size
+        if compute_s <= 0.0:
+            return None
+        return tier.onload_seconds_total / tier.onload_blocks_total / compute_s
 
 
 @dataclass(frozen=True)

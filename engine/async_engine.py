@@ -170,6 +170,7 @@ class AsyncEngine:
         self._prune_at = 1024
         self._stalled = False
         self._stats = engine.scheduler.stats()  # replaced whole, never mutated: safe to read
+        self._prefill_totals = (0, 0.0)  # (tokens, seconds) of prompt compute, replaced whole
         self._lock = threading.Lock()
         self._closed = False
         self._stop_reason = "the engine is shut down"
@@ -339,6 +340,9 @@ class AsyncEngine:
             num_waiting_for_kv=s.num_waiting_for_kv,
             num_pinned=s.num_pinned,
             kv_tiers=s.kv_tiers,
+            kv_block_size=self.engine.scheduler.block_size,
+            prefill_tokens_total=self._prefill_totals[0],
+            prefill_seconds_total=self._prefill_totals[1],
         )
 
     @property
@@ -441,6 +445,8 @@ class AsyncEngine:
 
     def _refresh_stats(self) -> None:
         self._stats = self.engine.scheduler.stats()
+        rate = self.engine.prefill_rate
+        self._prefill_totals = (rate.tokens_total, rate.seconds_total)
 
     def _step(self) -> bool:
         """One step and its outputs; False when the driver can never step again."""

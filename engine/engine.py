@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -18,6 +19,7 @@ from engine.admission import check_request, request_generator
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor, RequestState
 from engine.outputs import RequestOutput, TokenLogprob
+from engine.prefill_rate import PrefillRate
 from engine.request import FinishReason, Request
 from engine.sampling import Sampler, SamplingRow
 from engine.scheduler import Scheduler
@@ -51,6 +53,7 @@ class LLMEngine:
         )
         self.sampler = Sampler(seed=parts.seed)
         self.outputs = OutputProcessor(parts.tokenizer)
+        self.prefill_rate = PrefillRate()
         self._states: dict[str, RequestState] = {}
         self._generators: dict[str, torch.Generator] = {}
 
@@ -180,7 +183,10 @@ class LLMEngine:
             self.scheduler.wait_for_loads(_LOAD_WAIT_S)
             return []
         try:
-            return self._run(plan)
+            started_s = time.perf_counter()
+            outputs = self._run(plan)
+            self.prefill_rate.record(plan.scheduled, time.perf_counter() - started_s)
+            return outputs
         except BaseException as e:
             self._fail_plan(plan, e)
             raise

@@ -3,8 +3,10 @@
 A prompt whose *uncached* part is shorter than ``local_prefill_threshold_tokens`` costs less to
 prefill on the decode replica than to ship its KV; so does any request when no prefill replica
 is healthy. The part already cached on decode comes from an optional ``cached_blocks_fn`` (the
-scheduler's KV index plugs in here; without it nothing counts as cached). Every decision carries
-a reason, which the ingress counts.
+scheduler's KV index plugs in here; without it nothing counts as cached). It counts blocks in a
+decode replica's host and disk tiers too: loading them back costs a small fraction of
+recomputing them, so turn N+1 of a conversation whose KV was offloaded on decode prefills only
+its new tokens there. Every decision carries a reason, which the ingress counts.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ parts are imported from their modules: ``cluster.routing.router_config``
 """
 
 from cluster.routing.event_relay import IndexSink, KVEventPump, KVEventRelay
+from cluster.routing.index_holders import TierHit
 from cluster.routing.index_log import KVIndexFollower, KVIndexServer
-from cluster.routing.kv_index import ApplyStatus, IndexStats, KVIndex, compact_events
+from cluster.routing.index_ops import compact_events
+from cluster.routing.kv_index import ApplyStatus, IndexStats, KVIndex
 from cluster.routing.load_tracker import LoadTracker
 from cluster.routing.metrics import RoutingMetrics, routing_metrics
 from cluster.routing.policies import (
@@ -66,6 +68,7 @@ __all__ = [
     "RoutingReason",
     "SessionAffinity",
     "SessionPin",
+    "TierHit",
     "choose_least_loaded",
     "choose_prefix_aware",
     "choose_round_robin",

@@ -15,12 +15,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cluster.routing.kv_index import OP_CLEARED, OP_REMOVED, OP_STORED, compact_events
+from cluster.routing.index_ops import (
+    OP_CLEARED,
+    OP_REMOVED,
+    OP_STORED,
+    TierSnapshot,
+    compact_events,
+)
 from core.hashing import BlockHash
-from core.kv_events import KVEventBatch
+from core.kv_events import MEDIA, KVEventBatch
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +39,16 @@ class IndexSink(Protocol):
         ``{"resync": bool}``."""
         ...
 
-    def resync(self, replica_id: str, pool: str, hashes: Sequence[int], seq: int) -> None:
-        """Replace (or register) the replica's entries by a snapshot valid before ``seq``."""
+    def resync(
+        self,
+        replica_id: str,
+        pool: str,
+        hashes: Sequence[int],
+        seq: int,
+        tiers: TierSnapshot | None = None,
+    ) -> None:
+        """Replace (or register) the replica's entries by a snapshot valid before ``seq``:
+        ``hashes`` on the device, ``tiers`` in its host and disk tiers."""
         ...
 
     def remove_replica(self, replica_id: str) -> bool:
@@ -49,15 +63,18 @@ class Outgoing:
     snapshot_hashes: list[BlockHash] | None
     snapshot_seq: int
     batches: list[dict[str, Any]]
+    snapshot_tiers: dict[str, list[BlockHash]] = field(default_factory=dict)
+    """Lower tiers in the snapshot (``host``, ``disk``): hashes each holds."""
 
 
 class KVEventRelay:
-    """Engine callback: mirrors the cached hashes and queues compact batches (thread-safe)."""
+    """Engine callback: mirrors the cached hashes per medium and queues compact batches
+    (thread-safe)."""
 
     def __init__(self, *, max_pending_batches: int = 4096) -> None:
         self.max_pending_batches = max_pending_batches
         self._lock = threading.Lock()
-        self._cached: set[BlockHash] = set()
+        self._cached: dict[str, set[BlockHash]] = {m: set() for m in MEDIA}
         self._next_seq = 0
         self._pending: list[dict[str, Any]] = []
         self._needs_snapshot = True  # the first message registers the replica
@@ -72,13 +89,13 @@ class KVEventRelay:
                     "KV events: expected seq %d, got %d", self._next_seq, batch.replica_seq
                 )
             self._next_seq = batch.replica_seq + 1
-            for kind, hashes in ops:
-                if kind == OP_STORED:
-                    self._cached.update(hashes)
-                elif kind == OP_REMOVED:
-                    self._cached.difference_update(hashes)
-                elif kind == OP_CLEARED:
-                    self._cached.clear()
+            for op in ops:
+                if op.kind == OP_STORED:
+                    self._cached[op.medium].update(op.hashes)
+                elif op.kind == OP_REMOVED:
+                    self._cached[op.medium].difference_update(op.hashes)
+                elif op.kind == OP_CLEARED:
+                    self._cached["device"].clear()
             if not self._needs_snapshot:
                 self._pending.append({"replica_seq": batch.replica_seq, "ops": ops})
                 if len(self._pending) > self.max_pending_batches:
@@ -95,8 +112,12 @@ class KVEventRelay:
         """Everything to send now; a snapshot replaces the batches it already covers."""
         with self._lock:
             self.wakeup.clear()
-            snapshot = list(self._cached) if self._needs_snapshot else None
-            outgoing = Outgoing(snapshot, self._next_seq, self._pending)
+            snapshot: list[BlockHash] | None = None
+            tiers: dict[str, list[BlockHash]] = {}
+            if self._needs_snapshot:
+                snapshot = list(self._cached["device"])
+                tiers = {m: list(self._cached[m]) for m in MEDIA[1:] if self._cached[m]}
+            outgoing = Outgoing(snapshot, self._next_seq, self._pending, tiers)
             self._pending = []
             self._needs_snapshot = False
             return outgoing
@@ -135,7 +156,11 @@ class KVEventPump:
         try:
             if outgoing.snapshot_hashes is not None:
                 self.sink.resync(
-                    self.replica_id, self.pool, outgoing.snapshot_hashes, outgoing.snapshot_seq
+                    self.replica_id,
+                    self.pool,
+                    outgoing.snapshot_hashes,
+                    outgoing.snapshot_seq,
+                    outgoing.snapshot_tiers,
                 )
             reply = self.sink.publish(self.replica_id, outgoing.batches)
         except Exception as e:  # the sink is remote: any failure means "resend a snapshot"

@@ -26,6 +26,7 @@ import ray
 
 from cluster.routing.event_relay import KVEventPump, KVEventRelay
 from cluster.routing.index_log import KVIndexServer
+from cluster.routing.index_ops import TierSnapshot
 from core.kv_events import KVEventBatch
 
 logger = logging.getLogger(__name__)
@@ -78,9 +79,17 @@ class ActorIndexSink:
         reply: dict[str, Any] = self._call("publish", replica_id, list(batches))
         return reply
 
-    def resync(self, replica_id: str, pool: str, hashes: Sequence[int], seq: int) -> None:
+    def resync(
+        self,
+        replica_id: str,
+        pool: str,
+        hashes: Sequence[int],
+        seq: int,
+        tiers: TierSnapshot | None = None,
+    ) -> None:
         """See ``IndexSink.resync``."""
-        self._call("resync", replica_id, pool, list(hashes), seq)
+        lower = {medium: list(h) for medium, h in (tiers or {}).items()}
+        self._call("resync", replica_id, pool, list(hashes), seq, lower)
 
     def remove_replica(self, replica_id: str) -> bool:
         """See ``IndexSink.remove_replica``."""

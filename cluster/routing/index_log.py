@@ -22,7 +22,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cluster.routing.kv_index import ApplyStatus, IndexOp, IndexStats, KVIndex
+from cluster.routing.index_ops import IndexOp, TierSnapshot, parse_op, parse_tiers
+from cluster.routing.kv_index import ApplyStatus, IndexStats, KVIndex
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +32,8 @@ _CHANGED = (ApplyStatus.APPLIED, ApplyStatus.GAP)
 
 
 def batch_ops(batch: dict[str, Any]) -> list[IndexOp]:
-    """The ``ops`` of a compact batch dict as ``(kind, hashes)`` tuples."""
-    return [(str(kind), [int(h) for h in hashes]) for kind, hashes in batch["ops"]]
+    """The ``ops`` of a compact batch dict (``[kind, hashes, medium]`` lists or tuples)."""
+    return [parse_op(op) for op in batch["ops"]]
 
 
 class KVIndexServer:
@@ -77,20 +78,36 @@ class KVIndexServer:
             if status in _CHANGED:
                 self._append(
                     {"kind": "batch", "replica_id": replica_id, "seq": seq, "ops": ops},
-                    sum(len(hashes) for _, hashes in ops),
+                    sum(len(op.hashes) for op in ops),
                 )
             if status in (ApplyStatus.GAP, ApplyStatus.NEEDS_RESYNC):
                 break
         return {"resync": self.index.needs_resync(replica_id)}
 
-    def resync(self, replica_id: str, pool: str, hashes: Sequence[int], seq: int) -> None:
-        """Install a snapshot of a replica's cache (also how a replica registers)."""
+    def resync(
+        self,
+        replica_id: str,
+        pool: str,
+        hashes: Sequence[int],
+        seq: int,
+        tiers: TierSnapshot | None = None,
+    ) -> None:
+        """Install a snapshot of a replica's cache, device ``hashes`` and lower ``tiers``
+        (also how a replica registers)."""
         self._last_seen_s[replica_id] = self._clock()
         hashes = [int(h) for h in hashes]
-        self.index.resync(replica_id, hashes, seq, pool=pool)
-        entry = {"kind": "resync", "replica_id": replica_id, "pool": pool}
-        self._append({**entry, "hashes": hashes, "seq": seq}, len(hashes))
-        logger.info("KV index: replica %s (%s) resynced, %d blocks", replica_id, pool, len(hashes))
+        lower = parse_tiers(tiers)
+        self.index.resync(replica_id, hashes, seq, pool=pool, tiers=lower)
+        entry = {"kind": "resync", "replica_id": replica_id, "pool": pool, "tiers": lower}
+        num_lower = sum(len(h) for h in lower.values())
+        self._append({**entry, "hashes": hashes, "seq": seq}, len(hashes) + num_lower)
+        logger.info(
+            "KV index: replica %s (%s) resynced, %d device and %d host/disk blocks",
+            replica_id,
+            pool,
+            len(hashes),
+            num_lower,
+        )
 
     def remove_replica(self, replica_id: str) -> bool:
         """Forget a replica (drained or died); False when it was unknown."""
@@ -158,7 +175,13 @@ class KVIndexFollower:
         if kind == "batch":
             self.index.apply_ops(replica_id, int(entry["seq"]), batch_ops(entry))
         elif kind == "resync":
-            self.index.resync(replica_id, entry["hashes"], int(entry["seq"]), pool=entry["pool"])
+            self.index.resync(
+                replica_id,
+                entry["hashes"],
+                int(entry["seq"]),
+                pool=entry["pool"],
+                tiers=parse_tiers(entry.get("tiers")),
+            )
         elif kind == "remove":
             self.index.remove_replica(replica_id)
         else:
@@ -175,6 +198,7 @@ def export_index(index: KVIndex) -> dict[str, Any]:
                 "last_seq": index.last_seq(replica_id),
                 "degraded": index.is_degraded(replica_id),
                 "hashes": sorted(index.cached_hashes(replica_id)),
+                "tiers": {m: sorted(index.cached_hashes(replica_id, m)) for m in ("host", "disk")},
             }
             for replica_id in index.replica_ids()
         ]
@@ -186,7 +210,13 @@ def load_index(data: dict[str, Any]) -> KVIndex:
     index = KVIndex()
     for item in data["replicas"]:
         replica_id = str(item["replica_id"])
-        index.resync(replica_id, item["hashes"], int(item["last_seq"]) + 1, pool=item["pool"])
+        index.resync(
+            replica_id,
+            item["hashes"],
+            int(item["last_seq"]) + 1,
+            pool=item["pool"],
+            tiers=parse_tiers(item.get("tiers")),
+        )
         if item["degraded"]:
             index.mark_degraded(replica_id)
     return index

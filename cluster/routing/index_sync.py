@@ -119,8 +119,8 @@ class ActorIndexSource:
         return self.follower.index
 
     def best_match(self, pool: str, block_hashes: Sequence[int]) -> int:
-        """The longest cached prefix (in blocks) over ``pool``'s healthy replicas; 0 while the
-        view is unavailable. Safe to call from any thread."""
+        """The longest usable prefix (in blocks, device plus host and disk tiers) over
+        ``pool``'s healthy replicas; 0 while the view is unavailable. Safe from any thread."""
         with self._lock:
             index = self.view()
             if index is None:

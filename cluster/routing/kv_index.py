@@ -1,9 +1,9 @@
-"""The cluster-wide KV index: which replica of which pool caches which block hash.
+"""The cluster-wide KV index: which replica of which pool caches which block hash, in which tier.
 
 Pure Python (no Ray): the index actor holds the authoritative copy, every router holds a
-follower copy, and unit tests drive it directly. It is fed by the engines' KV events
-(``core.kv_events``) in their compact form (:func:`compact_events` drops token ids), so every
-entry reflects what a prefix cache really holds.
+follower copy, and unit tests drive it directly. It is fed by the engines' KV events in their
+compact form (``cluster.routing.index_ops``), so every entry reflects what a prefix cache (or a
+host or disk tier under it) really holds.
 
 Consistency: each replica's batches carry ``replica_seq`` 0, 1, 2, ...; a batch with the next
 seq is applied, an older one is ignored (already covered by a snapshot), and a jump marks the
@@ -12,13 +12,17 @@ ignored, and :meth:`KVIndex.needs_resync` says so until :meth:`KVIndex.resync` i
 snapshot of the replica's whole cache. A replica is known only after its first resync (the
 publisher's registration), so a restarted index asks every replica for a snapshot.
 
-Matching follows the engine's prefix cache exactly: a replica's hit is the number of *leading*
-prompt blocks it caches, stopping at its first miss (``match`` is O(len(hashes)) bit operations).
+Matching follows the engine's lookup exactly: a replica's hit is its run of *leading* prompt
+blocks on the device, continued by a run held in its host or disk tier (the engine loads those
+back), stopping at the first block it holds in neither (:meth:`KVIndex.match_tiers` says how
+many blocks come from each medium; a block in both host and disk counts as host, the cheaper).
+The walk is O(len(hashes)) bit operations over every replica of the pool at once.
 
-Memory: each replica gets a bit slot; per pool a dict maps hash -> bitmask of holders (~100 B
-per distinct hash) and each replica keeps its own hash set (~60 B per entry), so the index is
-bounded by the replicas' KV capacities; a replica reporting more than ``max_blocks_per_replica``
-entries is degraded rather than allowed to grow it further.
+Memory: each replica gets a bit slot; per pool a dict maps hash -> (device holders, lower-tier
+holders) bitmasks (~120 B per distinct hash) and each replica keeps a hash -> media-bits dict
+(~70 B per entry), so the index is bounded by the replicas' KV capacities in every tier; a
+replica reporting more than ``max_blocks_per_replica`` entries is degraded rather than allowed
+to grow it further.
 """
 
 from __future__ import annotations
@@ -26,16 +30,23 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from cluster.routing.index_holders import Holders, ReplicaEntries, TierHit, split_hit
+from cluster.routing.index_ops import (
+    DEVICE_BIT,
+    MEDIUM_BITS,
+    OP_CLEARED,
+    OP_REMOVED,
+    OP_STORED,
+    IndexOp,
+    TierSnapshot,
+    compact_events,
+)
 from core.hashing import BlockHash
-from core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from core.kv_events import KVEventBatch
 
 logger = logging.getLogger(__name__)
-
-OP_STORED, OP_REMOVED, OP_CLEARED = "stored", "removed", "cleared"
-IndexOp = tuple[str, list[BlockHash]]
-"""One compact event: ``(kind, block_hashes)``; ``cleared`` carries an empty list."""
 
 DEFAULT_MAX_BLOCKS_PER_REPLICA = 1 << 22
 
@@ -49,49 +60,23 @@ class ApplyStatus(enum.Enum):
     NEEDS_RESYNC = "needs_resync"  # unknown or already degraded replica; ignored
 
 
-def compact_events(events: Iterable[KVEvent]) -> list[IndexOp]:
-    """The index's view of engine events: kinds and hashes only (token ids dropped). Only the
-    device medium is indexed for now; host and disk tier moves are left out, so a hash leaving
-    the device pool leaves the index even while a lower tier still holds it."""
-    ops: list[IndexOp] = []
-    for event in events:
-        if isinstance(event, BlockStored | BlockRemoved) and event.medium != "device":
-            continue
-        if isinstance(event, BlockStored):
-            ops.append((OP_STORED, list(event.block_hashes)))
-        elif isinstance(event, BlockRemoved):
-            ops.append((OP_REMOVED, list(event.block_hashes)))
-        elif isinstance(event, AllBlocksCleared):
-            ops.append((OP_CLEARED, []))
-    return ops
-
-
-@dataclass
-class _Replica:
-    pool: str
-    slot: int
-    last_seq: int
-    degraded: bool = False
-    hashes: set[BlockHash] = field(default_factory=set)
-
-
 @dataclass(frozen=True)
 class IndexStats:
     """Size of the index, for metrics."""
 
     num_replicas: int
     num_degraded_replicas: int
-    num_entries: int  # (replica, hash) pairs
+    num_entries: int  # (replica, hash) pairs, any medium
     num_hashes: int  # distinct hashes over all pools
 
 
 class KVIndex:
-    """Per pool: block hash -> replicas caching it; per replica: last seq and degraded flag."""
+    """Per pool: block hash -> replicas holding it per medium; per replica: seq and health."""
 
     def __init__(self, *, max_blocks_per_replica: int = DEFAULT_MAX_BLOCKS_PER_REPLICA) -> None:
         self.max_blocks_per_replica = max_blocks_per_replica
-        self._replicas: dict[str, _Replica] = {}
-        self._holders: dict[str, dict[BlockHash, int]] = {}  # pool -> hash -> slot bitmask
+        self._replicas: dict[str, ReplicaEntries] = {}
+        self._holders = Holders()
         self._slot_owner: dict[int, str] = {}
         self._free_slots: list[int] = []
 
@@ -118,18 +103,19 @@ class KVIndex:
             self._degrade(replica)
             return ApplyStatus.GAP
         replica.last_seq = replica_seq
-        for kind, hashes in ops:
-            if kind == OP_STORED:
-                self._store(replica, hashes)
-            elif kind == OP_REMOVED:
-                self._remove(replica, hashes)
-            elif kind == OP_CLEARED:
-                self._remove(replica, list(replica.hashes))
-        if len(replica.hashes) > self.max_blocks_per_replica:
+        for op in ops:
+            if op.kind == OP_STORED:
+                self._holders.store(replica, op.hashes, MEDIUM_BITS[op.medium])
+            elif op.kind == OP_REMOVED:
+                self._holders.remove(replica, op.hashes, MEDIUM_BITS[op.medium])
+            elif op.kind == OP_CLEARED:  # the device pool's reset: lower tiers keep theirs
+                on_device = [h for h, bits in replica.media.items() if bits & DEVICE_BIT]
+                self._holders.remove(replica, on_device, DEVICE_BIT)
+        if len(replica.media) > self.max_blocks_per_replica:
             logger.warning(
                 "replica %s reports %d cached blocks (limit %d): degraded",
                 replica_id,
-                len(replica.hashes),
+                len(replica.media),
                 self.max_blocks_per_replica,
             )
             self._degrade(replica)
@@ -143,10 +129,12 @@ class KVIndex:
         seq: int,
         *,
         pool: str | None = None,
+        tiers: TierSnapshot | None = None,
     ) -> None:
         """Replace the replica's entries by a snapshot covering every batch before ``seq``
-        (the next batch applied is ``seq``). A new replica needs its ``pool``; a known one
-        keeps its pool unless another is given (then it moves)."""
+        (the next batch applied is ``seq``): ``snapshot_hashes`` on the device, ``tiers`` in
+        its host and disk tiers. A new replica needs its ``pool``; a known one keeps its pool
+        unless another is given (then it moves)."""
         replica = self._replicas.get(replica_id)
         if pool is None:
             if replica is None:
@@ -156,13 +144,15 @@ class KVIndex:
             self.remove_replica(replica_id)
             replica = None
         if replica is None:
-            replica = _Replica(pool=pool, slot=self._take_slot(replica_id), last_seq=seq - 1)
+            replica = ReplicaEntries(pool=pool, slot=self._take_slot(replica_id), last_seq=seq - 1)
             self._replicas[replica_id] = replica
-        self._remove(replica, list(replica.hashes))
+        self._holders.clear(replica)
         replica.last_seq = seq - 1
         replica.degraded = False
-        self._store(replica, list(snapshot_hashes))
-        if len(replica.hashes) > self.max_blocks_per_replica:
+        self._holders.store(replica, snapshot_hashes, DEVICE_BIT)
+        for medium, hashes in (tiers or {}).items():
+            self._holders.store(replica, hashes, MEDIUM_BITS[medium])
+        if len(replica.media) > self.max_blocks_per_replica:
             self._degrade(replica)
 
     def mark_degraded(self, replica_id: str) -> bool:
@@ -178,7 +168,7 @@ class KVIndex:
         replica = self._replicas.pop(replica_id, None)
         if replica is None:
             return False
-        self._remove(replica, list(replica.hashes))
+        self._holders.clear(replica)
         del self._slot_owner[replica.slot]
         self._free_slots.append(replica.slot)
         return True
@@ -186,21 +176,16 @@ class KVIndex:
     # -- queries --------------------------------------------------------------------------
 
     def match(self, pool: str, block_hashes: Sequence[BlockHash]) -> dict[str, int]:
-        """``{replica_id: leading blocks cached}`` for healthy replicas of ``pool`` with a hit."""
-        holders = self._holders.get(pool)
-        if not holders or not block_hashes:
-            return {}
-        alive = holders.get(block_hashes[0], 0) & self._healthy_mask(pool)
-        result: dict[str, int] = {}
-        num_matched = 0
-        while alive:
-            num_matched += 1
-            if num_matched == len(block_hashes):
-                break
-            still = alive & holders.get(block_hashes[num_matched], 0)
-            self._record(alive & ~still, num_matched, result)
-            alive = still
-        self._record(alive, num_matched, result)
+        """``{replica_id: leading blocks usable}`` (any medium) for healthy replicas with a hit."""
+        return {rid: hit.num_blocks for rid, hit in self.match_tiers(pool, block_hashes).items()}
+
+    def match_tiers(self, pool: str, block_hashes: Sequence[BlockHash]) -> dict[str, TierHit]:
+        """Per healthy replica of ``pool`` with a hit: its usable prefix split by medium."""
+        runs = self._holders.match(pool, block_hashes, self._healthy_mask(pool))
+        result: dict[str, TierHit] = {}
+        for slot, slot_runs in runs.items():
+            replica_id = self._slot_owner[slot]
+            result[replica_id] = split_hit(self._replicas[replica_id], block_hashes, slot_runs)
         return result
 
     def replica_ids(self, pool: str | None = None) -> list[str]:
@@ -227,27 +212,21 @@ class KVIndex:
         replica = self._replicas.get(replica_id)
         return None if replica is None else replica.last_seq
 
-    def cached_hashes(self, replica_id: str) -> set[BlockHash]:
-        """A copy of the hashes the index believes ``replica_id`` caches."""
+    def cached_hashes(self, replica_id: str, medium: str = "device") -> set[BlockHash]:
+        """A copy of the hashes the index believes ``replica_id`` holds in ``medium``."""
         replica = self._replicas.get(replica_id)
-        return set() if replica is None else set(replica.hashes)
+        return set() if replica is None else replica.hashes_in(medium)
 
     def stats(self) -> IndexStats:
         """Sizes for the metrics hooks (index size, degraded replicas)."""
         return IndexStats(
             num_replicas=len(self._replicas),
             num_degraded_replicas=sum(1 for r in self._replicas.values() if r.degraded),
-            num_entries=sum(len(r.hashes) for r in self._replicas.values()),
-            num_hashes=sum(len(h) for h in self._holders.values()),
+            num_entries=sum(len(r.media) for r in self._replicas.values()),
+            num_hashes=self._holders.num_hashes(),
         )
 
     # -- internals ------------------------------------------------------------------------
-
-    def _record(self, mask: int, num_blocks: int, result: dict[str, int]) -> None:
-        while mask:
-            low = mask & -mask
-            result[self._slot_owner[low.bit_length() - 1]] = num_blocks
-            mask ^= low
 
     def _healthy_mask(self, pool: str) -> int:
         mask = 0
@@ -261,26 +240,6 @@ class KVIndex:
         self._slot_owner[slot] = replica_id
         return slot
 
-    def _degrade(self, replica: _Replica) -> None:
-        self._remove(replica, list(replica.hashes))
+    def _degrade(self, replica: ReplicaEntries) -> None:
+        self._holders.clear(replica)
         replica.degraded = True
-
-    def _store(self, replica: _Replica, hashes: Iterable[BlockHash]) -> None:
-        holders = self._holders.setdefault(replica.pool, {})
-        bit = 1 << replica.slot
-        for block_hash in hashes:
-            replica.hashes.add(block_hash)
-            holders[block_hash] = holders.get(block_hash, 0) | bit
-
-    def _remove(self, replica: _Replica, hashes: Iterable[BlockHash]) -> None:
-        holders = self._holders.get(replica.pool, {})
-        bit = 1 << replica.slot
-        for block_hash in hashes:
-            if block_hash not in replica.hashes:
-                continue
-            replica.hashes.discard(block_hash)
-            remaining = holders.get(block_hash, 0) & ~bit
-            if remaining:
-                holders[block_hash] = remaining
-            else:
-                holders.pop(block_hash, None)

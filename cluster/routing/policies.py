@@ -4,7 +4,9 @@
 
 1. every candidate gets ``cost = w.uncached_block * uncached prompt blocks + load`` where load
    is active tokens (in blocks), requests and KV usage (:func:`load_cost`), plus ``w.no_room``
-   when its free blocks cannot hold the uncached part; candidates are ranked by cost, ties
+   when its free blocks cannot hold the part not on its device; a prefix block held in the
+   candidate's host or disk tier counts as a fraction of an uncached one, the tier's measured
+   load-to-recompute ratio (:func:`lower_tier_cost`); candidates are ranked by cost, ties
    rotated by ``tie_break`` so fresh prefixes spread over the pool;
 2. **session affinity**: a live pin moves its replica to the front unless it is overloaded
    (then the pin yields and the router re-pins to the new choice);
@@ -23,6 +25,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
+from cluster.routing.index_holders import TierHit
 from cluster.routing.policy_types import (
     CostWeights,
     HotSpotConfig,
@@ -117,13 +120,26 @@ def choose_prefix_aware(
     return _decision(inputs, ranked, _plain_reason(inputs, hits, ranked[0]), hits)
 
 
+def lower_tier_cost(load: ReplicaLoad, hit: TierHit, weights: CostWeights) -> float:
+    """Host and disk hits in uncached-block units: each costs its tier's measured load time
+    over recompute time (the prior until the replica has measured it)."""
+    host = weights.host_block_prior if load.host_block_cost is None else load.host_block_cost
+    disk = weights.disk_block_prior if load.disk_block_cost is None else load.disk_block_cost
+    return hit.num_host * host + hit.num_disk * disk
+
+
 def _total_cost(
     load: ReplicaLoad, num_hit_blocks: int, inputs: RoutingInputs, weights: CostWeights
 ) -> float:
-    num_uncached = inputs.num_prompt_blocks - num_hit_blocks
+    num_uncached: float = inputs.num_prompt_blocks - num_hit_blocks
+    num_on_device = num_hit_blocks
+    tier_hit = inputs.tier_hits.get(load.replica_id)
+    if num_hit_blocks and tier_hit is not None:
+        num_uncached += lower_tier_cost(load, tier_hit, weights)
+        num_on_device = max(0, num_hit_blocks - tier_hit.num_host - tier_hit.num_disk)
     cost = weights.uncached_block * num_uncached + load_cost(load, weights, inputs.block_size)
     num_needed = -(-max(inputs.num_prompt_tokens, 1) // max(inputs.block_size, 1))
-    if load.num_free_blocks is not None and load.num_free_blocks < num_needed - num_hit_blocks:
+    if load.num_free_blocks is not None and load.num_free_blocks < num_needed - num_on_device:
         cost += weights.no_room
     return cost
 

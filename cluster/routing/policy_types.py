@@ -13,6 +13,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cluster.routing.index_holders import TierHit
 from core.hashing import BlockHash
 
 
@@ -44,6 +45,8 @@ class ReplicaLoad:
     num_queued_requests: int = 0  # requests waiting inside the replica (reported)
     num_used_blocks: int = 0  # KV blocks held (reported)
     num_free_blocks: int | None = None  # KV blocks allocatable (reported); None = unknown
+    host_block_cost: float | None = None  # host-tier load / recompute, measured; None = unknown
+    disk_block_cost: float | None = None  # the same for the disk tier
 
     @property
     def kv_usage(self) -> float:
@@ -77,6 +80,7 @@ class RoutingInputs:
     block_size: int = 16
     num_prompt_tokens: int = 0
     cache_hits: Mapping[str, int] = field(default_factory=dict)  # leading blocks cached
+    tier_hits: Mapping[str, TierHit] = field(default_factory=dict)  # the same, by medium
     index_available: bool = True  # False: no fresh index view at all
     degraded_replica_ids: frozenset[str] = frozenset()
     session_pin: SessionPin | None = None
@@ -102,14 +106,20 @@ class RoutingDecision:
 
 @dataclass(frozen=True)
 class CostWeights:
-    """cost = uncached_block * uncached blocks + active_block * active tokens / block_size
-    + request * requests + kv_usage * used fraction (+ no_room when the blocks do not fit)."""
+    """cost = uncached_block * (uncached blocks + host_cost * host hits + disk_cost * disk hits)
+    + active_block * active tokens / block_size + request * requests + kv_usage * used fraction
+    (+ no_room when the blocks do not fit). ``host_cost`` and ``disk_cost`` are the candidate's
+    measured load-to-recompute ratios (``ReplicaLoad``); the priors stand in until a replica
+    has measured them: the worst ratios ``benchmarks/kv_tiers.py`` accepts (0.2 and 0.5), so an
+    unmeasured tier is never credited more than the tiers are built to deliver."""
 
     uncached_block: float = 1.0
     active_block: float = 1.0
     request: float = 1.0
     kv_usage: float = 4.0
     no_room: float = 1000.0
+    host_block_prior: float = 0.2
+    disk_block_prior: float = 0.5
 
     @classmethod
     def for_role(cls, role: PoolRole) -> CostWeights:

@@ -137,13 +137,15 @@ class PdserveRequestRouter(RequestRouter):
         index = self.index_source.view()
         pool = self.settings.pool.value
         ids = [r.replica_id.unique_id for r in candidates]
+        tier_hits = index.match_tiers(pool, features.block_hashes) if index is not None else {}
         return RoutingInputs(
             role=self.settings.pool,
             candidates=tuple(self._replica_load(r) for r in candidates),
             block_hashes=features.block_hashes,
             block_size=self.settings.block_size,
             num_prompt_tokens=features.num_prompt_tokens,
-            cache_hits=index.match(pool, features.block_hashes) if index is not None else {},
+            cache_hits={replica_id: hit.num_blocks for replica_id, hit in tier_hits.items()},
+            tier_hits=tier_hits,
             index_available=index is not None,
             degraded_replica_ids=frozenset(
                 i for i in ids if index is not None and index.is_degraded(i)
@@ -167,6 +169,8 @@ class PdserveRequestRouter(RequestRouter):
             num_queued_requests=stats.num_waiting,
             num_used_blocks=stats.kv_blocks_used,
             num_free_blocks=stats.kv_blocks_free,
+            host_block_cost=stats.host_block_cost,
+            disk_block_cost=stats.disk_block_cost,
         )
 
     def _record(

@@ -18,6 +18,7 @@ class TierCounters:
     offload_seconds: float = 0.0
     onload_bytes: int = 0
     onload_seconds: float = 0.0
+    onload_blocks: int = 0
     ttl_expiries: int = 0
     evictions: int = 0
 
@@ -32,6 +33,7 @@ class TierCounters:
             offload_seconds_total=self.offload_seconds,
             onload_bytes_total=self.onload_bytes,
             onload_seconds_total=self.onload_seconds,
+            onload_blocks_total=self.onload_blocks,
             ttl_expiries_total=self.ttl_expiries,
             evictions_total=self.evictions,
         )

@@ -157,6 +157,7 @@ class KVTiers:
                 counters.hits += 1
                 counters.onload_bytes += self.block_bytes
                 counters.onload_seconds += per_block_s
+                counters.onload_blocks += 1
             elif index == result.num_loaded and part.medium == "disk" and result.failure:
                 self.moves.leave_disk(part.block_hash, expired=False)  # unusable file: a miss
         return FinishedLoad(load.request_id, result.num_loaded, len(load.parts))

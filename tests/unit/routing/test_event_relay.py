@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from cluster.routing.event_relay import KVEventPump, KVEventRelay
+from cluster.routing.index_holders import TierHit
 from cluster.routing.index_log import KVIndexServer
+from cluster.routing.index_ops import TierSnapshot
 from core.hashing import hash_prompt_blocks
-from core.kv_events import BlockStored, KVEventBatch
+from core.kv_events import BlockRemoved, BlockStored, KVEventBatch
 from core.sampling import SamplingParams
 from engine.kv.event_publisher import KVEventPublisher
 from engine.kv.kv_cache_manager import KVCacheManager
@@ -103,9 +105,16 @@ class FlakySink:
         self._maybe_fail()
         return self.server.publish(replica_id, batches)
 
-    def resync(self, replica_id: str, pool: str, hashes: Sequence[int], seq: int) -> None:
+    def resync(
+        self,
+        replica_id: str,
+        pool: str,
+        hashes: Sequence[int],
+        seq: int,
+        tiers: TierSnapshot | None = None,
+    ) -> None:
         self._maybe_fail()
-        self.server.resync(replica_id, pool, hashes, seq)
+        self.server.resync(replica_id, pool, hashes, seq, tiers)
 
     def remove_replica(self, replica_id: str) -> bool:
         self._maybe_fail()
@@ -164,9 +173,16 @@ def test_pump_thread_delivers_events_and_deregisters_on_close() -> None:
             with lock:
                 return server.publish(replica_id, batches)
 
-        def resync(self, replica_id: str, pool: str, hashes: Sequence[int], seq: int) -> None:
+        def resync(
+            self,
+            replica_id: str,
+            pool: str,
+            hashes: Sequence[int],
+            seq: int,
+            tiers: TierSnapshot | None = None,
+        ) -> None:
             with lock:
-                server.resync(replica_id, pool, hashes, seq)
+                server.resync(replica_id, pool, hashes, seq, tiers)
 
         def remove_replica(self, replica_id: str) -> bool:
             with lock:
@@ -184,3 +200,20 @@ def test_pump_thread_delivers_events_and_deregisters_on_close() -> None:
     wait_until(indexed)
     pump.close()
     assert server.index.replica_ids() == []
+
+
+def test_snapshots_carry_the_lower_tiers() -> None:
+    server = KVIndexServer()
+    relay = KVEventRelay()
+    pump = KVEventPump(relay, server, "w0", "decode")
+    pump.pump_once()
+    relay(KVEventBatch(0, [BlockStored([11, 12], None, [0] * 8, 4)]))
+    relay(KVEventBatch(1, [BlockStored([12], 11, [0] * 4, 4, medium="host")]))
+    relay(KVEventBatch(2, [BlockRemoved([12])]))
+    relay.request_snapshot()
+    outgoing = relay.take()
+    assert outgoing.snapshot_hashes == [11]
+    assert outgoing.snapshot_tiers == {"host": [12]}
+    relay.request_snapshot()
+    assert pump.pump_once()
+    assert server.index.match_tiers("decode", [11, 12]) == {"w0": TierHit(1, 1, 0)}

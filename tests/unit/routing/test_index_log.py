@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from cluster.routing.index_holders import TierHit
 from cluster.routing.index_log import KVIndexFollower, KVIndexServer, export_index, load_index
 from cluster.routing.kv_index import KVIndex
 
 
-def compact(seq: int, *ops: tuple[str, list[int]]) -> dict[str, Any]:
+def compact(seq: int, *ops: tuple[Any, ...]) -> dict[str, Any]:
     return {"replica_seq": seq, "ops": [list(op) for op in ops]}
 
 
@@ -122,3 +125,27 @@ def test_export_round_trips_degraded_replicas() -> None:
     assert copy.match("prefill", [1, 2]) == {"a": 2}
     assert copy.last_seq("a") == 4
     assert copy.is_degraded("b")
+
+
+def test_followers_replay_tier_moves_and_tier_snapshots() -> None:
+    server, follower = KVIndexServer(), KVIndexFollower()
+    server.resync("d", "decode", [1], 0, {"disk": [3]})
+    server.publish("d", [compact(0, ("stored", [2], "host"), ("removed", [1], "device"))])
+    sync(server, follower)
+    assert follower.index.match_tiers("decode", [1, 2, 3]) == {}  # 1 left the replica
+    assert follower.index.match_tiers("decode", [2, 3]) == {"d": TierHit(0, 1, 1)}
+    assert same_view(server.index, follower.index)
+    copy = load_index(export_index(server.index))
+    assert same_view(copy, server.index)
+    assert copy.cached_hashes("d", "disk") == {3}
+
+
+def test_unknown_media_and_kinds_are_refused() -> None:
+    server = KVIndexServer()
+    server.resync("d", "decode", [], 0)
+    with pytest.raises(ValueError, match="medium 'tape'"):
+        server.publish("d", [compact(0, ("stored", [1], "tape"))])
+    with pytest.raises(ValueError, match="kind 'moved'"):
+        server.publish("d", [compact(0, ("moved", [1]))])
+    with pytest.raises(ValueError, match="expected host, disk"):
+        server.resync("d", "decode", [], 0, {"device": [1]})

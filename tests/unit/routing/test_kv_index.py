@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from cluster.routing.kv_index import ApplyStatus, KVIndex, compact_events
-from core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from cluster.routing.index_holders import TierHit
+from cluster.routing.index_ops import compact_events
+from cluster.routing.kv_index import ApplyStatus, KVIndex
+from core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVMedium
 
 
 def stored(*hashes: int) -> BlockStored:
@@ -133,8 +137,22 @@ def test_stats_count_entries_and_distinct_hashes() -> None:
 
 
 def test_compact_events_drop_token_ids() -> None:
-    ops = compact_events([stored(1, 2), BlockRemoved(block_hashes=[2]), AllBlocksCleared()])
-    assert ops == [("stored", [1, 2]), ("removed", [2]), ("cleared", [])]
+    events = [
+        stored(1, 2),
+        BlockRemoved(block_hashes=[2]),
+        AllBlocksCleared(),
+        BlockStored(
+            block_hashes=[3], parent_hash=None, token_ids=[0, 0], block_size=2, medium="disk"
+        ),
+        BlockRemoved(block_hashes=[3], medium="host"),
+    ]
+    assert compact_events(events) == [
+        ("stored", [1, 2], "device"),
+        ("removed", [2], "device"),
+        ("cleared", [], "device"),
+        ("stored", [3], "disk"),
+        ("removed", [3], "host"),
+    ]
 
 
 @pytest.mark.parametrize("num_replicas", [1, 5, 40])
@@ -155,3 +173,95 @@ def test_match_agrees_with_a_brute_force_prefix_scan(num_replicas: int) -> None:
         if count:
             expected[replica_id] = count
     assert index.match("prefill", prompt) == expected
+
+
+def moved(medium: KVMedium, *hashes: int) -> BlockStored:
+    return BlockStored(
+        block_hashes=list(hashes),
+        parent_hash=None,
+        token_ids=[0] * 2 * len(hashes),
+        block_size=2,
+        medium=medium,
+    )
+
+
+def test_a_hit_is_a_device_run_then_a_host_or_disk_run() -> None:
+    index = registered(("a", "decode"))
+    index.apply("a", batch(0, stored(1, 2, 3, 4)))
+    # 3 and 4 are demoted: 3 to host, 4 to host then disk; the device copies are evicted
+    index.apply("a", batch(1, moved("host", 3, 4), BlockRemoved(block_hashes=[3, 4])))
+    index.apply("a", batch(2, moved("disk", 4), BlockRemoved(block_hashes=[4], medium="host")))
+    assert index.match_tiers("decode", [1, 2, 3, 4, 5]) == {"a": TierHit(2, 1, 1)}
+    assert index.match("decode", [1, 2, 3, 4, 5]) == {"a": 4}
+    assert index.cached_hashes("a") == {1, 2}
+    assert index.cached_hashes("a", "host") == {3}
+    assert index.cached_hashes("a", "disk") == {4}
+    # a block held in both host and disk is loaded from host
+    index.apply("a", batch(3, moved("host", 4)))
+    assert index.match_tiers("decode", [1, 2, 3, 4]) == {"a": TierHit(2, 2, 0)}
+
+
+def test_the_engine_does_not_return_to_the_device_after_a_lower_tier_block() -> None:
+    index = registered(("a", "decode"))
+    index.apply("a", batch(0, stored(1, 3), moved("host", 2)))
+    # 1 on device, 2 in host, 3 on device only: the engine's lower-tier walk stops at 3
+    assert index.match_tiers("decode", [1, 2, 3]) == {"a": TierHit(1, 1, 0)}
+    # a prompt starting in a lower tier is a whole lower-tier hit
+    assert index.match_tiers("decode", [2]) == {"a": TierHit(0, 1, 0)}
+
+
+def test_clearing_the_device_pool_keeps_the_lower_tiers() -> None:
+    index = registered(("a", "prefill"))
+    index.apply("a", batch(0, stored(1, 2), moved("disk", 1, 2)))
+    index.apply("a", batch(1, AllBlocksCleared()))
+    assert index.match_tiers("prefill", [1, 2]) == {"a": TierHit(0, 0, 2)}
+    index.apply("a", batch(2, BlockRemoved(block_hashes=[1, 2], medium="disk")))
+    assert index.match("prefill", [1, 2]) == {}
+    assert index.stats().num_entries == 0 and index.stats().num_hashes == 0
+
+
+def test_resync_installs_every_tier_and_degrading_drops_them() -> None:
+    index = KVIndex()
+    index.resync("a", [1], 0, pool="decode", tiers={"host": [2], "disk": [3]})
+    assert index.match_tiers("decode", [1, 2, 3]) == {"a": TierHit(1, 1, 1)}
+    index.mark_degraded("a")
+    assert index.match("decode", [1, 2, 3]) == {}
+    assert index.stats().num_entries == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_match_tiers_agrees_with_the_engine_walk(seed: int) -> None:
+    rng = random.Random(seed)
+    index = KVIndex()
+    held: dict[str, dict[str, set[int]]] = {}
+    for r in range(6):
+        media: dict[str, set[int]] = {m: set() for m in ("device", "host", "disk")}
+        for h in range(10):
+            for hashes in media.values():
+                if rng.random() < 0.6:
+                    hashes.add(h)
+        held[f"r{r}"] = media
+        index.resync(
+            f"r{r}",
+            media["device"],
+            0,
+            pool="decode",
+            tiers={"host": sorted(media["host"]), "disk": sorted(media["disk"])},
+        )
+    prompt = list(range(10))
+    expected = {}
+    for replica_id, media in held.items():
+        num_device = 0
+        while num_device < len(prompt) and prompt[num_device] in media["device"]:
+            num_device += 1
+        host = disk = 0
+        for h in prompt[num_device:]:
+            if h in media["host"]:
+                host += 1
+            elif h in media["disk"]:
+                disk += 1
+            else:
+                break
+        if num_device + host + disk:
+            expected[replica_id] = TierHit(num_device, host, disk)
+    assert index.match_tiers("decode", prompt) == expected

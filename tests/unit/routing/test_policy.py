@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from cluster.routing.index_holders import TierHit
 from cluster.routing.policies import (
     LeastLoadedPolicy,
     PrefixAwarePolicy,
@@ -252,3 +253,40 @@ def test_registry_names_and_errors() -> None:
     register_policy(name, lambda weights, hot_spot: RoundRobinPolicy(name=name))
     assert name in policy_names()
     assert make_policy(name).name == name
+
+
+def tier_inputs(tier_hits: dict[str, TierHit], *candidates: ReplicaLoad) -> RoutingInputs:
+    return inputs(
+        *candidates,
+        hits={rid: hit.num_blocks for rid, hit in tier_hits.items()},
+        tier_hits=tier_hits,
+    )
+
+
+def test_a_host_hit_is_cheaper_than_recompute_and_dearer_than_the_device() -> None:
+    a, b, c = ReplicaLoad("a"), ReplicaLoad("b"), ReplicaLoad("c")
+    on_host = {"a": TierHit(0, 8, 0)}
+    assert prefix_aware(tier_inputs(on_host, b, a)).replica_id == "a"
+    both = {"a": TierHit(0, 8, 0), "c": TierHit(8, 0, 0)}
+    assert prefix_aware(tier_inputs(both, a, c)).ranked_replica_ids == ("c", "a")
+    # with the priors, 8 host blocks cost 1.6 uncached blocks and 8 disk blocks 4
+    host_or_disk = {"a": TierHit(0, 8, 0), "b": TierHit(0, 0, 8)}
+    assert prefix_aware(tier_inputs(host_or_disk, b, a)).ranked_replica_ids == ("a", "b")
+
+
+def test_measured_tier_costs_replace_the_priors() -> None:
+    slow_host = ReplicaLoad("a", host_block_cost=0.9)
+    fast_disk = ReplicaLoad("b", disk_block_cost=0.05)
+    hits = {"a": TierHit(0, 8, 0), "b": TierHit(0, 0, 8)}
+    assert prefix_aware(tier_inputs(hits, slow_host, fast_disk)).replica_id == "b"
+    # a measured cost near recompute makes a long host hit worth less than 2 device blocks
+    short_device = {"a": TierHit(0, 8, 0), "b": TierHit(2, 0, 0)}
+    assert prefix_aware(tier_inputs(short_device, slow_host, ReplicaLoad("b"))).replica_id == "b"
+
+
+def test_lower_tier_hits_need_free_device_blocks() -> None:
+    full = ReplicaLoad("a", num_used_blocks=30, num_free_blocks=2)  # under the hot-spot line
+    roomy = ReplicaLoad("b", num_used_blocks=0, num_free_blocks=100)
+    # a device hit needs only the tail (1 block): fits in a; a host hit needs all 9: it does not
+    assert prefix_aware(tier_inputs({"a": TierHit(8, 0, 0)}, full, roomy)).replica_id == "a"
+    assert prefix_aware(tier_inputs({"a": TierHit(0, 8, 0)}, full, roomy)).replica_id == "b"

@@ -249,10 +249,14 @@ def test_actor_index_source_follows_the_server_and_goes_stale() -> None:
         assert source.follower.index.match("prefill", [1, 2]) == {"b": 1}
         assert source.best_match("prefill", [1, 2]) == 1
         assert source.best_match("decode", [1, 2]) == 0
+        # a decode replica whose block 2 sits in its host tier serves both blocks locally
+        server.resync("d", "decode", [1], 0, {"host": [2]})
+        await source.sync_once()
+        assert source.best_match("decode", [1, 2]) == 2
         source.report_replica_gone("b")
 
     run(body())
-    assert server.index.replica_ids() == []
+    assert server.index.replica_ids() == ["d"]
     now[0] = 6.0
     assert source.view() is None  # too stale to trust
     assert source.best_match("prefill", [1]) == 0
