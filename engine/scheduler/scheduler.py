@@ -37,6 +37,7 @@ from engine.kv.kv_cache_manager import NO_HIT, ComputedBlocks, KVCacheManager
 from engine.kv.tiers.counters import TierCounters
 from engine.request import FinishReason, Request, RequestStatus
 from engine.scheduler.chunk_plan import record_chunk, recorded_hit, recorded_span
+from engine.scheduler.import_loads import ImportLoads, ImportOutcome
 from engine.scheduler.output import (
     ImportAllocation,
     PinnedBlocks,
@@ -106,6 +107,7 @@ class Scheduler:
         self.max_model_len = min(max_model_len, capacity_tokens)
         self._len_limit_note = "" if max_model_len <= capacity_tokens else ", capped by KV cache"
         self._queues = RequestQueues()
+        self._import_loads = ImportLoads()
         self._finished_ids: list[str] = []
         self._step_id = 0
         self._num_preemptions_total = 0
@@ -292,6 +294,11 @@ class Scheduler:
             self.kv.free(request_id)
             queues.forget(cancelled)
             return
+        if request_id in self._import_loads:
+            outcome = self._import_loads.load_done(request_id, num_loaded)
+            if outcome is not None:
+                self._end_import(request_id, outcome)
+            return
         request = queues.loading.pop(request_id)
         request.num_computed_tokens += num_loaded * self.block_size
         request.num_cached_tokens = request.num_computed_tokens
@@ -396,7 +403,10 @@ class Scheduler:
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         was_finished = request.is_finished
-        was_loading = request.status is RequestStatus.LOADING_KV
+        was_loading = request.status is RequestStatus.LOADING_KV or (
+            self._import_loads.is_writing(request.request_id)
+        )
+        self._import_loads.forget(request.request_id)
         self._queues.detach(request)
         request.status = status
         if was_loading:  # a copy is still writing its blocks: free them once it is done
@@ -441,10 +451,11 @@ class Scheduler:
 
     def add_import_request(self, request: Request, first_token_id: int) -> ImportAllocation:
         """Reserve blocks for a prompt whose KV will be written from outside, reusing locally
-        cached prefix blocks; ``first_token_id`` was sampled by the prefill. The request waits
-        (``WAITING_FOR_KV``) until :meth:`mark_kv_ready` or :meth:`mark_kv_failed`. Raises
-        ``KVCacheError`` when the pool lacks the blocks now, ``InvalidRequestError`` when the
-        first token already ends the request."""
+        cached prefix blocks (device hits, and blocks copied back from a host or disk tier);
+        ``first_token_id`` was sampled by the prefill. The request waits (``WAITING_FOR_KV``)
+        until :meth:`mark_kv_ready` or :meth:`mark_kv_failed` (and its tier load, if any,
+        ended). Raises ``KVCacheError`` when the pool lacks the blocks now,
+        ``InvalidRequestError`` when the first token already ends the request."""
         self._check_prompt_len(request)
         request.append_output_token(first_token_id)
         try:
@@ -452,14 +463,15 @@ class Scheduler:
         except PdserveError:
             del request.output_token_ids[-1], request.all_token_ids[-1]  # leave it as given
             raise
-        request.num_cached_tokens = computed.num_tokens
+        num_lower = self._load_import_prefix(request, len(computed.block_ids))
+        request.num_cached_tokens = computed.num_tokens + num_lower * self.block_size
         request.status = RequestStatus.WAITING_FOR_KV
         self._queues.importing[request.request_id] = request
         self.events.flush()
         return ImportAllocation(
             request_id=request.request_id,
             block_ids=self.kv.block_ids(request.request_id),
-            num_local_blocks=len(computed.block_ids),
+            num_local_blocks=len(computed.block_ids) + num_lower,
         )
 
     def _reserve_import(self, request: Request) -> ComputedBlocks:
@@ -481,35 +493,62 @@ class Scheduler:
             )
         return computed
 
+    def _load_import_prefix(self, request: Request, first: int) -> int:
+        """Start copying the import's blocks after its device hit back from a lower tier;
+        returns how many (the pull skips them)."""
+        if self.tiers is None or not self.kv.enable_prefix_caching:
+            return 0
+        hashes = self.kv.block_hashes(request, request.num_prompt_tokens // self.block_size)
+        num_lower = self.tiers.find(hashes[first:])
+        if num_lower:
+            table = self.kv.block_ids(request.request_id)
+            self.tiers.start_load(
+                request.request_id, hashes[first : first + num_lower], table[first:][:num_lower]
+            )
+            self._import_loads.start(request.request_id, num_lower)
+        return num_lower
+
     def mark_kv_ready(self, request_id: str) -> bool:
         """The imported KV is in place: cache its full blocks and queue the request at the head
-        of the waiting queue as if its prompt was computed. False if it is not importing."""
-        request = self._queues.importing.pop(request_id, None)
-        if request is None:
+        of the waiting queue as if its prompt was computed (once its tier load, if any, ended).
+        False if it is not importing."""
+        if request_id not in self._queues.importing:
             return False
-        request.num_computed_tokens = request.num_prompt_tokens
-        self.kv.cache_full_blocks(request)
-        request.status = RequestStatus.WAITING
-        self._queues.waiting.appendleft(request)
-        self.events.flush()
+        self._pull_done(request_id, ImportOutcome.READY)
         return True
 
     def mark_kv_failed(self, request_id: str, recompute: bool) -> bool:
         """The import failed: free its blocks, then either recompute the prompt locally (same
         output; the first token is kept) or end it with ``FinishReason.ERROR``. False if it is
         not importing."""
-        request = self._queues.importing.get(request_id)
-        if request is None:
+        if request_id not in self._queues.importing:
             return False
-        if not recompute:
-            self._finish(request, RequestStatus.FINISHED_ERROR)
-            return True
+        self._pull_done(request_id, ImportOutcome.RECOMPUTE if recompute else ImportOutcome.FAIL)
+        return True
+
+    def _pull_done(self, request_id: str, outcome: ImportOutcome) -> None:
+        if request_id in self._import_loads:
+            settled = self._import_loads.pull_done(request_id, outcome)
+            if settled is None:
+                return  # the tier load still writes; it settles the import when it ends
+            outcome = settled
+        self._end_import(request_id, outcome)
+
+    def _end_import(self, request_id: str, outcome: ImportOutcome) -> None:
+        request = self._queues.importing[request_id]
+        if outcome is ImportOutcome.FAIL:
+            self._finish(request, RequestStatus.FINISHED_ERROR)  # detaches and frees it
+            return
         del self._queues.importing[request_id]
-        self.kv.free(request_id)
+        if outcome is ImportOutcome.READY:
+            request.num_computed_tokens = request.num_prompt_tokens
+            self.kv.cache_full_blocks(request)
+        else:
+            self.kv.free(request_id)
+            logger.info("request %s: KV import failed, recomputing locally", request_id)
         request.status = RequestStatus.WAITING
         self._queues.waiting.appendleft(request)
-        logger.info("request %s: KV import failed, recomputing locally", request_id)
-        return True
+        self.events.flush()
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -538,7 +577,11 @@ class Scheduler:
             num_cached_blocks=pool.num_cached_blocks,
             kv_usage=pool.usage,
             num_preemptions_total=self._num_preemptions_total,
-            num_loading_kv=len(self._queues.loading) + len(self._queues.cancelled_loads),
+            num_loading_kv=(
+                len(self._queues.loading)
+                + len(self._queues.cancelled_loads)
+                + self._import_loads.num_writing()
+            ),
             kv_tiers=self.tier_stats(),
         )
 
