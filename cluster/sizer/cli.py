@@ -51,9 +51,16 @@ def size_command(
     table_context_lens: str = typer.Option(
         "2048,8192,32768,131072", "--table-context-lens", help="Context lengths of the table."
     ),
+    host_gb: float | None = typer.Option(
+        None, "--host-gb", help="Host-RAM KV tier per replica (GB): sessions it keeps warm."
+    ),
+    disk_gb: float | None = typer.Option(
+        None, "--disk-gb", help="Disk KV tier per replica (GB): sessions it keeps warm."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
 ) -> None:
-    """Size the KV cache: bytes per token, requests per GPU, GPUs needed, P/D split."""
+    """Size the KV cache: bytes per token, requests per GPU, sessions per KV tier, GPUs
+    needed, P/D split."""
     from cluster.sizer.render import render_report
     from cluster.sizer.sizing import SizingRequest, size_model
 
@@ -71,6 +78,8 @@ def size_command(
         target_concurrency=concurrency,
         block_size_tokens=block_size,
         table_context_lens=_parse_lengths(table_context_lens),
+        host_gb=host_gb,
+        disk_gb=disk_gb,
     )
     try:
         result = size_model(request)

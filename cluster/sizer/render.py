@@ -69,23 +69,43 @@ def _facts_table(result: SizingResult) -> Table:
 
 def _capacity_table(result: SizingResult) -> Table:
     table = Table(title="Capacity by context length (one replica)")
-    for column in ("context", "KV per request", "max concurrent", "note"):
+    lower = [tier for tier in result.tiers if tier.medium != "device"]
+    columns = ["context", "KV per request", "max concurrent"]
+    columns += [f"{tier.medium} sessions" for tier in lower]
+    for column in (*columns, "note"):
         table.add_column(column, justify="right" if column != "note" else "left")
-    for row in result.plan.table:
+    for index, row in enumerate(result.plan.table):
         note = "" if row.within_model_limit else "beyond the model's context"
         table.add_row(
             f"{row.context_len_tokens:,}",
             human_bytes(row.kv_bytes_per_request),
             str(row.max_concurrent_requests),
+            *(f"{tier.sessions_by_context[index][1]:,}" for tier in lower),
             note,
         )
     return table
+
+
+def _tiers_line(result: SizingResult) -> str | None:
+    if len(result.tiers) < 2:
+        return None
+    parts = [
+        f"{tier.medium} {_gb(tier.bytes_per_replica)}: {tier.sessions:,}" for tier in result.tiers
+    ]
+    return (
+        f"[bold]Sessions of {result.inputs.context_len_tokens} tokens per replica[/]: "
+        + "; ".join(parts)
+        + f"; {sum(t.sessions for t in result.tiers):,} warm in all"
+    )
 
 
 def render_report(result: SizingResult, console: Console) -> None:
     """Print the facts, the capacity table and the suggested prefill/decode split."""
     console.print(_facts_table(result))
     console.print(_capacity_table(result))
+    tiers = _tiers_line(result)
+    if tiers is not None:
+        console.print(tiers, highlight=False)
     split = result.split
     console.print(
         f"[bold]Suggested split[/]: {split.prefill_gpus} prefill GPU(s) "

@@ -15,6 +15,7 @@ from cluster.sizer.gpus import GB, GpuSpec, get_gpu
 from cluster.sizer.model_dir import load_model_shape
 from cluster.sizer.shape import KV_DTYPES, WEIGHT_DTYPES, ModelShape, canonical_dtype
 from cluster.sizer.split import PDSplit, suggest_split
+from cluster.sizer.tiers import TierCapacity, tier_capacities
 from core.errors import ConfigError
 
 
@@ -35,6 +36,10 @@ class SizingRequest:
     target_concurrency: int | None = None
     block_size_tokens: int = 16
     table_context_lens: tuple[int, ...] = DEFAULT_TABLE_CONTEXTS
+    host_gb: float | None = None
+    """Host-RAM KV tier per replica (decimal GB); ``None``: no host tier."""
+    disk_gb: float | None = None
+    """Disk KV tier per replica (decimal GB); ``None``: no disk tier."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class SizingResult:
     inputs: SizingInputs
     plan: CapacityPlan
     split: PDSplit
+    tiers: tuple[TierCapacity, ...] = ()
+    """Sessions per tier, device first (host and disk when sized)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (bytes as ints, every unit in the key name)."""
@@ -62,6 +69,7 @@ class SizingResult:
             **plan,
             "capacity_table": table,
             "prefill_decode_split": asdict(self.split),
+            "kv_tiers": [asdict(tier) for tier in self.tiers],
         }
 
 
@@ -122,4 +130,5 @@ def size_model(req: SizingRequest) -> SizingResult:
         output_len_tokens=req.output_len_tokens,
         target_concurrency=req.target_concurrency,
     )
-    return SizingResult(shape=shape, gpu=gpu, inputs=inputs, plan=plan, split=split)
+    tiers = tier_capacities(plan, host_gb=req.host_gb, disk_gb=req.disk_gb)
+    return SizingResult(shape=shape, gpu=gpu, inputs=inputs, plan=plan, split=split, tiers=tiers)

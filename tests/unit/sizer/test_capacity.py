@@ -122,3 +122,30 @@ def test_size_cli_table_and_errors() -> None:
     assert runner.invoke(app, ["size", "--model", "./nowhere"]).exit_code == 2
     assert runner.invoke(app, ["size", "--help"]).exit_code == 0
     assert runner.invoke(app, ["size"]).exit_code == 2  # --model is required
+
+
+def test_sessions_per_tier_follow_the_tier_bytes() -> None:
+    result = size_model(
+        SizingRequest(model="Qwen2.5-7B", context_len_tokens=8192, host_gb=256, disk_gb=2000)
+    )
+    device, host, disk = result.tiers
+    assert [t.medium for t in result.tiers] == ["device", "host", "disk"]
+    assert device.sessions == result.plan.max_concurrent_requests
+    per_session = result.plan.kv_bytes_per_request  # 8192 x 56 KiB = 448 MiB
+    assert per_session == 8192 * 57344
+    assert host.sessions == 256_000_000_000 // per_session == 544
+    assert disk.sessions == 2_000_000_000_000 // per_session
+    assert dict(host.sessions_by_context)[2048] == 256_000_000_000 // (2048 * 57344)
+    assert size_model(SizingRequest(model="Qwen2.5-7B")).tiers[1:] == ()
+    with pytest.raises(ConfigError, match="--host-gb must be > 0"):
+        size_model(SizingRequest(model="Qwen2.5-7B", host_gb=0))
+
+
+def test_size_cli_prints_sessions_per_tier() -> None:
+    result = runner.invoke(app, ["size", "--model", "Qwen2.5-7B", "--host-gb", "256"])
+    assert result.exit_code == 0, result.output
+    assert "host sessions" in result.output
+    assert "host 256.00 GB: 544" in result.output
+    as_json = runner.invoke(app, ["size", "--model", "Qwen2.5-7B", "--host-gb", "256", "--json"])
+    tiers = json.loads(as_json.output)["kv_tiers"]
+    assert [(t["medium"], t["sessions"]) for t in tiers][1] == ("host", 544)
