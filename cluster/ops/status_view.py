@@ -84,7 +84,15 @@ def render_status(status: dict[str, Any], console: Console) -> None:
         f"dashboard {status['dashboard']}"
     )
     table = Table(
-        "pool", "replica", "state", "node", "KV used/total", "running", "waiting", "xfers"
+        "pool",
+        "replica",
+        "state",
+        "node",
+        "KV used/total",
+        "tiers used/total (hits)",
+        "running",
+        "waiting",
+        "xfers",
     )
     for pool in status["pools"]:
         label = f"{pool['pool']} ({len(pool['replicas'])}/{pool['target_replicas']})"
@@ -92,10 +100,11 @@ def render_status(status: dict[str, Any], console: Console) -> None:
             plain = replica["stats"]
             stats = None if plain is None else from_plain(ReplicaStats, plain)
             columns = (
-                ["-"] * 4
+                ["-"] * 5
                 if stats is None
                 else [
                     f"{stats.kv_blocks_used}/{stats.kv_blocks_total}",
+                    tiers_cell(stats),
                     str(stats.num_running),
                     str(stats.num_waiting),
                     str(stats.transfer.in_flight),
@@ -109,5 +118,15 @@ def render_status(status: dict[str, Any], console: Console) -> None:
                 *columns,
             )
         if not pool["replicas"]:
-            table.add_row(label, "-", "-", "-", "-", "-", "-", "-")
+            table.add_row(label, *["-"] * 8)
     console.print(table)
+
+
+def tiers_cell(stats: ReplicaStats) -> str:
+    """``host 120/4096 (37) disk 900/65536 (12)``: the lower KV tiers' blocks and hits."""
+    lower = [t for t in stats.kv_tiers if t.medium != "device"]
+    if not lower:
+        return "off"
+    return " ".join(
+        f"{t.medium} {t.blocks_used}/{t.blocks_capacity} ({t.hits_total})" for t in lower
+    )

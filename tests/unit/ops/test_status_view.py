@@ -1,0 +1,69 @@
+"""``pdserve status`` rendering: one row per replica, with the KV tiers' blocks and hits."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from cluster.ops.status_view import render_status, tiers_cell
+from core.codec import to_plain
+from core.stats import KVTierStats, ReplicaStats
+
+
+def _status(stats: ReplicaStats | None) -> dict[str, object]:
+    replica = {
+        "replica_id": "r1",
+        "state": "RUNNING",
+        "node_id": "n",
+        "node_ip": "10.0.0.2",
+        "stats": None if stats is None else to_plain(stats),
+    }
+    return {
+        "app": "pdserve",
+        "status": "RUNNING",
+        "endpoint": "http://x",
+        "dashboard": "http://y",
+        "pools": [
+            {
+                "pool": "Decode",
+                "role": "decode",
+                "status": "HEALTHY",
+                "target_replicas": 1,
+                "replicas": [replica],
+            },
+            {
+                "pool": "Prefill",
+                "role": "prefill",
+                "status": "HEALTHY",
+                "target_replicas": 0,
+                "replicas": [],
+            },
+        ],
+    }
+
+
+def test_tiers_cell_lists_the_lower_tiers() -> None:
+    stats = ReplicaStats(
+        kv_tiers=(
+            KVTierStats("device", blocks_used=5, blocks_capacity=100),
+            KVTierStats("host", blocks_used=120, blocks_capacity=4096, hits_total=37),
+            KVTierStats("disk", blocks_used=900, blocks_capacity=65536, hits_total=12),
+        )
+    )
+    assert tiers_cell(stats) == "host 120/4096 (37) disk 900/65536 (12)"
+    assert tiers_cell(ReplicaStats()) == "off"
+
+
+def test_status_table_shows_tiers_per_replica() -> None:
+    stats = ReplicaStats(
+        kv_blocks_used=3,
+        kv_blocks_total=64,
+        kv_tiers=(KVTierStats("host", blocks_used=7, blocks_capacity=512, hits_total=4),),
+    )
+    console = Console(record=True, width=200)
+    render_status(_status(stats), console)
+    text = console.export_text()
+    assert "tiers used/total (hits)" in text
+    assert "host 7/512 (4)" in text and "3/64" in text
+    console = Console(record=True, width=200)
+    render_status(_status(None), console)
+    assert "Prefill (0/0)" in console.export_text()
