@@ -30,6 +30,7 @@ from tests.integration.support import (
     DECODE_RESOURCE,
     PREFILL_LABEL,
     app_config,
+    app_tiers,
     descendant_pids,
     free_port,
     is_running,
@@ -132,9 +133,11 @@ def _assert_processes_gone(pids: list[int]) -> None:
 
 
 @pytest.fixture(scope="session")
-def serving_app(sim_cluster: SimCluster) -> ServingApp:
-    """The shared app, deployed once per session through Serve's REST API."""
-    config = load_cluster_config(app_config(free_port()))
+def serving_app(sim_cluster: SimCluster, tmp_path_factory: pytest.TempPathFactory) -> ServingApp:
+    """The shared app, deployed once per session through Serve's REST API, with small host
+    (write-through) and disk KV tiers so finished prompts reach the disk tier at once."""
+    tiers = app_tiers(str(tmp_path_factory.mktemp("kv-disk")))
+    config = load_cluster_config(app_config(free_port(), engine={"kv_tiers": tiers}))
     endpoint = deploy(config, sim_cluster.dashboard_url, timeout_s=300)
     return ServingApp(config, endpoint, ServeRest(sim_cluster.dashboard_url))
 

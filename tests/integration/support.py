@@ -78,6 +78,19 @@ def engine_section() -> dict[str, Any]:
     }
 
 
+BLOCK_BYTES = 32 * 1024
+"""One KV block of the test model (tiny-moe, float32, 16 tokens)."""
+
+
+def app_tiers(disk_path: str) -> dict[str, Any]:
+    """KV tiers of the shared app: a two-block host tier written through on completion, so
+    every finished prompt's blocks spill on to the disk tier right away."""
+    return {
+        "host": {"bytes": 2 * BLOCK_BYTES, "write_policy": "write_through"},
+        "disk": {"path": disk_path, "bytes": 256 * BLOCK_BYTES},
+    }
+
+
 def app_config(http_port: int, **overrides: Any) -> dict[str, Any]:
     """The cluster config of the shared test app: prefill on label-selected nodes, decode on
     nodes with the decode resource, small KV budgets, a low in-flight cap (for 429s)."""

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -186,3 +187,54 @@ def test_killed_prefill_replica_fails_no_request_and_leaks_nothing(app: ServingA
         assert '"error"' in failure  # the OpenAI error shape, not a dropped connection
     assert outcome.num_ok >= 6
     wait_until(lambda: _kv_idle(app), 60, "KV gauges back to 0 after the kill")
+
+
+def _disk_tier(report: dict[str, Any]) -> dict[str, Any]:
+    tiers = {t["medium"]: t for t in report["stats"]["kv_tiers"]}
+    return tiers["disk"]
+
+
+def _prefill_report(app: ServingApp, replica_id: str | None = None) -> dict[str, Any] | None:
+    for report in app.board().get("prefill", []):
+        if replica_id is None or report["replica_id"] == replica_id:
+            return report
+    return None
+
+
+def test_a_restarted_prefill_replica_serves_the_next_turn_from_its_disk_tier(
+    app: ServingApp,
+) -> None:
+    prompt = "Warm restart: " + " ".join(f"word{i}" for i in range(40))
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 2, "temperature": 0.0}
+    first = httpx.post(app.url("/v1/completions"), json=body, timeout=60)
+    assert first.status_code == 200, first.text
+    victim = wait_until(
+        lambda: (r := _prefill_report(app)) is not None and _disk_tier(r)["blocks_used"] >= 2 and r,
+        60,
+        "turn 1's blocks reach the prefill replica's disk tier",
+    )
+    ray.kill(ray.get_actor(victim["actor_name"], namespace="serve"), no_restart=True)
+    restarted = wait_until(
+        lambda: (
+            (r := _prefill_report(app)) is not None
+            and r["replica_id"] != victim["replica_id"]
+            and _disk_tier(r)["blocks_used"] >= 2
+            and r
+        ),
+        120,
+        "Serve restarts the prefill replica and it re-indexes the disk tier",
+    )
+    assert _disk_tier(restarted)["hits_total"] == 0
+    # turn 2 adds more new tokens than the local-prefill threshold: it goes to the prefill pool
+    turn_2 = {**body, "prompt": prompt + " " + " ".join(f"next{i}" for i in range(40))}
+    second = httpx.post(app.url("/v1/completions"), json=turn_2, timeout=60)
+    assert second.status_code == 200, second.text
+    wait_until(
+        lambda: (
+            (r := _prefill_report(app, restarted["replica_id"])) is not None
+            and _disk_tier(r)["hits_total"] >= 2
+        ),
+        30,
+        "turn 2's prefix is found in the restarted replica's disk tier",
+    )
+    wait_until(lambda: _kv_idle(app), 60, "KV gauges back to 0 after the restart")
