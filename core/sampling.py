@@ -27,7 +27,9 @@ class SamplingParams:
     gives the request its own generator, so its samples do not depend on its batch neighbours.
     ``n`` completions per prompt are produced by ``LLM.generate`` (one engine request each;
     sequence ``i`` of a seeded prompt samples with ``seed + i`` modulo 2**64); an engine request
-    itself always has ``n == 1``.
+    itself always has ``n == 1``. ``kv_keep_alive_s`` asks the engine to keep the request's
+    cached KV past the idle TTLs for that many seconds after it ends (a session expecting its
+    next turn); the engine bounds it by ``engine.kv_tiers.max_keep_alive_s``.
     """
 
     max_tokens: int = 16
@@ -41,6 +43,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     n: int = 1
+    kv_keep_alive_s: float | None = None
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +113,12 @@ class SamplingParams:
             all(_is_int(t) and 0 <= t <= _MAX_INT64 for t in self.stop_token_ids),
             "stop_token_ids",
             "stop_token_ids must be non-negative integers",
+        )
+        _check(
+            self.kv_keep_alive_s is None
+            or (isinstance(self.kv_keep_alive_s, int | float) and self.kv_keep_alive_s >= 0),
+            "kv_keep_alive_s",
+            f"kv_keep_alive_s must be a number of seconds >= 0, got {self.kv_keep_alive_s!r}",
         )
         _check(
             isinstance(self.ignore_eos, bool),

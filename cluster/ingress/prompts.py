@@ -178,6 +178,7 @@ class PromptBuilder:
             stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=bool(body.ignore_eos),
             min_tokens=body.min_tokens or 0,
+            kv_keep_alive_s=body.kv_keep_alive_s,
         )
         hashes = hash_prompt_blocks(
             prompt_ids, self._settings.block_size, seed=self._settings.hash_seed

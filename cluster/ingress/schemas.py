@@ -45,6 +45,8 @@ class GenerationRequest(BaseModel):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    kv_keep_alive_s: float | None = Field(None, ge=0.0)
+    """pdserve extension: keep this session's KV past the idle TTLs for this long."""
 
     @field_validator("n")
     @classmethod

@@ -60,6 +60,12 @@ class KVTiersConfig(StrictModel):
     disk_ttl_s: float | None = Field(
         None, gt=0, description="Idle time after which a disk block is deleted."
     )
+    max_keep_alive_s: float = Field(
+        3600.0,
+        ge=0,
+        description="Bound on a request's kv_keep_alive_s: how long past its end a session may "
+        "ask its cached device blocks to be spared by device_ttl_s (0: no keep-alive).",
+    )
 
     @model_validator(mode="after")
     def _ttl_needs_tier(self) -> KVTiersConfig:

@@ -60,6 +60,7 @@ class BlockPool:
         self.blocks = [KVBlock(block_id) for block_id in range(num_blocks)]
         self._free: deque[int] = deque(range(1, num_blocks))
         self._cached_free: OrderedDict[int, float] = OrderedDict()  # LRU first: id -> freed at
+        self._kept: set[int] = set()  # cached-free blocks freed with a keep-alive (later stamp)
         self._hash_to_block: dict[BlockHash, int] = {}
         self._publisher = publisher or KVEventPublisher()
         self._clock = clock
@@ -124,6 +125,7 @@ class BlockPool:
                 block_id = self._free.popleft()
             else:
                 block_id, _ = self._cached_free.popitem(last=False)
+                self._kept.discard(block_id)
                 evicted.append(self._evict(block_id))
             self.blocks[block_id].ref_cnt = 1
             block_ids.append(block_id)
@@ -139,10 +141,13 @@ class BlockPool:
                 if block_id not in self._cached_free:
                     raise KVCacheError(f"cannot touch KV block {block_id}: free and uncached")
                 del self._cached_free[block_id]
+                self._kept.discard(block_id)
             block.ref_cnt += 1
 
-    def free(self, block_ids: Sequence[int]) -> None:
-        """Drop one reference on each block, in order; unreferenced ones become reusable."""
+    def free(self, block_ids: Sequence[int], keep_s: float = 0.0) -> None:
+        """Drop one reference on each block, in order; unreferenced ones become reusable.
+        ``keep_s`` starts their idle clock that much later (a session's keep-alive): the TTL
+        of :meth:`expire` spares them longer; eviction for space does not."""
         for block_id in block_ids:
             block = self.blocks[block_id]
             if block.ref_cnt <= 0 or block_id == NULL_BLOCK_ID:
@@ -152,18 +157,25 @@ class BlockPool:
                 if block.block_hash is None:
                     self._free.append(block_id)
                 else:
-                    self._cached_free[block_id] = self._clock()
+                    self._cached_free[block_id] = self._clock() + keep_s
+                    if keep_s > 0:
+                        self._kept.add(block_id)
 
     def expire(self, idle_s: float) -> int:
         """Release cached-free blocks unused for ``idle_s`` seconds (copied down through
         ``on_evict`` first); returns how many. One ``BlockRemoved`` event for them all."""
         cutoff = self._clock() - idle_s
-        expired: list[BlockHash] = []
-        while self._cached_free:
-            block_id, freed_at = next(iter(self._cached_free.items()))
+        due: list[int] = []
+        for block_id, freed_at in self._cached_free.items():
             if freed_at >= cutoff:
+                if block_id in self._kept:
+                    continue  # a keep-alive stamp is out of order: look past it
                 break  # LRU order is free order: the rest are younger
+            due.append(block_id)
+        expired: list[BlockHash] = []
+        for block_id in due:
             del self._cached_free[block_id]
+            self._kept.discard(block_id)
             expired.append(self._evict(block_id))
             self._free.append(block_id)
         if expired:
@@ -196,6 +208,7 @@ class BlockPool:
             self._drop_hash(block_id)
         self._free.extend(self._cached_free)
         self._cached_free.clear()
+        self._kept.clear()
         self._publisher.record(AllBlocksCleared())
 
     def _drop_hash(self, block_id: int) -> BlockHash:

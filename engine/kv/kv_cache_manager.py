@@ -199,13 +199,14 @@ class KVCacheManager:
             )
         )
 
-    def free(self, request_id: str) -> None:
+    def free(self, request_id: str, keep_s: float = 0.0) -> None:
         """Release the request's whole table, tail block first (the prefix stays cached
-        longest); a request without a table is a no-op."""
+        longest), its idle clock starting ``keep_s`` late (a keep-alive); a request without a
+        table is a no-op."""
         table = self._tables.pop(request_id, None)
         self._num_offered_blocks.pop(request_id, None)
         if table:
-            self.pool.free(table[::-1])
+            self.pool.free(table[::-1], keep_s=keep_s)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached hash; held blocks are never offered again."""

@@ -30,7 +30,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from core.config import EngineConfig
-from core.errors import InvalidRequestError, KVCacheError, PdserveError, PromptTooLongError
+from core.errors import (
+    InvalidRequestError,
+    KVCacheError,
+    PdserveError,
+    PromptTooLongError,
+    SamplingParamsError,
+)
 from core.stats import KVTierStats
 from engine.kv.event_publisher import KVEventCallback, KVEventPublisher
 from engine.kv.kv_cache_manager import NO_HIT, ComputedBlocks, KVCacheManager
@@ -89,6 +95,7 @@ class Scheduler:
             clock=clock,
         )
         self.device_ttl_s = config.kv_tiers.device_ttl_s
+        self.max_keep_alive_s = config.kv_tiers.max_keep_alive_s
         self.tiers = tiers
         if tiers is not None:
             tiers.attach(self.events)
@@ -128,6 +135,13 @@ class Scheduler:
         )
 
     def _check_prompt_len(self, request: Request) -> None:
+        keep_s = request.sampling_params.kv_keep_alive_s
+        if keep_s is not None and keep_s > self.max_keep_alive_s:
+            raise SamplingParamsError(
+                f"request {request.request_id}: kv_keep_alive_s={keep_s:g} exceeds this "
+                f"server's engine.kv_tiers.max_keep_alive_s={self.max_keep_alive_s:g}",
+                param="kv_keep_alive_s",
+            )
         if request.num_prompt_tokens >= self.max_model_len:
             raise PromptTooLongError(
                 f"request {request.request_id}: prompt of {request.num_prompt_tokens} tokens "
@@ -414,7 +428,7 @@ class Scheduler:
         elif status is RequestStatus.FINISHED_PREFILL:
             self._queues.pinned[request.request_id] = request
         else:
-            self.kv.free(request.request_id)
+            self.kv.free(request.request_id, keep_s=request.sampling_params.kv_keep_alive_s or 0.0)
             self._queues.forget(request)
         if not was_finished:
             self._finished_ids.append(request.request_id)
@@ -443,7 +457,7 @@ class Scheduler:
         request = self._queues.pinned.pop(request_id, None)
         if request is None:
             return False
-        self.kv.free(request_id)
+        self.kv.free(request_id, keep_s=request.sampling_params.kv_keep_alive_s or 0.0)
         self._queues.forget(request)
         return True
 

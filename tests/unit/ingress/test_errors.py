@@ -46,6 +46,7 @@ BAD_BODIES = [
     (COMPLETIONS, {"prompt": LONG, "max_tokens": 2.5}, "max_tokens"),
     (COMPLETIONS, {"prompt": LONG, "min_tokens": 9, "max_tokens": 3}, "min_tokens"),
     (COMPLETIONS, {"prompt": LONG, "n": 2}, "n"),
+    (COMPLETIONS, {"prompt": LONG, "kv_keep_alive_s": -1}, "kv_keep_alive_s"),
     (COMPLETIONS, {"prompt": LONG, "best_of": 3}, "best_of"),
     (COMPLETIONS, {"prompt": LONG, "seed": "abc"}, "seed"),
     (COMPLETIONS, {"prompt": LONG, "stop": [1, 2]}, "stop"),

@@ -194,3 +194,25 @@ def test_eviction_for_space_calls_the_hook_before_the_block_is_reused() -> None:
     pool.free([a, b])
     assert pool.allocate(2) == [b, a]
     assert seen == [(a, 21)]
+
+
+def test_a_keep_alive_spares_blocks_from_the_ttl_but_not_from_eviction_for_space() -> None:
+    now = [100.0]
+    pool = BlockPool(5, clock=lambda: now[0])
+    ids = pool.allocate(4)
+    for block_id, block_hash in zip(ids, (11, 12, 13, 14), strict=True):
+        pool.cache_block(block_id, block_hash)
+    pool.free([ids[0]], keep_s=30.0)  # a session asked to keep this one for 30 s more
+    pool.free([ids[1], ids[2]])
+    now[0] += 11
+    # the kept block is first in LRU order but not due: the expiry looks past it
+    assert pool.expire(10.0) == 2
+    assert pool.lookup(11) == ids[0] and pool.lookup(12) is None and pool.lookup(13) is None
+    now[0] += 25  # 36 s since the free: 30 s keep-alive + 6 s idle
+    assert pool.expire(10.0) == 0
+    now[0] += 5
+    assert pool.expire(10.0) == 1
+    pool.free([ids[3]], keep_s=1000.0)
+    assert pool.allocate(4)  # space still wins over a keep-alive
+    assert pool.lookup(14) is None
+    pool.check_integrity()

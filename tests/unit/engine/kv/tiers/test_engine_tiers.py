@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.config import DiskTierConfig, HostTierConfig, KVTiersConfig
+from core.errors import SamplingParamsError
 from core.sampling import SamplingParams
 from engine.llm import LLM
 from engine.request import RequestStatus
@@ -88,3 +89,29 @@ def test_abort_while_loading_frees_blocks_once_the_copy_is_done() -> None:
     assert scheduler.get_request("again") is None
     assert scheduler.kv.num_free_blocks == free_before
     engine.close()
+
+
+def test_a_session_keep_alive_outlives_the_device_ttl_within_the_servers_bound() -> None:
+    now = [0.0]
+    tiers = KVTiersConfig(device_ttl_s=10.0, max_keep_alive_s=60.0)
+    llm = LLM(
+        "builtin:tiny-llama", max_model_len=256, kv_cache_memory_bytes=4 << 20, kv_tiers=tiers
+    )
+    scheduler = llm.engine.scheduler
+    scheduler.kv.pool._clock = lambda: now[0]
+    kept, plain = _prompts(2)
+    keep = SamplingParams(max_tokens=2, temperature=0.0, kv_keep_alive_s=30.0)
+    llm.generate(prompt_token_ids=[kept], sampling_params=keep, use_tqdm=False)
+    llm.generate(prompt_token_ids=[plain[64:]], sampling_params=GREEDY, use_tqdm=False)
+    now[0] = 20.0  # past the device TTL: only the kept session's blocks stay
+    llm.engine.step()
+    (again,) = llm.generate(prompt_token_ids=[kept], sampling_params=GREEDY, use_tqdm=False)
+    assert again.num_cached_tokens == 96
+    (other,) = llm.generate(prompt_token_ids=[plain[64:]], sampling_params=GREEDY, use_tqdm=False)
+    assert other.num_cached_tokens == 0
+    too_long = SamplingParams(max_tokens=2, kv_keep_alive_s=61.0)
+    with pytest.raises(SamplingParamsError, match="max_keep_alive_s=60") as error:
+        llm.engine.add_request("x", kept, too_long)
+    assert error.value.param == "kv_keep_alive_s"
+    with pytest.raises(SamplingParamsError, match="kv_keep_alive_s must be"):
+        SamplingParams(kv_keep_alive_s=-1.0)
