@@ -225,6 +225,17 @@ def test_a_restarted_prefill_replica_serves_the_next_turn_from_its_disk_tier(
         "Serve restarts the prefill replica and it re-indexes the disk tier",
     )
     assert _disk_tier(restarted)["hits_total"] == 0
+    # the ingress may still fall back to local prefill for a cooldown after the kill: probe
+    # with unrelated prompts until the new replica takes remote prefills again
+    probes = iter(range(1000))
+
+    def remote_prefill_works() -> bool:
+        probe = {**body, "prompt": f"Probe {next(probes)}: " + "unrelated text " * 4}
+        assert httpx.post(app.url("/v1/completions"), json=probe, timeout=60).status_code == 200
+        report = _prefill_report(app, restarted["replica_id"])
+        return report is not None and report["stats"]["requests_total"] > 0
+
+    wait_until(remote_prefill_works, 90, "remote prefill reaches the restarted replica", 1.0)
     # turn 2 adds more new tokens than the local-prefill threshold: it goes to the prefill pool
     turn_2 = {**body, "prompt": prompt + " " + " ".join(f"next{i}" for i in range(40))}
     second = httpx.post(app.url("/v1/completions"), json=turn_2, timeout=60)

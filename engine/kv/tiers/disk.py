@@ -1,10 +1,12 @@
 """The disk tier: KV blocks as checksummed files in a directory this engine holds a lock on.
 
-Each engine claims the first free ``engine-<n>`` sub-directory of the configured path with an
+Each engine claims a free ``engine-<n>`` sub-directory of the configured path with an
 exclusive ``flock`` (released by the kernel when the process dies), so engines sharing a node and
-a path never touch each other's files, and an engine restarted on the same node claims the
-directory its predecessor left: :meth:`DiskTier.open` re-indexes the files found there (newest
-kept when they exceed the capacity), so warm sessions survive the restart. Files written with
+a path never touch each other's files. It tries the free directories most recently written
+first, so an engine restarted on the same node claims the directory its predecessor (the
+engine that just died) left rather than an older one; :meth:`DiskTier.open` re-indexes the
+files found there (newest kept when they exceed the capacity), so warm sessions survive the
+restart. Files written with
 another KV layout are ignored with a logged reason.
 
 Bookkeeping (which hashes are here, LRU, pins) runs on the engine thread; the file reads, writes
@@ -132,7 +134,7 @@ class DiskTier:
 
 
 def _claim(base: Path) -> tuple[Path, BinaryIO]:
-    for index in range(MAX_ENGINE_DIRS):
+    for index in _claim_order(base):
         directory = base / f"engine-{index}"
         lock = open(base / f"engine-{index}.lock", "wb")  # noqa: SIM115 - held for the tier's life
         try:
@@ -149,3 +151,17 @@ def _claim(base: Path) -> tuple[Path, BinaryIO]:
         f"all {MAX_ENGINE_DIRS} disk KV tier directories under {base} are in use",
         param="kv_tiers.disk.path",
     )
+
+
+def _claim_order(base: Path) -> list[int]:
+    """Directory indices to try: existing ones most recently written first (a replica that
+    just died is the likeliest predecessor of the one starting now), then the rest in order."""
+    existing: list[tuple[float, int]] = []
+    for index in range(MAX_ENGINE_DIRS):
+        try:
+            existing.append((-(base / f"engine-{index}").stat().st_mtime, index))
+        except FileNotFoundError:
+            continue
+    first = [index for _, index in sorted(existing)]
+    tried = set(first)
+    return first + [i for i in range(MAX_ENGINE_DIRS) if i not in tried]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,22 @@ def test_engines_sharing_a_path_get_their_own_directories(tmp_path: Path, clock:
     assert first.disk.directory != second.disk.directory
     first.close()
     second.close()
+
+
+def test_a_restarted_engine_claims_the_most_recently_written_free_directory(
+    tmp_path: Path, clock: Clock
+) -> None:
+    config = KVTiersConfig(disk=DiskTierConfig(path=str(tmp_path), bytes=8 * B))
+    older, _ = make(config, device(), clock)
+    newer, _ = make(config, device(), clock)
+    assert older.disk is not None and newer.disk is not None
+    evict(newer, 1, 101)
+    newer.io.disk(lambda: None).result()
+    os.utime(older.disk.directory, (1_000.0, 1_000.0))  # written long ago
+    newer_dir = newer.disk.directory
+    older.close()
+    newer.close()  # both die; the newer one just did
+    again, _ = make(config, device(), clock)
+    assert again.disk is not None and again.disk.directory == newer_dir
+    assert again.disk.entries.hashes() == [101]
+    again.close()
