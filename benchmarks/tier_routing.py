@@ -1,8 +1,11 @@
 """Routing with a tier-aware cluster index against a device-only index and round robin.
 
 Two replicas of the tiny Llama, each with a small device pool and a host tier, serve a
-multi-turn chat (sessions share a system prompt and take turns round-robin, so a session's KV
-has left its replica's device for the host tier by its next turn). Every engine's KV events
+multi-turn chat: sessions take turns round-robin, so a session's KV has left its replica's
+device for the host tier by its next turn. Sessions share no system prompt by default
+(``--system-tokens 0``): requests run one at a time, so the load term is zero and a shared
+prefix would draw every first turn to one replica; without it the first turns spread over both
+replicas (cost ties rotate), as concurrent traffic would spread them. Every engine's KV events
 feed two cluster indexes in the same run: one keeps every medium (pdserve's index) and one keeps
 device events only (what an index blind to offloaded KV sees). Each request is placed by the
 ``prefix_aware`` policy over one of them, or by ``round_robin``; no session affinity, so the
@@ -170,9 +173,9 @@ def serve_chat(policy: str, args: argparse.Namespace, block_bytes: int) -> Resul
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sessions", type=int, default=12)
+    parser.add_argument("--sessions", type=int, default=11)
     parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--system-tokens", type=int, default=128)
+    parser.add_argument("--system-tokens", type=int, default=0)
     parser.add_argument("--user-tokens", type=int, default=64)
     parser.add_argument("--answer", type=int, default=64)
     parser.add_argument("--device-blocks", type=int, default=96)
