@@ -4,6 +4,11 @@
 fixed little-endian encoding), identical across processes, machines and Python versions; it never
 uses Python's salted ``hash``. The hash of block *i* covers every token of blocks 0..i through the
 parent chain, so two prompts share a block hash exactly when they share the whole prefix.
+
+A **cache salt** (a request's ``cache_salt``, or the tenant salt the ingress derives from an API
+key) enters the root the chain starts from, so requests with different salts never share a
+block hash: not in any engine's prefix cache or KV tier, not in the cluster index. This closes
+the prefix-cache timing side channel between tenants (the reason vLLM added ``cache_salt``).
 """
 
 from __future__ import annotations
@@ -20,9 +25,13 @@ HASH_ALGORITHM = "blake2b-64-v1"
 _ROOT_TAG = b"pdserve-block-hash-v1"
 
 
-def root_hash(seed: int = 0) -> BlockHash:
-    """The parent of the first block; ``seed`` separates incompatible caches (model, layout)."""
-    digest = hashlib.blake2b(_ROOT_TAG + struct.pack("<q", seed), digest_size=8).digest()
+def root_hash(seed: int = 0, salt: str | None = None) -> BlockHash:
+    """The parent of the first block; ``seed`` separates incompatible caches (model, layout),
+    ``salt`` separates tenants (``None`` and ``""`` are the unsalted root)."""
+    data = _ROOT_TAG + struct.pack("<q", seed)
+    if salt:
+        data += b"\x01salt:" + salt.encode("utf-8", "surrogatepass")
+    digest = hashlib.blake2b(data, digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
 
@@ -45,12 +54,14 @@ def hash_prompt_blocks(
     *,
     seed: int = 0,
     extra_keys: Sequence[int | str] = (),
+    salt: str | None = None,
 ) -> list[BlockHash]:
-    """Chained hashes of every *full* block of ``token_ids`` (a partial tail block has none)."""
+    """Chained hashes of every *full* block of ``token_ids`` (a partial tail block has none),
+    from the root of ``seed`` and ``salt``."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     hashes: list[BlockHash] = []
-    parent = root_hash(seed)
+    parent = root_hash(seed, salt)
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash_block(parent, token_ids[start : start + block_size], extra_keys)
         hashes.append(parent)

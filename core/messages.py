@@ -30,6 +30,9 @@ class RoutingKeys:
     """Prompt length in tokens (routers weigh uncached work by it)."""
     session_id: str | None = None
     """``x-session-id`` header or the body's ``user``; sticks a conversation to a replica."""
+    cache_salt: str | None = None
+    """The request's cache salt (its ``cache_salt`` and/or its API key's tenant salt): it
+    entered ``block_hashes`` and the engines hash the prompt with it too."""
 
 
 @dataclass(frozen=True)

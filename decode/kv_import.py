@@ -73,8 +73,10 @@ class KVImport:
         params: SamplingParams,
         first_token_id: int,
         prompt_chunk_ends: tuple[int, ...] = (),
+        cache_salt: str | None = None,
     ) -> None:
-        """Check the layout, then reserve blocks (reusing local prefix hits) on the engine."""
+        """Check the layout, then reserve blocks (reusing local prefix hits of the same
+        ``cache_salt``) on the engine."""
         mine = self._engine.layout
         if self.handle.layout_fingerprint != mine.fingerprint():
             raise LayoutMismatchError(
@@ -86,7 +88,12 @@ class KVImport:
             self._raise_if_aborted()
             try:
                 self.allocation, self.stream = await self._engine.open_import(
-                    self.request_id, prompt_token_ids, params, first_token_id, prompt_chunk_ends
+                    self.request_id,
+                    prompt_token_ids,
+                    params,
+                    first_token_id,
+                    prompt_chunk_ends,
+                    cache_salt=cache_salt,
                 )
                 break
             except KVCacheError:

@@ -104,7 +104,9 @@ class DecodeWorker:
         self, request: DecodeRequest, params: SamplingParams
     ) -> AsyncGenerator[TokenChunk, None]:
         prompt = request.prompt_token_ids
-        stream = await self._engine.open(request.request_id, prompt, params)
+        stream = await self._engine.open(
+            request.request_id, prompt, params, cache_salt=request.routing.cache_salt
+        )
         logger.debug("request %s: local prefill of %d tokens", request.request_id, len(prompt))
         try:
             async for output in stream:
@@ -135,6 +137,7 @@ class DecodeWorker:
                 params,
                 request.first_token_id,
                 request.prompt_chunk_ends,
+                cache_salt=request.routing.cache_salt,
             )
             status = await kv.pull()
             num_cached = await self._hand_off(kv, status, len(request.prompt_token_ids))

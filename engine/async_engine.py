@@ -186,9 +186,12 @@ class AsyncEngine:
         params: SamplingParams,
         *,
         prefill_only: bool = False,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Add a request and yield its outputs; closing the iterator early aborts it."""
-        stream = await self.open(request_id, prompt_token_ids, params, prefill_only=prefill_only)
+        stream = await self.open(
+            request_id, prompt_token_ids, params, prefill_only=prefill_only, cache_salt=cache_salt
+        )
         try:
             async for output in stream:
                 yield output
@@ -202,11 +205,18 @@ class AsyncEngine:
         params: SamplingParams,
         *,
         prefill_only: bool = False,
+        cache_salt: str | None = None,
     ) -> RequestStream:
         """Add a request; raises its admission error (``PromptTooLongError``, ...)."""
 
         def add(engine: LLMEngine) -> None:
-            engine.add_request(request_id, prompt_token_ids, params, prefill_only=prefill_only)
+            engine.add_request(
+                request_id,
+                prompt_token_ids,
+                params,
+                prefill_only=prefill_only,
+                cache_salt=cache_salt,
+            )
 
         stream, _ = await self._open(request_id, prompt_token_ids, add)
         return stream
@@ -218,13 +228,19 @@ class AsyncEngine:
         params: SamplingParams,
         first_token_id: int,
         prompt_chunk_ends: tuple[int, ...] = (),
+        cache_salt: str | None = None,
     ) -> tuple[ImportAllocation, RequestStream]:
         """``add_import_request`` on the engine thread plus the stream of its outputs (the
         tokens after ``first_token_id``, once ``mark_kv_ready`` or ``mark_kv_failed`` ran)."""
 
         def add(engine: LLMEngine) -> ImportAllocation:
             return engine.add_import_request(
-                request_id, prompt_token_ids, params, first_token_id, prompt_chunk_ends
+                request_id,
+                prompt_token_ids,
+                params,
+                first_token_id,
+                prompt_chunk_ends,
+                cache_salt=cache_salt,
             )
 
         stream, allocation = await self._open(request_id, prompt_token_ids, add)

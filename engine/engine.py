@@ -70,11 +70,13 @@ class LLMEngine:
         *,
         prompt: str | None = None,
         prefill_only: bool = False,
+        cache_salt: str | None = None,
     ) -> None:
         """Queue a request; raises ``InvalidRequestError`` (``PromptTooLongError``, ...) naming
         the field. Everything that can refuse it runs before it is queued; should anything
         raise once the scheduler holds it, it is aborted (blocks freed) before the error
-        propagates — a request is either fully admitted or not in the engine at all."""
+        propagates — a request is either fully admitted or not in the engine at all.
+        ``cache_salt`` keeps its cached blocks apart from those of other salts."""
         self.check_request(request_id, prompt_token_ids, params)
         request = Request(
             request_id=request_id,
@@ -82,6 +84,7 @@ class LLMEngine:
             sampling_params=params,
             eos_token_ids=self.parts.eos_token_ids,
             prefill_only=prefill_only,
+            cache_salt=cache_salt,
         )
         state = self.outputs.new_state(request_id, prompt_token_ids, params, prompt)
         generator = request_generator(params)
@@ -124,18 +127,21 @@ class LLMEngine:
         params: SamplingParams,
         first_token_id: int,
         prompt_chunk_ends: tuple[int, ...] = (),
+        cache_salt: str | None = None,
     ) -> ImportAllocation:
         """Reserve blocks for a prompt whose KV will be written from outside (reusing local
         prefix-cache hits); the request decodes after :meth:`mark_kv_ready`. Its outputs
         continue after ``first_token_id``, which the prefill side already returned. Should the
         import fail and the prompt be recomputed here, its chunks end at ``prompt_chunk_ends``
-        (where the prefill replica's chunks ended), so the output is the same."""
+        (where the prefill replica's chunks ended), so the output is the same. ``cache_salt``
+        must be the prefill's: the imported blocks are cached under its hashes."""
         self.check_request(request_id, prompt_token_ids, params, first_token_id=first_token_id)
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
             sampling_params=params,
             eos_token_ids=self.parts.eos_token_ids,
+            cache_salt=cache_salt,
         )
         request.follow_chunk_ends = tuple(prompt_chunk_ends)
         state = self.outputs.new_state(request_id, [*prompt_token_ids, first_token_id], params)

@@ -18,6 +18,7 @@ from engine.offline_batch import (
     params_list,
     parse_prompts,
     plan_prompt,
+    prompt_salts,
 )
 from engine.outputs import RequestOutput
 from engine.setup import build_engine_parts
@@ -84,14 +85,16 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text, ``{"prompt": text}``, ``{"prompt_token_ids": ids}``,
-        or ids via ``prompt_token_ids``); one output per prompt with ``n`` sequences each.
+        either dict optionally with ``"cache_salt"``, or ids via ``prompt_token_ids``); one
+        output per prompt with ``n`` sequences each.
         ``sampling_params`` is one for all prompts or one per prompt. ``use_tqdm`` shows a
         progress bar on stderr (when tqdm is installed)."""
         texts, token_lists = parse_prompts(prompts, prompt_token_ids, self.tokenizer.encode)
         params = params_list(sampling_params, len(token_lists))
+        salts = prompt_salts(prompts, len(token_lists))
         jobs = [
-            plan_prompt(f"offline-{next(self._ids)}", text, ids, p)
-            for text, ids, p in zip(texts, token_lists, params, strict=True)
+            plan_prompt(f"offline-{next(self._ids)}", text, ids, p, salt)
+            for text, ids, p, salt in zip(texts, token_lists, params, salts, strict=True)
         ]
         sequences = [(job, seq) for job in jobs for seq in job.sequences]
         for job, seq in sequences:  # refuse a bad batch before queueing any of it
@@ -99,7 +102,11 @@ class LLM:
         try:
             for job, seq in sequences:
                 self.engine.add_request(
-                    seq.request_id, job.prompt_token_ids, seq.params, prompt=job.prompt
+                    seq.request_id,
+                    job.prompt_token_ids,
+                    seq.params,
+                    prompt=job.prompt,
+                    cache_salt=job.cache_salt,
                 )
             return self._run(jobs, use_tqdm)
         except BaseException:

@@ -19,7 +19,8 @@ from core.sampling import MAX_SEED, SamplingParams
 from engine.outputs import RequestOutput
 
 PromptInput = str | Mapping[str, Any]
-"""One prompt: text, ``{"prompt": text}`` or ``{"prompt_token_ids": [ids]}``."""
+"""One prompt: text, ``{"prompt": text}`` or ``{"prompt_token_ids": [ids]}``; a dict may add
+``"cache_salt": str`` (vLLM's field: cached blocks are shared only within one salt)."""
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,15 @@ class PromptJob:
     prompt: str | None
     prompt_token_ids: list[int]
     sequences: tuple[SequenceRequest, ...]
+    cache_salt: str | None = None
 
 
 def plan_prompt(
-    request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams
+    request_id: str,
+    prompt: str | None,
+    prompt_token_ids: list[int],
+    params: SamplingParams,
+    cache_salt: str | None = None,
 ) -> PromptJob:
     """The job for one prompt: one engine request (id ``request_id``) when ``n == 1``, else
     ``request_id-0`` .. ``request_id-{n-1}`` with derived seeds."""
@@ -57,7 +63,7 @@ def plan_prompt(
             )
             for i in range(params.n)
         )
-    return PromptJob(request_id, prompt, prompt_token_ids, sequences)
+    return PromptJob(request_id, prompt, prompt_token_ids, sequences, cache_salt)
 
 
 def sequence_seed(seed: int | None, index: int) -> int | None:
@@ -117,6 +123,24 @@ def _one_prompt(item: object, encode: Callable[[str], list[int]]) -> tuple[str |
         f"got {item!r}",
         param="prompts",
     )
+
+
+def prompt_salts(
+    prompts: PromptInput | Sequence[PromptInput] | None, count: int
+) -> list[str | None]:
+    """Each prompt's ``cache_salt`` (``None`` where it has none)."""
+    if prompts is None:
+        return [None] * count
+    items = [prompts] if isinstance(prompts, str | Mapping) else list(prompts)
+    salts: list[str | None] = []
+    for item in items:
+        salt = item.get("cache_salt") if isinstance(item, Mapping) else None
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise InvalidRequestError(
+                f"cache_salt must be a non-empty string, got {salt!r}", param="cache_salt"
+            )
+        salts.append(salt)
+    return salts
 
 
 def params_list(

@@ -75,7 +75,8 @@ class Request:
     request unless ``sampling_params.ignore_eos``. ``prompt_chunk_ends`` records where each
     computed prompt chunk ended (and where a prefix-cache hit left off); a request given
     ``follow_chunk_ends`` (a recompute of another replica's prefill) never lets a chunk cross one
-    of those positions, so its prompt is computed in the same chunks.
+    of those positions, so its prompt is computed in the same chunks. ``cache_salt`` enters the
+    root of its block-hash chain: it shares cached blocks only with requests of the same salt.
     """
 
     request_id: str
@@ -83,6 +84,7 @@ class Request:
     sampling_params: SamplingParams
     eos_token_ids: tuple[int, ...] = ()
     prefill_only: bool = False
+    cache_salt: str | None = None
     output_token_ids: list[int] = field(default_factory=list, init=False)
     all_token_ids: list[int] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)

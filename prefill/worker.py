@@ -71,7 +71,9 @@ class PrefillWorker:
         ``UnavailableError`` (aborted or shut down), ``TransferError`` (export refused).
         """
         request_id = request.request_id
-        first = await self._first_token(request_id, request.prompt_token_ids, request.sampling)
+        first = await self._first_token(
+            request_id, request.prompt_token_ids, request.sampling, request.routing.cache_salt
+        )
         if first.finish_reason is not None:
             logger.info(
                 "request %s: first token ended it (%s); nothing exported",
@@ -91,9 +93,15 @@ class PrefillWorker:
         return _result(first, handle, chunk_ends)
 
     async def _first_token(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str | None,
     ) -> RequestOutput:
-        stream = self._engine.generate(request_id, prompt_token_ids, params, prefill_only=True)
+        stream = self._engine.generate(
+            request_id, prompt_token_ids, params, prefill_only=True, cache_salt=cache_salt
+        )
         final: RequestOutput | None = None
         async for output in stream:
             if output.finished:

@@ -10,6 +10,7 @@ the requests in flight finish.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 from collections.abc import Collection
 
@@ -32,6 +33,15 @@ def authenticate(authorization: str | None, api_keys: Collection[str]) -> None:
     matches = [hmac.compare_digest(presented, key.encode()) for key in api_keys]
     if not any(matches):
         raise AuthenticationError("invalid API key")
+
+
+def tenant_salt(authorization: str | None) -> str | None:
+    """A per-key cache salt: a digest of the bearer key (the key itself never leaves the
+    ingress); ``None`` without a bearer key."""
+    if authorization is None or not authorization.lower().startswith(_BEARER):
+        return None
+    key = authorization[len(_BEARER) :].strip().encode()
+    return "key:" + hashlib.blake2b(key, digest_size=16, person=b"pdserve-salt").hexdigest()
 
 
 class Admission:

@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from cluster.ingress.admission import Admission, RequestGate, authenticate
+from cluster.ingress.admission import Admission, RequestGate, authenticate, tenant_salt
 from cluster.ingress.errors import (
     error_body,
     error_response,
@@ -108,14 +108,17 @@ class GenerationHandlers:
     ) -> tuple[GenerationRequest, PreparedPrompt]:
         data = parse_json_object(raw)
         session_id = extract_session_id(headers, data)
+        salt = None
+        if self._settings.server.cache_salt_per_api_key:
+            salt = tenant_salt(headers.get("authorization"))
         try:
             if chat:
                 chat_body = ChatCompletionRequest.model_validate(data)
                 self._check_model(chat_body.model)
-                return chat_body, self._builder.chat(chat_body, session_id)
+                return chat_body, self._builder.chat(chat_body, session_id, salt)
             completion_body = CompletionRequest.model_validate(data)
             self._check_model(completion_body.model)
-            return completion_body, self._builder.completion(completion_body, session_id)
+            return completion_body, self._builder.completion(completion_body, session_id, salt)
         except ValidationError as e:
             raise from_validation_error(e) from e
 

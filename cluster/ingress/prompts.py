@@ -81,15 +81,25 @@ class PromptBuilder:
         self._tokenizer = tokenizer
         self._settings = settings
 
-    def completion(self, body: CompletionRequest, session_id: str | None = None) -> PreparedPrompt:
+    def completion(
+        self,
+        body: CompletionRequest,
+        session_id: str | None = None,
+        tenant_salt: str | None = None,
+    ) -> PreparedPrompt:
         """A ``/v1/completions`` body: text or token ids; default ``max_tokens`` 16."""
-        prompt_ids = self._completion_prompt_ids(body.prompt)
+        prompt_ids = self._fitted(self._completion_prompt_ids(body.prompt), body, body.max_tokens)
         max_tokens = self._max_tokens(
             prompt_ids, "prompt", body.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS
         )
-        return self._prepared(prompt_ids, body, max_tokens, session_id)
+        return self._prepared(prompt_ids, body, max_tokens, session_id, tenant_salt)
 
-    def chat(self, body: ChatCompletionRequest, session_id: str | None = None) -> PreparedPrompt:
+    def chat(
+        self,
+        body: ChatCompletionRequest,
+        session_id: str | None = None,
+        tenant_salt: str | None = None,
+    ) -> PreparedPrompt:
         """A ``/v1/chat/completions`` body; default ``max_tokens``: the rest of the context."""
         if body.messages is None:
             raise InvalidRequestError("messages is required", param="messages")
@@ -98,12 +108,14 @@ class PromptBuilder:
             add_generation_prompt=body.add_generation_prompt,
             template_kwargs=body.chat_template_kwargs,
         )
-        prompt_ids = self._tokenizer.encode(text, add_special_tokens=False)
+        prompt_ids = self._fitted(
+            self._tokenizer.encode(text, add_special_tokens=False), body, body.requested_max_tokens
+        )
         field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
         max_tokens = self._max_tokens(
             prompt_ids, "messages", body.requested_max_tokens, field, None
         )
-        return self._prepared(prompt_ids, body, max_tokens, session_id)
+        return self._prepared(prompt_ids, body, max_tokens, session_id, tenant_salt)
 
     def _completion_prompt_ids(self, prompt: Any) -> list[int]:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
@@ -132,6 +144,23 @@ class PromptBuilder:
         if not ids:
             raise InvalidRequestError("prompt is empty", param="prompt")
         return ids
+
+    def _fitted(
+        self, prompt_ids: list[int], body: GenerationRequest, requested: int | None
+    ) -> list[int]:
+        """The prompt after the request's ``truncate_prompt_tokens`` (keep the last N) and the
+        server's ``context_overflow: truncate_left`` (keep the last tokens that leave room for
+        the requested ``max_tokens``, or for 16 when none is given)."""
+        limit = self._settings.max_model_len
+        keep = body.truncate_prompt_tokens
+        if keep is not None:
+            keep = limit - 1 if keep == -1 else keep
+            prompt_ids = prompt_ids[-keep:]
+        if self._settings.server.context_overflow == "truncate_left":
+            room = limit - (requested or DEFAULT_COMPLETION_MAX_TOKENS)
+            if 0 < room < len(prompt_ids):
+                prompt_ids = prompt_ids[-room:]
+        return prompt_ids
 
     def _max_tokens(
         self,
@@ -167,6 +196,7 @@ class PromptBuilder:
         body: GenerationRequest,
         max_tokens: int,
         session_id: str | None,
+        tenant_salt: str | None,
     ) -> PreparedPrompt:
         sampling = SamplingParams(
             max_tokens=max_tokens,
@@ -180,10 +210,11 @@ class PromptBuilder:
             min_tokens=body.min_tokens or 0,
             kv_keep_alive_s=body.kv_keep_alive_s,
         )
+        salt = combined_salt(tenant_salt, body.cache_salt)
         hashes = hash_prompt_blocks(
-            prompt_ids, self._settings.block_size, seed=self._settings.hash_seed
+            prompt_ids, self._settings.block_size, seed=self._settings.hash_seed, salt=salt
         )
-        routing = RoutingKeys(tuple(hashes), len(prompt_ids), session_id)
+        routing = RoutingKeys(tuple(hashes), len(prompt_ids), session_id, salt)
         return PreparedPrompt(prompt_ids, sampling, routing)
 
 
@@ -201,3 +232,11 @@ def _stop_strings(stop: Any) -> tuple[str, ...]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def combined_salt(tenant_salt: str | None, request_salt: str | None) -> str | None:
+    """The cache salt a request's blocks are hashed with: its tenant's and its own, either one
+    alone, or none (an unsalted request shares the common cache)."""
+    if tenant_salt and request_salt:
+        return f"{tenant_salt}/{request_salt}"
+    return tenant_salt or request_salt or None

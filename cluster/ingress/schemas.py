@@ -45,8 +45,19 @@ class GenerationRequest(BaseModel):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    """vLLM's field: keep only the last N prompt tokens (-1: the last max_model_len - 1)."""
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    """vLLM's field: requests share cached prefix blocks only with requests of the same salt."""
     kv_keep_alive_s: float | None = Field(None, ge=0.0)
     """pdserve extension: keep this session's KV past the idle TTLs for this long."""
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _keep_some_tokens(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("truncate_prompt_tokens must be >= 1 (or -1 for max_model_len - 1)")
+        return value
 
     @field_validator("n")
     @classmethod

@@ -223,6 +223,18 @@ class ServerConfig(StrictModel):
     api_keys_file: str | None = Field(
         None, description="File of API keys, one per line; exclusive with api_keys_env."
     )
+    context_overflow: Literal["error", "truncate_left"] = Field(
+        "error",
+        description="A prompt that leaves no room for the requested max_tokens within "
+        "max_model_len: error (a 400 with the numbers) or truncate_left (drop its oldest tokens "
+        "until it fits, leaving room for max_tokens, or 16 tokens when none is requested).",
+    )
+    cache_salt_per_api_key: bool = Field(
+        False,
+        description="Salt every request's prefix-cache hashes with (a digest of) its API key, so "
+        "tenants with different keys never share cached KV on any replica or tier (needs API "
+        "keys). A request's own cache_salt is combined with it.",
+    )
     num_replicas: int = Field(1, ge=1, description="Ingress replicas.")
     num_cpus: float = Field(0.5, ge=0.0, description="Logical CPUs reserved per Ingress replica.")
     max_in_flight_requests: int = Field(
@@ -261,6 +273,10 @@ class ServerConfig(StrictModel):
     def _one_key_source(self) -> ServerConfig:
         if self.api_keys_env and self.api_keys_file:
             raise ValueError("set at most one of api_keys_env and api_keys_file")
+        if self.cache_salt_per_api_key and not (self.api_keys_env or self.api_keys_file):
+            raise ValueError(
+                "server.cache_salt_per_api_key needs API keys (api_keys_env or api_keys_file)"
+            )
         return self
 
 
