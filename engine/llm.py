@@ -6,7 +6,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from core.config import DType, EngineConfig, KVTiersConfig, ModelConfig
 from core.sampling import SamplingParams
@@ -55,8 +55,9 @@ class LLM:
         enforce_eager: bool = False,
         cuda_graph_batch_sizes: Sequence[int] | None = None,
         kv_tiers: KVTiersConfig | None = None,
+        quantization: Literal["int8"] | None = None,
     ) -> None:
-        model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed)
+        model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed, quantization=quantization)
         engine_cfg = EngineConfig(
             max_model_len=max_model_len,
             block_size=block_size,

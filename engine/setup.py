@@ -28,6 +28,7 @@ from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_bloc
 from engine.kv.tiers.store import KVTiers
 from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig
+from engine.models.quant import quantize_model_int8
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
 
@@ -94,6 +95,8 @@ def build_engine_parts(
         attn_backend=backend,
         expert_ids=expert_ids,
     )
+    if model_cfg.quantization == "int8":
+        quantize_model_int8(model)
     tokenizer = Tokenizer.from_dir(model_dir)
     layout = arch.kv_layout(
         model_id_of(model_cfg.name, model_dir), dtype, engine_cfg.block_size, engine_cfg.hash_seed

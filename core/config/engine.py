@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from core.config.base import DType, StrictModel
@@ -98,3 +100,9 @@ class ModelConfig(StrictModel):
     dtype: DType = Field("auto", description="Weights/KV dtype; auto: fp32 on CPU, bf16 on GPU.")
     seed: int = Field(0, description="Seed for built-in weights and default sampling.")
     served_name: str | None = Field(None, description="Name clients use; default: name.")
+    quantization: Literal["int8"] | None = Field(
+        None,
+        description="Weight-only quantization at load: int8 stores attention, MLP and expert "
+        "projections as int8 with a scale per output channel (embeddings, LM head and router "
+        "gates stay in dtype). None: weights as loaded. Pre-quantized checkpoints are refused.",
+    )

@@ -134,6 +134,15 @@ class ModelArchConfig:
             raw = json.loads(config_path.read_text())
         except (OSError, ValueError) as e:
             raise ConfigError(f"cannot read {str(config_path)!r}: {e}", param=CONFIG_FILE) from e
+        quantized = raw.get("quantization_config") if isinstance(raw, dict) else None
+        if quantized is not None:
+            method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+            raise ConfigError(
+                f"{str(config_path)!r} is an already-quantized checkpoint (quantization_config: "
+                f"{method!r}); pdserve loads full-precision weights and quantizes them itself "
+                "(model.quantization: int8)",
+                param="quantization_config",
+            )
         return cls.from_hf_dict(raw)
 
     @classmethod

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.quant import int8_linear, quantize_rows
+
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
     """An uninitialised, frozen parameter of ``shape``."""
@@ -17,7 +19,10 @@ def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> 
 
 
 class Linear(nn.Module):
-    """``y = x @ W.T (+ b)`` with ``W`` [out, in]."""
+    """``y = x @ W.T (+ b)`` with ``W`` [out, in]; after :meth:`quantize_int8`, ``W`` is int8
+    with a scale per output channel (``engine.models.quant``)."""
+
+    weight_scale: torch.Tensor | None
 
     def __init__(
         self,
@@ -31,9 +36,19 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = empty_param(out_features, in_features, dtype=dtype, device=device)
         self.bias = empty_param(out_features, dtype=dtype, device=device) if bias else None
+        self.register_buffer("weight_scale", None)
+
+    def quantize_int8(self) -> None:
+        """Replace the loaded weight by int8 rows and per-row scales (in the weight's dtype)."""
+        dtype = self.weight.dtype
+        q, scales = quantize_rows(self.weight.data)
+        self.weight = nn.Parameter(q, requires_grad=False)
+        self.register_buffer("weight_scale", scales.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., in] -> [..., out]."""
+        if self.weight_scale is not None:
+            return int8_linear(x, self.weight, self.weight_scale.to(x.dtype), self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

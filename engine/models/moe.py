@@ -22,12 +22,15 @@ from torch import nn
 from core.errors import ConfigError
 from engine.models.config import ModelArchConfig
 from engine.models.layers import GatedMLP, Linear, empty_param
+from engine.models.quant import int8_linear, quantize_rows
 
 
 class MoELayer(nn.Module):
     """Routed experts (SiLU-gated MLPs) plus an optional sigmoid-gated shared expert."""
 
     global_to_local: torch.Tensor  # [num_experts] int64, -1 where the expert is not owned
+    gate_up_scale: torch.Tensor | None
+    down_scale: torch.Tensor | None
 
     def __init__(
         self,
@@ -47,6 +50,8 @@ class MoELayer(nn.Module):
         self.gate = Linear(hidden, config.num_experts, bias=False, dtype=dtype, device=device)
         self.gate_up_proj = empty_param(num_local, 2 * inter, hidden, dtype=dtype, device=device)
         self.down_proj = empty_param(num_local, hidden, inter, dtype=dtype, device=device)
+        self.register_buffer("gate_up_scale", None)  # [num_local, 2I] once int8
+        self.register_buffer("down_scale", None)  # [num_local, H] once int8
         to_local = torch.full((config.num_experts,), -1, dtype=torch.int64)
         to_local[list(self.expert_ids)] = torch.arange(num_local)
         self.register_buffer("global_to_local", to_local.to(device), persistent=False)
@@ -88,11 +93,31 @@ class MoELayer(nn.Module):
             if num_rows == 0:
                 continue
             end = start + num_rows
-            gate_up = F.linear(sorted_in[start:end], self.gate_up_proj[local_id])  # [n, 2I]
+            rows = sorted_in[start:end]
+            gate_up = self._expert_linear(rows, self.gate_up_proj, self.gate_up_scale, local_id)
             gate, up = gate_up.chunk(2, dim=-1)  # [n, I] each
-            sorted_out[start:end] = F.linear(F.silu(gate) * up, self.down_proj[local_id])
+            sorted_out[start:end] = self._expert_linear(
+                F.silu(gate) * up, self.down_proj, self.down_scale, local_id
+            )
             start = end
         return torch.empty_like(sorted_out).index_copy_(0, order, sorted_out)  # [N, H]
+
+    @staticmethod
+    def _expert_linear(
+        x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, local_id: int
+    ) -> torch.Tensor:
+        if scale is None:
+            return F.linear(x, weight[local_id])
+        return int8_linear(x, weight[local_id], scale[local_id].to(x.dtype), None)
+
+    def quantize_int8(self) -> int:
+        """Quantize both expert stacks per expert and output channel; returns 2."""
+        dtype = self.gate_up_proj.dtype
+        for name in ("gate_up_proj", "down_proj"):
+            q, scales = quantize_rows(getattr(self, name).data)
+            setattr(self, name, nn.Parameter(q, requires_grad=False))
+            self.register_buffer(name.replace("_proj", "_scale"), scales.to(dtype))
+        return 2
 
     def combine(self, expert_out: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """``expert_out`` [T * k, H] (token-major) weighted by ``topk_weights`` [T, k] -> [T, H]."""

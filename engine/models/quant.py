@@ -1,0 +1,73 @@
+"""Weight-only int8: per-output-channel scales computed at load time from the checkpoint.
+
+``model.quantization: int8`` turns every attention, MLP and expert projection into an int8
+weight ``q`` [out, in] plus a scale per output channel ``s`` [out] (``s = amax(|W_row|) / 127``,
+``q = round(W / s)``), halving (bf16) or quartering (fp32) their bytes; decode, which streams
+every weight once per step, reads that much less memory. ``y = (x @ q.T) * s``: on CPU and CUDA
+through torch's int8 weight-only matmul (``torch._weight_int8pack_mm``, activations stay in the
+model dtype), elsewhere by dequantizing into the model dtype.
+
+Left in the model dtype: embeddings, the LM head (its logits decide every token) and the MoE
+router gates (a changed expert choice changes the whole token), all small next to the
+projections.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+INT8_MAX = 127.0
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` [..., out, in] -> (int8 [..., out, in], float32 scales [..., out])."""
+    w = weight.float()
+    scales = (w.abs().amax(dim=-1) / INT8_MAX).clamp(min=1e-12)
+    q = torch.round(w / scales[..., None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scales
+
+
+def int8_linear(
+    x: torch.Tensor, weight_q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x`` [..., in] through int8 ``weight_q`` [out, in] with ``scales`` [out] (x's dtype)."""
+    flat = x.reshape(-1, x.shape[-1])
+    if x.device.type in ("cpu", "cuda"):
+        out = torch._weight_int8pack_mm(flat, weight_q, scales)
+    else:  # no int8 kernel here: dequantize (correct, not faster)
+        out = F.linear(flat, weight_q.to(x.dtype) * scales[:, None])
+    out = out.reshape(*x.shape[:-1], weight_q.shape[0])
+    return out if bias is None else out + bias
+
+
+def quantize_model_int8(model: nn.Module) -> int:
+    """Quantize every eligible projection of ``model`` in place; returns how many tensors."""
+    from engine.models.layers import Linear
+    from engine.models.moe import MoELayer
+
+    skip = _full_precision_linears(model)
+    count = 0
+    for module in model.modules():
+        if isinstance(module, Linear) and id(module) not in skip:
+            module.quantize_int8()
+            count += 1
+        elif isinstance(module, MoELayer):
+            count += module.quantize_int8()
+    logger.info("int8 weight-only quantization: %d weight tensors", count)
+    return count
+
+
+def _full_precision_linears(model: nn.Module) -> set[int]:
+    """Ids of the linears that stay in the model dtype: the LM head and router gates."""
+    keep: set[int] = set()
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("lm_head", "gate", "shared_expert_gate"):
+            keep.add(id(module))
+    return keep
