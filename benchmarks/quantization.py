@@ -6,7 +6,8 @@ in fp32), large enough that batch-1 decode on a CPU streams its weights from mem
 It measures batch-1 time per output token (TPOT, best of ``--repeats``) with fp32 weights and
 with ``model.quantization: int8``, and how often int8 greedy decoding picks the fp32 token
 (top-1 agreement over teacher-forced positions) with the mean KL(fp32 || int8) of the
-next-token distributions.
+next-token distributions; bf16 weights against fp32 are the reference for how sensitive this
+random model's nearly flat distributions are to any rounding.
 
 The KV-cache quantization measurements (capacity per KV budget, wire bytes per token, KV
 accuracy) join this script with ``engine.kv_cache_dtype``. Prints a table, then one JSON object
@@ -79,14 +80,16 @@ def agreement(full: LLM, int8: LLM, prompt: list[int], num_tokens: int) -> tuple
 
 
 def _next_token_logprobs(llm: LLM, prefix: list[int]) -> torch.Tensor:
-    vocab = llm.engine.parts.arch.vocab_size
-    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=vocab)
-    (out,) = llm.generate(prompt_token_ids=[prefix], sampling_params=params, use_tqdm=False)
-    row = out.outputs[0].logprobs[0]  # type: ignore[index]
-    logprobs = torch.full((vocab,), float("-inf"))
-    for token, entry in row.items():
-        logprobs[token] = entry.logprob
-    return logprobs
+    """The full next-token log-distribution after ``prefix``: one engine step's logits, read
+    before sampling (the API caps ``logprobs`` at 20), then the request is aborted."""
+    engine = llm.engine
+    request_id = f"kl-{len(prefix)}"
+    engine.add_request(request_id, prefix, SamplingParams(max_tokens=1, temperature=0.0))
+    plan = engine.scheduler.schedule()
+    logits = engine.runner.execute(plan.scheduled)
+    row = logits.logits[logits.request_ids.index(request_id)].float().log_softmax(-1)
+    engine.abort(request_id)
+    return row
 
 
 def main() -> None:
@@ -106,12 +109,18 @@ def main() -> None:
         tpot_full = tpot_s(full, prompt, args.decode_tokens, args.repeats)
         tpot_int8 = tpot_s(int8, prompt, args.decode_tokens, args.repeats)
         top1, kl = agreement(full, int8, prompt, args.agreement_tokens)
+        del int8
+        bf16 = LLM(str(model_dir), dtype="bfloat16", **options)  # type: ignore[arg-type]
+        top1_bf16, kl_bf16 = agreement(full, bf16, prompt, args.agreement_tokens)
     print(f"batch-1 TPOT: fp32 {tpot_full * 1e3:.1f} ms, int8 weights {tpot_int8 * 1e3:.1f} ms")
     print(f"int8 vs fp32: top-1 agreement {top1:.3f}, mean KL {kl:.5f} nats")
+    print(f"bf16 vs fp32 (reference): top-1 agreement {top1_bf16:.3f}, mean KL {kl_bf16:.5f}")
     result = {
         "int8_weights_tpot_ratio": round(tpot_int8 / tpot_full, 3),
         "int8_weights_top1_agreement": round(top1, 3),
         "int8_weights_mean_kl": round(kl, 6),
+        "bf16_weights_top1_agreement": round(top1_bf16, 3),
+        "bf16_weights_mean_kl": round(kl_bf16, 6),
     }
     print(json.dumps(result))
 

@@ -39,16 +39,15 @@ class Linear(nn.Module):
         self.register_buffer("weight_scale", None)
 
     def quantize_int8(self) -> None:
-        """Replace the loaded weight by int8 rows and per-row scales (in the weight's dtype)."""
-        dtype = self.weight.dtype
+        """Replace the loaded weight by int8 rows and float32 per-row scales."""
         q, scales = quantize_rows(self.weight.data)
         self.weight = nn.Parameter(q, requires_grad=False)
-        self.register_buffer("weight_scale", scales.to(dtype))
+        self.register_buffer("weight_scale", scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., in] -> [..., out]."""
         if self.weight_scale is not None:
-            return int8_linear(x, self.weight, self.weight_scale.to(x.dtype), self.bias)
+            return int8_linear(x, self.weight, self.weight_scale, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

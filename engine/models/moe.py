@@ -108,15 +108,14 @@ class MoELayer(nn.Module):
     ) -> torch.Tensor:
         if scale is None:
             return F.linear(x, weight[local_id])
-        return int8_linear(x, weight[local_id], scale[local_id].to(x.dtype), None)
+        return int8_linear(x, weight[local_id], scale[local_id], None)
 
     def quantize_int8(self) -> int:
         """Quantize both expert stacks per expert and output channel; returns 2."""
-        dtype = self.gate_up_proj.dtype
         for name in ("gate_up_proj", "down_proj"):
             q, scales = quantize_rows(getattr(self, name).data)
             setattr(self, name, nn.Parameter(q, requires_grad=False))
-            self.register_buffer(name.replace("_proj", "_scale"), scales.to(dtype))
+            self.register_buffer(name.replace("_proj", "_scale"), scales)
         return 2
 
     def combine(self, expert_out: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:

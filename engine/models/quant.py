@@ -4,8 +4,9 @@
 weight ``q`` [out, in] plus a scale per output channel ``s`` [out] (``s = amax(|W_row|) / 127``,
 ``q = round(W / s)``), halving (bf16) or quartering (fp32) their bytes; decode, which streams
 every weight once per step, reads that much less memory. ``y = (x @ q.T) * s``: on CPU and CUDA
-through torch's int8 weight-only matmul (``torch._weight_int8pack_mm``, activations stay in the
-model dtype), elsewhere by dequantizing into the model dtype.
+through torch's int8 weight-only matmul (``torch._weight_int8pack_mm``, with activations in
+bfloat16 or float16; a float32 model's activations are rounded to bfloat16 for it), elsewhere by
+dequantizing into the model dtype. Scales are kept in float32.
 
 Left in the model dtype: embeddings, the LM head (its logits decide every token) and the MoE
 router gates (a changed expert choice changes the whole token), all small next to the
@@ -36,12 +37,16 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_linear(
     x: torch.Tensor, weight_q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """``x`` [..., in] through int8 ``weight_q`` [out, in] with ``scales`` [out] (x's dtype)."""
+    """``x`` [..., in] through int8 ``weight_q`` [out, in] with ``scales`` [out]; the result
+    is in ``x``'s dtype. The kernel takes half-precision activations: float32 ones go through
+    it in bfloat16 (its float32 path is several times slower than the float32 matmul)."""
     flat = x.reshape(-1, x.shape[-1])
     if x.device.type in ("cpu", "cuda"):
-        out = torch._weight_int8pack_mm(flat, weight_q, scales)
+        compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        out = torch._weight_int8pack_mm(flat.to(compute), weight_q, scales.to(compute))
+        out = out.to(x.dtype)
     else:  # no int8 kernel here: dequantize (correct, not faster)
-        out = F.linear(flat, weight_q.to(x.dtype) * scales[:, None])
+        out = F.linear(flat, weight_q.to(x.dtype) * scales.to(x.dtype)[:, None])
     out = out.reshape(*x.shape[:-1], weight_q.shape[0])
     return out if bias is None else out + bias
 
