@@ -6,8 +6,13 @@ KV storage is one tensor per worker, *block-major*::
 
 so every block (all layers, K and V) is one contiguous byte span of ``block_bytes``: the
 transfer layer moves a block with one copy, and attention reads layer ``l`` through the strided
-view ``kv[:, l]``. A :class:`KVLayout` fingerprint travels with every transfer handle; prefill and
-decode refuse to exchange blocks whose fingerprints differ.
+view ``kv[:, l]``.
+
+An 8-bit KV cache (``int8``, ``float8_e4m3fn``) keeps the same shape with each head row widened
+by ``scale_bytes``: ``head_dim`` quantized values followed by that row's float16 scale (one scale
+per token, layer, K/V and head). Scales travel inside the block, so transfers, tiers and the
+prefix cache move quantized blocks as they are. A :class:`KVLayout` fingerprint travels with
+every transfer handle; prefill and decode refuse to exchange blocks whose fingerprints differ.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from dataclasses import asdict, dataclass
 
 from core.errors import LayoutMismatchError
 from core.hashing import HASH_ALGORITHM
+
+QUANTIZED_KV_SCALE_BYTES = 2
+"""An 8-bit KV cache's scale after each head row: one float16."""
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -39,6 +47,8 @@ class KVLayout:
     head_dim: int
     hash_seed: int
     """Seed of the chained block hashes (``EngineConfig.hash_seed``): equal layouts hash alike."""
+    scale_bytes: int = 0
+    """Bytes of scale after each head row (2: a float16 scale; 0: unquantized)."""
 
     @property
     def dtype_bytes(self) -> int:
@@ -46,9 +56,14 @@ class KVLayout:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def row_elements(self) -> int:
+        """Elements of one stored head row: ``head_dim`` values plus the scale's bytes."""
+        return self.head_dim + self.scale_bytes // self.dtype_bytes
+
+    @property
     def bytes_per_token(self) -> int:
-        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """2 (K and V) x layers x kv_heads x (head_dim x dtype bytes + scale bytes)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.row_elements * self.dtype_bytes
 
     @property
     def block_bytes(self) -> int:

@@ -56,6 +56,7 @@ class LLM:
         cuda_graph_batch_sizes: Sequence[int] | None = None,
         kv_tiers: KVTiersConfig | None = None,
         quantization: Literal["int8"] | None = None,
+        kv_cache_dtype: Literal["auto", "fp8_e4m3", "int8"] = "auto",
     ) -> None:
         model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed, quantization=quantization)
         engine_cfg = EngineConfig(
@@ -72,6 +73,7 @@ class LLM:
                 None if cuda_graph_batch_sizes is None else tuple(cuda_graph_batch_sizes)
             ),
             kv_tiers=kv_tiers or KVTiersConfig(),
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.engine = LLMEngine(build_engine_parts(model_cfg, engine_cfg))
         self.tokenizer = self.engine.tokenizer

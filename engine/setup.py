@@ -24,6 +24,7 @@ from core.kv_layout import KVLayout
 from engine.attention import get_backend
 from engine.builtin import resolve_model
 from engine.cuda_graphs import graph_batch_sizes
+from engine.kv.quant import KV_CACHE_DTYPES, SCALE_BYTES
 from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
 from engine.kv.tiers.store import KVTiers
 from engine.loader import load_model
@@ -86,7 +87,10 @@ def build_engine_parts(
     max_model_len = _max_model_len(engine_cfg, arch)
     device = pick_device()
     dtype = resolve_dtype(model_cfg.dtype, device)
-    backend = get_backend("triton" if device.type == "cuda" else "torch")
+    kv_dtype, scale_bytes = dtype, 0
+    if engine_cfg.kv_cache_dtype != "auto":
+        kv_dtype, scale_bytes = KV_CACHE_DTYPES[engine_cfg.kv_cache_dtype], SCALE_BYTES
+    backend = get_backend(_backend_name(device, scale_bytes > 0))
     torch.manual_seed(model_cfg.seed)
     model = load_model(
         model_dir,
@@ -99,7 +103,11 @@ def build_engine_parts(
         quantize_model_int8(model)
     tokenizer = Tokenizer.from_dir(model_dir)
     layout = arch.kv_layout(
-        model_id_of(model_cfg.name, model_dir), dtype, engine_cfg.block_size, engine_cfg.hash_seed
+        model_id_of(model_cfg.name, model_dir),
+        kv_dtype,
+        engine_cfg.block_size,
+        engine_cfg.hash_seed,
+        scale_bytes,
     )
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     budget = kv_budget_bytes(
@@ -153,3 +161,14 @@ def _max_model_len(engine_cfg: EngineConfig, arch: ModelArchConfig) -> int:
             param="max_model_len",
         )
     return engine_cfg.max_model_len
+
+
+def _backend_name(device: torch.device, quantized_kv: bool) -> str:
+    """Triton on CUDA; torch on CPU, and for an 8-bit KV cache (the Triton kernels do not read
+    8-bit blocks yet)."""
+    if device.type != "cuda":
+        return "torch"
+    if quantized_kv:
+        logger.warning("8-bit KV cache: attention runs on the torch backend on CUDA for now")
+        return "torch"
+    return "triton"

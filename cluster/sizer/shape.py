@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 from core.errors import ConfigError
+from core.kv_layout import QUANTIZED_KV_SCALE_BYTES
 
 # Bytes per element. int4 is only meaningful for weights (packed, ignoring scales).
 _DTYPE_BYTES: dict[str, float] = {
@@ -94,9 +95,14 @@ class ModelShape:
         return 2 * self.num_layers * kv_heads_per_gpu * self.head_dim
 
     def kv_bytes_per_token(self, kv_dtype: str, tensor_parallel_size: int = 1) -> int:
-        """KV-cache bytes per token on one GPU (the whole model when ``tensor_parallel_size=1``)."""
+        """KV-cache bytes per token on one GPU (the whole model when ``tensor_parallel_size=1``);
+        an 8-bit cache adds the engine's float16 scale per head row (per latent row for MLA)."""
         elements = self.kv_elements_per_token(tensor_parallel_size)
-        return math.ceil(elements * dtype_bytes(kv_dtype))
+        num_bytes = math.ceil(elements * dtype_bytes(kv_dtype))
+        if kv_dtype in ("fp8", "int8"):
+            head_dim = self.mla_latent_dim or self.head_dim
+            num_bytes += elements // head_dim * QUANTIZED_KV_SCALE_BYTES
+        return num_bytes
 
     def mha_kv_bytes_per_token(self, kv_dtype: str) -> int:
         """What one token would cost with one KV head per query head (the no-GQA baseline)."""

@@ -17,6 +17,12 @@ class EngineConfig(StrictModel):
         None, ge=1, description="Longest prompt + output in tokens; default: the model's limit."
     )
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV block.")
+    kv_cache_dtype: Literal["auto", "fp8_e4m3", "int8"] = Field(
+        "auto",
+        description="KV cache element type: auto (the model dtype) or 8-bit (fp8_e4m3, int8) "
+        "with a float16 scale per token, layer, K/V and head; halves KV memory and transfer "
+        "bytes against bf16. Prefill and decode must agree (the layout fingerprint checks).",
+    )
     kv_cache_memory_bytes: int | None = Field(
         None, ge=1, description="Bytes of KV storage; overrides kv_cache_memory_fraction."
     )

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from engine.attention.backend import register_backend
 from engine.attention.metadata import AttentionMetadata
+from engine.kv.quant import is_quantized, pack_rows, unpack_rows
 
 
 def write_kv_cache(
@@ -46,6 +47,10 @@ def _scatter(
     offsets: torch.Tensor,  # [T]
 ) -> None:
     # NOTE: the block dim cannot be flattened into slots on a strided view, so index 2-D.
+    if is_quantized(kv_cache):  # 8-bit rows: values then their float16 scale
+        kv_cache[block_ids, 0, offsets] = pack_rows(k, kv_cache.dtype)
+        kv_cache[block_ids, 1, offsets] = pack_rows(v, kv_cache.dtype)
+        return
     kv_cache[block_ids, 0, offsets] = k.to(kv_cache.dtype)
     kv_cache[block_ids, 1, offsets] = v.to(kv_cache.dtype)
 
@@ -53,14 +58,19 @@ def _scatter(
 def gather_context(
     kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
     block_ids: torch.Tensor,  # [..., num_ctx_blocks] int
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of the listed blocks with tokens flattened: each ``[..., nb * bs, Hkv, D]``."""
-    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
-    shape = (*block_ids.shape[:-1], block_ids.shape[-1] * block_size, num_kv_heads, head_dim)
+    """K and V of the listed blocks with tokens flattened: each ``[..., nb * bs, Hkv, D]``; an
+    8-bit cache is dequantized into ``dtype``."""
+    _, _, block_size, num_kv_heads, row = kv_cache.shape
+    shape = (*block_ids.shape[:-1], block_ids.shape[-1] * block_size, num_kv_heads, row)
     flat_ids = block_ids.reshape(-1)  # [n * nb]
     # index_select on each half yields contiguous copies, so the token flatten is a free view.
     keys = kv_cache[:, 0].index_select(0, flat_ids).view(shape)
     values = kv_cache[:, 1].index_select(0, flat_ids).view(shape)
+    if is_quantized(kv_cache):
+        out_dtype = dtype or torch.float32
+        return unpack_rows(keys, out_dtype), unpack_rows(values, out_dtype)
     return keys, values
 
 
@@ -133,7 +143,7 @@ class TorchAttentionBackend:
         max_seq_len = meta.max_seq_len
         num_ctx_blocks = -(-max_seq_len // meta.block_size)
         table = meta.block_tables[:, :num_ctx_blocks]  # [B, nb]
-        keys, values = gather_context(kv_cache, table)  # [B, nb * bs, Hkv, D]
+        keys, values = gather_context(kv_cache, table, q.dtype)  # [B, nb * bs, Hkv, D]
         keys, values = keys[:, :max_seq_len], values[:, :max_seq_len]  # [B, S, Hkv, D]
         # GQA: the query heads of one kv head are its "query positions"; no K/V repeat needed.
         q_grouped = q.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
@@ -169,7 +179,7 @@ class TorchAttentionBackend:
             else:
                 num_ctx_blocks = -(-seq_len // meta.block_size)
                 table = meta.block_tables[seq_idx, :num_ctx_blocks]  # [nb]
-                keys, values = gather_context(kv_cache, table)  # [nb * bs, Hkv, D]
+                keys, values = gather_context(kv_cache, table, q.dtype)  # [nb * bs, Hkv, D]
                 key_pos = torch.arange(seq_len, device=q.device)  # [S]
                 query_pos = key_pos[seq_len - query_len :]  # [Tq]
                 mask = key_pos[None, :] <= query_pos[:, None]  # [Tq, S]

@@ -35,6 +35,8 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
+    "int8": torch.int8,
+    "float8_e4m3fn": torch.float8_e4m3fn,
 }
 
 
@@ -92,7 +94,7 @@ class KVStorage:
                 2,
                 layout.block_size,
                 layout.num_kv_heads,
-                layout.head_dim,
+                layout.row_elements,  # head_dim, plus the scale's bytes when 8-bit
             ),
             dtype=TORCH_DTYPES[layout.dtype],
             device=device,

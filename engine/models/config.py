@@ -109,8 +109,11 @@ class ModelArchConfig:
         """Shape of the block-major KV tensor (see ``core.kv_layout``) for this model."""
         return (num_blocks, self.num_layers, 2, block_size, self.num_kv_heads, self.head_dim)
 
-    def kv_layout(self, model_id: str, dtype: str, block_size: int, hash_seed: int) -> KVLayout:
-        """The KV fingerprint of this model for ``dtype`` (e.g. ``"float32"``) blocks."""
+    def kv_layout(
+        self, model_id: str, dtype: str, block_size: int, hash_seed: int, scale_bytes: int = 0
+    ) -> KVLayout:
+        """The KV fingerprint of this model for ``dtype`` (e.g. ``"float32"``) blocks, with
+        ``scale_bytes`` per head row for an 8-bit cache."""
         return KVLayout(
             model_id=model_id,
             dtype=dtype,
@@ -119,6 +122,7 @@ class ModelArchConfig:
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             hash_seed=hash_seed,
+            scale_bytes=scale_bytes,
         )
 
     @classmethod
