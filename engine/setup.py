@@ -90,7 +90,7 @@ def build_engine_parts(
     kv_dtype, scale_bytes = dtype, 0
     if engine_cfg.kv_cache_dtype != "auto":
         kv_dtype, scale_bytes = KV_CACHE_DTYPES[engine_cfg.kv_cache_dtype], SCALE_BYTES
-    backend = get_backend(_backend_name(device, scale_bytes > 0))
+    backend = get_backend("triton" if device.type == "cuda" else "torch")
     torch.manual_seed(model_cfg.seed)
     model = load_model(
         model_dir,
@@ -161,14 +161,3 @@ def _max_model_len(engine_cfg: EngineConfig, arch: ModelArchConfig) -> int:
             param="max_model_len",
         )
     return engine_cfg.max_model_len
-
-
-def _backend_name(device: torch.device, quantized_kv: bool) -> str:
-    """Triton on CUDA; torch on CPU, and for an 8-bit KV cache (the Triton kernels do not read
-    8-bit blocks yet)."""
-    if device.type != "cuda":
-        return "torch"
-    if quantized_kv:
-        logger.warning("8-bit KV cache: attention runs on the torch backend on CUDA for now")
-        return "torch"
-    return "triton"

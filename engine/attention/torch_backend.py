@@ -121,6 +121,9 @@ class TorchAttentionBackend:
             return torch.empty_like(q)
         if meta.decode_only:
             return self._decode(q, kv_cache, meta, index.decode_mask, scale)
+        if is_quantized(kv_cache):  # attend over what the cache holds, as a later hit will
+            k = unpack_rows(pack_rows(k, kv_cache.dtype), q.dtype)
+            v = unpack_rows(pack_rows(v, kv_cache.dtype), q.dtype)
         return self._prefill(q, k, v, kv_cache, meta, scale)
 
     def _index_for(self, meta: AttentionMetadata) -> _StepIndex:

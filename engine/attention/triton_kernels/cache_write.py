@@ -1,4 +1,9 @@
-"""Triton kernel: scatter new tokens' K and V into their paged-cache slots (reshape_and_cache)."""
+"""Triton kernels: scatter new tokens' K and V into their paged-cache slots (reshape_and_cache).
+
+An 8-bit cache (``engine.kv.quant``) takes the quantizing variant: one program per tile of
+tokens and one KV head computes each row's scale (``amax / qmax``, rounded to float16), stores
+the row's 8-bit values and then the scale's two bytes — the same bytes the torch path writes.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ from engine.attention.triton_kernels.common import (
     check_last_dim_contiguous,
     check_launchable,
     is_interpreted,
+    is_quantized_cache,
+    scale_view,
 )
 
 
@@ -63,6 +70,94 @@ def _write_kv_kernel(
     tl.store(dst + stride_cache_kind, v.to(kv_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _quantize_store(
+    x,  # [T, D] float32, zero outside the row
+    dst,  # [T, D] pointers to the row's values
+    scale_dst,  # [T] float16 pointers to the row's scale
+    mask,
+    row_mask,
+    QMAX: tl.constexpr,
+    IS_INT8: tl.constexpr,
+):
+    scale = tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, 2.0**-24).to(tl.float16)  # [T]
+    y = x / scale.to(tl.float32)[:, None]
+    y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
+    if IS_INT8:  # round half away from zero
+        y = tl.where(y >= 0.0, tl.floor(y + 0.5), tl.ceil(y - 0.5))
+    else:  # to the nearest e4m3 value (ties away from zero), so the cast below is exact
+        magnitude = tl.abs(y)
+        step = tl.exp2(tl.floor(tl.log2(tl.maximum(magnitude, 2.0**-6))) - 3.0)
+        y = tl.where(y >= 0.0, 1.0, -1.0) * tl.floor(magnitude / step + 0.5) * step
+    tl.store(dst, y.to(dst.dtype.element_ty), mask=mask)
+    tl.store(scale_dst, scale, mask=row_mask)
+
+
+@triton.jit
+def _write_kv_quant_kernel(
+    k_ptr,
+    v_ptr,
+    kv_ptr,
+    scale_ptr,
+    slot_ptr,
+    num_tokens,
+    stride_k_token,
+    stride_k_head,
+    stride_v_token,
+    stride_v_head,
+    stride_cache_block,
+    stride_cache_kind,
+    stride_cache_slot,
+    stride_cache_head,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    QMAX: tl.constexpr,
+    IS_INT8: tl.constexpr,
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [T]
+    head = tl.program_id(1)
+    dims = tl.arange(0, BLOCK_D)
+    slots = tl.load(slot_ptr + tokens, mask=tokens < num_tokens, other=-1).to(tl.int64)
+    row_mask = slots >= 0  # padding tokens and negative slots write nothing
+    mask = row_mask[:, None] & (dims[None, :] < HEAD_DIM)
+    rows = (
+        (slots // BLOCK_SIZE) * stride_cache_block
+        + (slots % BLOCK_SIZE) * stride_cache_slot
+        + head * stride_cache_head
+    )  # [T] element offset of each token's K row
+    k = tl.load(
+        k_ptr + tokens[:, None] * stride_k_token + head * stride_k_head + dims[None, :],
+        mask=mask,
+        other=0.0,
+    ).to(tl.float32)
+    _quantize_store(
+        k,
+        kv_ptr + rows[:, None] + dims[None, :],
+        scale_ptr + (rows + HEAD_DIM) // 2,
+        mask,
+        row_mask,
+        QMAX,
+        IS_INT8,
+    )
+    v = tl.load(
+        v_ptr + tokens[:, None] * stride_v_token + head * stride_v_head + dims[None, :],
+        mask=mask,
+        other=0.0,
+    ).to(tl.float32)
+    v_rows = rows + stride_cache_kind
+    _quantize_store(
+        v,
+        kv_ptr + v_rows[:, None] + dims[None, :],
+        scale_ptr + (v_rows + HEAD_DIM) // 2,
+        mask,
+        row_mask,
+        QMAX,
+        IS_INT8,
+    )
+
+
 def write_kv_cache(
     kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
     k: torch.Tensor,  # [T, num_kv_heads, head_dim]
@@ -81,6 +176,9 @@ def write_kv_cache(
     check_last_dim_contiguous(kv_cache=kv_cache)
     # The interpreter pays per program, so it takes many tokens per program.
     block_t = 128 if is_interpreted(_write_kv_kernel) else 4
+    if is_quantized_cache(kv_cache):
+        _write_quantized(kv_cache, k, v, slot_mapping, block_t)
+        return
     _write_kv_kernel[(triton.cdiv(num_tokens, block_t),)](
         k,
         v,
@@ -101,4 +199,37 @@ def write_kv_cache(
         BLOCK_T=block_t,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+
+
+def _write_quantized(
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim + 2] 8-bit
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_t: int,
+) -> None:
+    num_tokens, num_kv_heads, head_dim = k.shape
+    is_int8 = kv_cache.dtype == torch.int8
+    _write_kv_quant_kernel[(triton.cdiv(num_tokens, block_t), num_kv_heads)](
+        k,
+        v,
+        kv_cache,
+        scale_view(kv_cache),
+        slot_mapping,
+        num_tokens,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_T=block_t,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        QMAX=127.0 if is_int8 else 448.0,
+        IS_INT8=is_int8,
     )

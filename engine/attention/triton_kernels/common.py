@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 LOG2_E = 1.4426950408889634  # softmax runs in base 2: exp(x) == exp2(x * LOG2_E)
@@ -57,3 +58,41 @@ def check_last_dim_contiguous(**tensors: torch.Tensor) -> None:
     for name, tensor in tensors.items():
         if tensor.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension")
+
+
+@triton.jit
+def load_kv_tile(
+    base_ptr,  # this kv head's K (or V) rows
+    scale_ptr,  # the cache's bytes as float16
+    row_base,  # element offset of ``base_ptr`` in the cache
+    token_offsets,  # [N] element offsets of the tile's rows from ``base_ptr``
+    dims,  # [D]
+    mask,  # [N, D]
+    row_mask,  # [N]
+    HEAD_DIM: tl.constexpr,
+    QUANT: tl.constexpr,
+    FP32: tl.constexpr,
+):
+    """One K or V tile; an 8-bit row is dequantized with the float16 scale after its values."""
+    tile = tl.load(base_ptr + token_offsets[:, None] + dims[None, :], mask=mask, other=0.0)
+    if QUANT:
+        rows = row_base + token_offsets
+        scale = tl.load(scale_ptr + (rows + HEAD_DIM) // 2, mask=row_mask, other=0.0)
+        tile = tile.to(tl.float32) * scale.to(tl.float32)[:, None]
+    elif FP32:
+        tile = tile.to(tl.float32)
+    return tile
+
+
+_QUANTIZED = (torch.int8, torch.float8_e4m3fn)
+
+
+def is_quantized_cache(kv_cache: torch.Tensor) -> bool:
+    """True for an 8-bit cache: each head row is ``head_dim`` values then a float16 scale."""
+    return kv_cache.dtype in _QUANTIZED
+
+
+def scale_view(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The cache's bytes as float16 (the kernels read an 8-bit row's scale at float16 index
+    ``(row offset + head_dim) // 2``); the cache itself when it is not 8-bit."""
+    return kv_cache.view(torch.float16) if is_quantized_cache(kv_cache) else kv_cache

@@ -18,7 +18,10 @@ from engine.attention.triton_kernels.common import (
     MIN_DOT_SIZE,
     check_last_dim_contiguous,
     check_launchable,
+    is_quantized_cache,
+    load_kv_tile,
     needs_fp32_dot,
+    scale_view,
 )
 
 
@@ -27,6 +30,7 @@ def _paged_decode_kernel(
     out_ptr,
     q_ptr,
     kv_ptr,
+    scale_ptr,
     block_tables_ptr,
     seq_lens_ptr,
     qk_scale,
@@ -46,6 +50,7 @@ def _paged_decode_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -59,7 +64,7 @@ def _paged_decode_kernel(
         mask=q_mask,
         other=0.0,
     )  # [G, D]
-    if FP32_DOT:
+    if FP32_DOT or QUANT:
         q = q.to(tl.float32)
     k_base = kv_ptr + kv_head * stride_cache_head
     v_base = k_base + stride_cache_kind
@@ -74,18 +79,37 @@ def _paged_decode_kernel(
         block_ids = tl.load(table + tokens // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
         token_offsets = block_ids * stride_cache_block + (tokens % BLOCK_SIZE) * stride_cache_slot
         kv_mask = in_seq[:, None] & (dims[None, :] < HEAD_DIM)
-        k = tl.load(k_base + token_offsets[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        if FP32_DOT:
-            k = k.to(tl.float32)
+        k_row = kv_head * stride_cache_head
+        k = load_kv_tile(
+            k_base,
+            scale_ptr,
+            k_row,
+            token_offsets,
+            dims,
+            kv_mask,
+            in_seq,
+            HEAD_DIM,
+            QUANT,
+            FP32_DOT,
+        )
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [G, N], log2 units
         scores = tl.where(in_seq[None, :], scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
         rescale = tl.exp2(row_max - new_max)
         probs = tl.exp2(scores - new_max[:, None])  # [G, N]
         row_sum = row_sum * rescale + tl.sum(probs, axis=1)
-        v = tl.load(v_base + token_offsets[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        if FP32_DOT:
-            v = v.to(tl.float32)
+        v = load_kv_tile(
+            v_base,
+            scale_ptr,
+            k_row + stride_cache_kind,
+            token_offsets,
+            dims,
+            kv_mask,
+            in_seq,
+            HEAD_DIM,
+            QUANT,
+            FP32_DOT,
+        )
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
         row_max = new_max
     out = acc / row_sum[:, None]
@@ -115,10 +139,12 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     check_launchable(_paged_decode_kernel, q)
     check_last_dim_contiguous(out=out, kv_cache=kv_cache)
+    quant = is_quantized_cache(kv_cache)
     _paged_decode_kernel[(num_seqs, num_kv_heads)](
         out,
         q,
         kv_cache,
+        scale_view(kv_cache),
         block_tables,
         seq_lens,
         scale * LOG2_E,
@@ -138,4 +164,5 @@ def paged_decode_attention(
         BLOCK_D=max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim)),
         BLOCK_N=triton.next_power_of_2(max(MIN_DOT_SIZE, block_n)),
         FP32_DOT=needs_fp32_dot(_paged_decode_kernel, kv_cache.dtype),
+        QUANT=quant,
     )

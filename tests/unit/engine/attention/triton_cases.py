@@ -23,6 +23,7 @@ from engine.attention.triton_kernels import (
     write_kv_cache,
 )
 from engine.cuda_graphs import DecodeBuffers, pad_decode
+from engine.kv.quant import pack_rows
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 HEADS = [(4, 4), (8, 2), (16, 2), (8, 1)]  # GQA ratios 1, 4, 8 and MQA
@@ -168,3 +169,29 @@ def test_backend_over_padded_static_buffers_matches_unpadded(paged_case, referen
     check(out[:3], reference(case), torch.float32)
     assert torch.isfinite(out[3:]).all()
     assert torch.equal(case.kv, expected_kv)
+
+
+QUANT_DTYPES = [torch.int8, torch.float8_e4m3fn]
+
+
+@pytest.mark.parametrize("kv_dtype", QUANT_DTYPES, ids=["int8", "fp8_e4m3"])
+def test_8bit_cache_matches_the_torch_backend_bytes_and_outputs(paged_case, kv_dtype) -> None:
+    # decode-only, prefill over a prefix, and a GQA layout with a non-power-of-2 head_dim
+    shapes = (
+        ([1, 1, 1], [33, 8, 16], {}),
+        ([7, 1, 12], [7, 20, 30], {}),
+        ([5, 1], [21, 9], {"num_heads": 6, "num_kv_heads": 2, "head_dim": 24}),
+    )
+    for query_lens, seq_lens, shape in shapes:
+        case = paged_case(query_lens, seq_lens, block_size=8, **shape)
+        packed = pack_rows(case.kv, kv_dtype)  # every slot, garbage included, as 8-bit rows
+        torch_kv, triton_kv = packed.clone(), packed.clone()
+        expected = TorchAttentionBackend().forward(
+            case.q, case.k, case.v, torch_kv[:, 1], case.meta, case.scale
+        )
+        out = TritonAttentionBackend().forward(
+            case.q, case.k, case.v, triton_kv[:, 1], case.meta, case.scale
+        )
+        # the cache-write kernel stores the torch path's bytes, values and scales alike
+        assert torch.equal(triton_kv.view(torch.uint8), torch_kv.view(torch.uint8))
+        torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
