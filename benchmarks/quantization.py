@@ -1,17 +1,20 @@
 """Quantization against full precision, in one run on the same cores.
 
-Built so far (issue 14): **weight-only int8** on a mid-size random Llama written for this
-benchmark (hidden 768, 12 layers, MLP 3072, GQA 12:4, head_dim 64: ~104M parameters, 415 MB
-in fp32), large enough that batch-1 decode on a CPU streams its weights from memory every step.
-It measures batch-1 time per output token (TPOT, best of ``--repeats``) with fp32 weights and
-with ``model.quantization: int8``, and how often int8 greedy decoding picks the fp32 token
-(top-1 agreement over teacher-forced positions) with the mean KL(fp32 || int8) of the
-next-token distributions; bf16 weights against fp32 are the reference for how sensitive this
-random model's nearly flat distributions are to any rounding.
+The model is a mid-size random Llama written for this benchmark (hidden 768, 12 layers, MLP
+3072, 6 query heads over 2 KV heads of head_dim 128, as in Llama 3 8B: ~98M parameters, 390 MB
+in fp32), large enough that batch-1 decode on a CPU streams its weights every step.
 
-The KV-cache quantization measurements (capacity per KV budget, wire bytes per token, KV
-accuracy) join this script with ``engine.kv_cache_dtype``. Prints a table, then one JSON object
-last. Usage: ``python benchmarks/quantization.py [--decode-tokens 32]``.
+- **KV capacity**: tokens the engine really allocates in one fixed KV budget with
+  ``kv_cache_dtype`` int8 and fp8_e4m3 against a bf16 and an fp32 cache (scales included).
+- **Wire bytes**: bytes a prefill exports per prompt token (its pinned blocks), 8-bit / bf16.
+- **KV accuracy**: top-1 agreement and mean KL(model-dtype cache || 8-bit cache) of the next
+  token after a 256-token prompt and along its greedy continuation (teacher forcing).
+- **Weight-only int8**: batch-1 time per output token (TPOT, best of ``--repeats``) with fp32
+  weights and ``model.quantization: int8``, with its top-1 agreement and KL; bf16 weights
+  against fp32 are the reference for how much any rounding moves this random model's nearly
+  flat distributions.
+
+Prints a table, then one JSON object last. Usage: ``python benchmarks/quantization.py``.
 """
 
 from __future__ import annotations
@@ -34,18 +37,43 @@ from engine.llm import LLM
 
 
 def mid_llama_spec() -> BuiltinSpec:
-    """The tiny Llama's config scaled up to ~104M parameters."""
+    """The tiny Llama's config scaled up to ~98M parameters, head_dim 128."""
     base = BUILTIN_SPECS["tiny-llama"]
     config: dict[str, Any] = {
         **base.config,
         "hidden_size": 768,
         "num_hidden_layers": 12,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 4,
-        "head_dim": 64,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
         "intermediate_size": 3072,
     }
     return BuiltinSpec(name="bench-llama-100m", config=config, seed=base.seed, tiny=False)
+
+
+def kv_tokens(model_dir: Path, kv_cache_dtype: str, dtype: str, budget: int) -> int:
+    """Tokens of KV the engine allocates in ``budget`` bytes."""
+    llm = LLM(
+        str(model_dir),
+        dtype=dtype,  # type: ignore[arg-type]
+        max_model_len=512,
+        kv_cache_memory_bytes=budget,
+        kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
+    )
+    return llm.engine.scheduler.kv.pool.num_usable_blocks * llm.engine.parts.layout.block_size
+
+
+def wire_bytes_per_token(llm: LLM, prompt: list[int]) -> float:
+    """Bytes a prefill-only request exports per prompt token (its pinned blocks)."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    engine.add_request("wire", prompt, params, prefill_only=True)
+    while engine.has_unfinished():
+        engine.step()
+    pinned = engine.get_pinned_blocks("wire")
+    assert pinned is not None
+    engine.release("wire")
+    return len(pinned.block_ids) * engine.parts.layout.block_bytes / len(prompt)
 
 
 def tpot_s(llm: LLM, prompt: list[int], num_tokens: int, repeats: int) -> float:
@@ -99,29 +127,66 @@ def main() -> None:
     parser.add_argument("--agreement-tokens", type=int, default=24)
     args = parser.parse_args()
     prompt = list(range(10, 74))
+    long_prompt = [(7 * i) % 300 + 3 for i in range(256)]
+    options: dict[str, Any] = {"max_model_len": 512, "kv_cache_memory_bytes": 64 << 20}
+    result: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "bench-llama-100m"
         model_dir.mkdir()
         write_checkpoint(mid_llama_spec(), model_dir)
-        options = {"max_model_len": 512, "kv_cache_memory_bytes": 64 << 20}
-        full = LLM(str(model_dir), **options)  # type: ignore[arg-type]
-        int8 = LLM(str(model_dir), quantization="int8", **options)  # type: ignore[arg-type]
+        budget = 64 << 20
+        tokens = {
+            name: kv_tokens(model_dir, kv, dtype, budget)
+            for name, kv, dtype in (
+                ("fp32", "auto", "float32"),
+                ("bf16", "auto", "bfloat16"),
+                ("int8", "int8", "float32"),
+                ("fp8", "fp8_e4m3", "float32"),
+            )
+        }
+        eight_bit = min(tokens["int8"], tokens["fp8"])
+        result["kv_capacity_8bit_vs_bf16_ratio"] = round(eight_bit / tokens["bf16"], 3)
+        result["kv_capacity_8bit_vs_fp32_ratio"] = round(eight_bit / tokens["fp32"], 3)
+        print(f"KV tokens in {budget >> 20} MiB: {tokens}")
+
+        full = LLM(str(model_dir), **options)
+        kv_runs = {
+            kv: LLM(str(model_dir), kv_cache_dtype=kv, **options) for kv in ("int8", "fp8_e4m3")
+        }
+        bf16 = LLM(str(model_dir), dtype="bfloat16", **options)
+        wire_bf16 = wire_bytes_per_token(bf16, long_prompt)
+        wire_8bit = max(wire_bytes_per_token(llm, long_prompt) for llm in kv_runs.values())
+        result["wire_bytes_8bit_vs_bf16_ratio"] = round(wire_8bit / wire_bf16, 3)
+        print(f"wire bytes per prompt token: bf16 {wire_bf16:.0f}, 8-bit {wire_8bit:.0f}")
+        kv_accuracy = {
+            kv: agreement(full, llm, long_prompt, args.agreement_tokens)
+            for kv, llm in kv_runs.items()
+        }
+        for kv, (top1, kl) in kv_accuracy.items():
+            print(f"{kv} KV vs fp32 KV: top-1 agreement {top1:.3f}, mean KL {kl:.5f} nats")
+            result[f"{kv}_kv_top1_agreement"] = round(top1, 3)
+            result[f"{kv}_kv_mean_kl"] = round(kl, 6)
+        result["top1_agreement"] = min(top1 for top1, _ in kv_accuracy.values())
+        result["mean_kl"] = max(kl for _, kl in kv_accuracy.values())
+        del kv_runs
+
+        int8 = LLM(str(model_dir), quantization="int8", **options)
         tpot_full = tpot_s(full, prompt, args.decode_tokens, args.repeats)
         tpot_int8 = tpot_s(int8, prompt, args.decode_tokens, args.repeats)
         top1, kl = agreement(full, int8, prompt, args.agreement_tokens)
-        del int8
-        bf16 = LLM(str(model_dir), dtype="bfloat16", **options)  # type: ignore[arg-type]
         top1_bf16, kl_bf16 = agreement(full, bf16, prompt, args.agreement_tokens)
     print(f"batch-1 TPOT: fp32 {tpot_full * 1e3:.1f} ms, int8 weights {tpot_int8 * 1e3:.1f} ms")
-    print(f"int8 vs fp32: top-1 agreement {top1:.3f}, mean KL {kl:.5f} nats")
-    print(f"bf16 vs fp32 (reference): top-1 agreement {top1_bf16:.3f}, mean KL {kl_bf16:.5f}")
-    result = {
-        "int8_weights_tpot_ratio": round(tpot_int8 / tpot_full, 3),
-        "int8_weights_top1_agreement": round(top1, 3),
-        "int8_weights_mean_kl": round(kl, 6),
-        "bf16_weights_top1_agreement": round(top1_bf16, 3),
-        "bf16_weights_mean_kl": round(kl_bf16, 6),
-    }
+    print(f"int8 weights vs fp32: top-1 agreement {top1:.3f}, mean KL {kl:.5f} nats")
+    print(f"bf16 weights vs fp32 (reference): top-1 {top1_bf16:.3f}, mean KL {kl_bf16:.5f}")
+    result.update(
+        {
+            "int8_weights_tpot_ratio": round(tpot_int8 / tpot_full, 3),
+            "int8_weights_top1_agreement": round(top1, 3),
+            "int8_weights_mean_kl": round(kl, 6),
+            "bf16_weights_top1_agreement": round(top1_bf16, 3),
+            "bf16_weights_mean_kl": round(kl_bf16, 6),
+        }
+    )
     print(json.dumps(result))
 
 
