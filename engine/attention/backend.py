@@ -26,9 +26,12 @@ class AttentionBackend(Protocol):
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         """Write the new ``k``/``v`` into ``kv_cache`` at ``meta.slot_mapping``, then return
-        causal attention of each new query over its sequence's whole context (cached + new).
+        causal attention of each new query over its sequence's whole context (cached + new), or
+        with a sliding ``window`` over its last ``window`` positions (itself included: the query
+        at ``p`` sees keys ``k`` with ``p - window < k <= p``, as HF Mistral does).
         GQA/MQA: query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``."""
         ...
 

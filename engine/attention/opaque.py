@@ -56,8 +56,10 @@ def paged_attention(
     v: torch.Tensor,  # [T, num_kv_heads, head_dim]
     layer_idx: int,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:  # [T, num_heads, head_dim] contiguous
-    """The active step's backend on layer ``layer_idx``; only valid inside :func:`attention_step`.
+    """The active step's backend on layer ``layer_idx`` (sliding ``window`` when > 0); only
+    valid inside :func:`attention_step`.
 
     Writes ``k``/``v`` into the step's cache: a side effect the compiler is not told about, which
     is safe because nothing in the graph reads the cache (only this op does, in layer order).
@@ -66,12 +68,17 @@ def paged_attention(
     if step is None:
         raise RuntimeError("pdserve::paged_attention called outside an attention_step()")
     layer_kv = step.kv_cache[:, layer_idx]
-    return step.backend.forward(q, k, v, layer_kv, step.meta, scale).contiguous()
+    return step.backend.forward(q, k, v, layer_kv, step.meta, scale, window or None).contiguous()
 
 
 @paged_attention.register_fake
 def _paged_attention_fake(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     return q.new_empty(q.shape)
 
@@ -97,6 +104,7 @@ class OpaqueAttention:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata | None,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """``pdserve::paged_attention(q, k, v, layer_idx, scale)``."""
-        return paged_attention(q, k, v, self.layer_idx, scale)
+        """``pdserve::paged_attention(q, k, v, layer_idx, scale, window)``."""
+        return paged_attention(q, k, v, self.layer_idx, scale, window or 0)

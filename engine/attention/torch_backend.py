@@ -113,18 +113,23 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        """Write the new K/V at ``meta.slot_mapping``, then attend causally over each context."""
+        """Write the new K/V at ``meta.slot_mapping``, then attend causally over each context
+        (within the last ``window`` positions when given)."""
         index = self._index_for(meta)
         _scatter(kv_cache, k, v, index.slot_blocks, index.slot_offsets)
         if meta.num_seqs == 0:
             return torch.empty_like(q)
         if meta.decode_only:
-            return self._decode(q, kv_cache, meta, index.decode_mask, scale)
+            mask = index.decode_mask
+            if window is not None and window < meta.max_seq_len:
+                mask = _decode_window_mask(meta, window)
+            return self._decode(q, kv_cache, meta, mask, scale)
         if is_quantized(kv_cache):  # attend over what the cache holds, as a later hit will
             k = unpack_rows(pack_rows(k, kv_cache.dtype), q.dtype)
             v = unpack_rows(pack_rows(v, kv_cache.dtype), q.dtype)
-        return self._prefill(q, k, v, kv_cache, meta, scale)
+        return self._prefill(q, k, v, kv_cache, meta, scale, window)
 
     def _index_for(self, meta: AttentionMetadata) -> _StepIndex:
         # NOTE: keyed by identity — the runner builds one metadata object per step.
@@ -167,6 +172,7 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None,
     ) -> torch.Tensor:  # [T, Hq, D]
         out = torch.empty_like(q)
         start = 0
@@ -177,19 +183,33 @@ class TorchAttentionBackend:
             if query_len == 0:
                 continue
             q_seq = q[start:end].transpose(0, 1)  # [Hq, Tq, D]
-            if query_len == seq_len:
+            windowed = window is not None and window < seq_len
+            if query_len == seq_len and not windowed:
                 out_seq = _sdpa_gqa(q_seq, k[start:end], v[start:end], None, scale)
             else:
-                num_ctx_blocks = -(-seq_len // meta.block_size)
-                table = meta.block_tables[seq_idx, :num_ctx_blocks]  # [nb]
-                keys, values = gather_context(kv_cache, table, q.dtype)  # [nb * bs, Hkv, D]
+                if query_len == seq_len:  # fresh, but windowed: the new K/V are the context
+                    keys, values = k[start:end], v[start:end]
+                else:
+                    num_ctx_blocks = -(-seq_len // meta.block_size)
+                    table = meta.block_tables[seq_idx, :num_ctx_blocks]  # [nb]
+                    keys, values = gather_context(kv_cache, table, q.dtype)  # [nb * bs, Hkv, D]
                 key_pos = torch.arange(seq_len, device=q.device)  # [S]
                 query_pos = key_pos[seq_len - query_len :]  # [Tq]
                 mask = key_pos[None, :] <= query_pos[:, None]  # [Tq, S]
+                if window is not None and windowed:
+                    mask &= key_pos[None, :] > query_pos[:, None] - window
                 out_seq = _sdpa_gqa(q_seq, keys[:seq_len], values[:seq_len], mask, scale)
             out[start:end] = out_seq.transpose(0, 1)
             start = end
         return out
+
+
+def _decode_window_mask(meta: AttentionMetadata, window: int) -> torch.Tensor:
+    """[B, 1, 1, S]: key ``k`` of a sequence of length ``L`` is visible iff ``L - window <= k < L``
+    (the new token sits at ``L - 1``)."""
+    positions = torch.arange(meta.max_seq_len, device=meta.seq_lens.device)  # [S]
+    lens = meta.seq_lens[:, None]
+    return ((positions[None, :] < lens) & (positions[None, :] >= lens - window))[:, None, None, :]
 
 
 def _sdpa_gqa(

@@ -43,14 +43,18 @@ class TritonAttentionBackend:
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        """Write the new K/V at ``meta.slot_mapping``, then attend causally over each context."""
+        """Write the new K/V at ``meta.slot_mapping``, then attend causally over each context
+        (within the last ``window`` positions when given)."""
         write_kv_cache(kv_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)
         if meta.num_seqs == 0:
             return out
         if meta.decode_only:
-            paged_decode_attention(out, q, kv_cache, meta.block_tables, meta.seq_lens, scale)
+            paged_decode_attention(
+                out, q, kv_cache, meta.block_tables, meta.seq_lens, scale, window=window
+            )
         else:
             paged_prefill_attention(
                 out,
@@ -61,6 +65,7 @@ class TritonAttentionBackend:
                 meta.query_start_loc,
                 meta.max_query_len,
                 scale,
+                window=window,
             )
         return out
 

@@ -27,9 +27,11 @@ class Attention(nn.Module):
         *,
         dtype: torch.dtype,
         device: torch.device | str,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         self.backend = backend
+        self.window = window  # sliding-window attention over the last `window` positions
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -75,5 +77,5 @@ class Attention(nn.Module):
         else:
             q = apply_rope(self.q_norm(qkv[:, :nh]), cos, sin)  # [T, nh, D]
             k = apply_rope(self.k_norm(qkv[:, nh : nh + nkv]), cos, sin)  # [T, nkv, D]
-        out = self.backend.forward(q, k, v, layer_kv, meta, self.scale)  # [T, nh, D]
+        out = self.backend.forward(q, k, v, layer_kv, meta, self.scale, self.window)  # [T,nh,D]
         return self.o_proj(out.reshape(num_tokens, nh * self.head_dim))

@@ -35,9 +35,10 @@ class RopeScaling:
 class ModelArchConfig:
     """Shape and numerics of one decoder checkpoint.
 
-    ``sliding_window`` is kept for information only: the engine attends over the full context,
-    so :attr:`max_model_len` caps the usable context at the window (Mistral 7B v0.1: 4096) where
-    the architecture applies one. Within that cap full attention equals sliding-window attention.
+    ``sliding_window`` with ``window_layers``: those layers attend over the last
+    ``sliding_window`` positions only (Mistral: every layer; Qwen2 with ``use_sliding_window``:
+    the layers its ``layer_types`` / ``max_window_layers`` name), so the context is not capped at
+    the window.
     """
 
     architecture: str
@@ -59,6 +60,7 @@ class ModelArchConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None = None
+    window_layers: tuple[int, ...] = ()
     num_experts: int = 0
     top_k: int = 0
     moe_intermediate_size: int = 0
@@ -94,10 +96,17 @@ class ModelArchConfig:
 
     @property
     def max_model_len(self) -> int:
-        """Longest usable context in tokens: the position limit, capped at the sliding window."""
-        if self.sliding_window is None:
-            return self.max_position_embeddings
-        return min(self.max_position_embeddings, self.sliding_window)
+        """Longest usable context in tokens: the position limit."""
+        return self.max_position_embeddings
+
+    def layer_window(self, layer_idx: int) -> int | None:
+        """Layer ``layer_idx``'s sliding window (``None``: full attention)."""
+        return self.sliding_window if layer_idx in self.window_layers else None
+
+    @property
+    def all_layers_windowed(self) -> bool:
+        """True when every layer slides: blocks out of the window are then never read again."""
+        return self.sliding_window is not None and len(self.window_layers) == self.num_layers
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         """Whether decoder layer ``layer_idx`` has a MoE block (else a dense gated MLP)."""
@@ -192,6 +201,7 @@ class ModelArchConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
             sliding_window=_sliding_window(cfg, spec),
+            window_layers=_window_layers(cfg, spec),
             **moe_fields,
         )
 
@@ -280,3 +290,18 @@ def _moe_fields(cfg: _Reader, spec: ArchSpec) -> dict[str, Any]:
         fields["decoder_sparse_step"] = int(cfg.get("decoder_sparse_step") or 1)
         fields["mlp_only_layers"] = tuple(int(i) for i in cfg.get("mlp_only_layers") or ())
     return fields
+
+
+def _window_layers(cfg: _Reader, spec: ArchSpec) -> tuple[int, ...]:
+    """The layers that slide: ``layer_types`` when given, else Qwen's ``max_window_layers``
+    rule (layers from that index on), else every layer."""
+    if _sliding_window(cfg, spec) is None:
+        return ()
+    num_layers = int(cfg.need("num_hidden_layers"))
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list):
+        return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    if spec.sliding_window_needs_flag:
+        first = int(cfg.get("max_window_layers") or 0)
+        return tuple(range(first, num_layers))
+    return tuple(range(num_layers))

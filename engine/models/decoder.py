@@ -37,7 +37,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps, hidden = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(hidden, eps, dtype=dtype, device=device)
-        self.self_attn = Attention(config, backend, dtype=dtype, device=device)
+        self.self_attn = Attention(
+            config, backend, dtype=dtype, device=device, window=config.layer_window(layer_idx)
+        )
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype=dtype, device=device)
         self.mlp: nn.Module  # GatedMLP or MoELayer (or an expert-parallel wrapper of it)
         if config.is_moe_layer(layer_idx):

@@ -34,6 +34,7 @@ def _paged_decode_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     qk_scale,
+    window,
     stride_q_token,
     stride_q_head,
     stride_out_token,
@@ -73,9 +74,11 @@ def _paged_decode_kernel(
     row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
+    # a sliding window (window > 0) skips the tiles wholly before the new token's last `window`
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    for start in range((first // BLOCK_N) * BLOCK_N, seq_len, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)  # [N]
-        in_seq = tokens < seq_len
+        in_seq = (tokens < seq_len) & (tokens >= first)
         block_ids = tl.load(table + tokens // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
         token_offsets = block_ids * stride_cache_block + (tokens % BLOCK_SIZE) * stride_cache_slot
         kv_mask = in_seq[:, None] & (dims[None, :] < HEAD_DIM)
@@ -95,8 +98,11 @@ def _paged_decode_kernel(
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [G, N], log2 units
         scores = tl.where(in_seq[None, :], scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        rescale = tl.exp2(row_max - new_max)
-        probs = tl.exp2(scores - new_max[:, None])  # [G, N]
+        # a row that has seen no visible key yet (its window starts later) keeps max -inf:
+        # shift by 0 then, so exp2 gives 0 instead of exp2(-inf - -inf) = NaN
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        rescale = tl.exp2(row_max - shift)
+        probs = tl.exp2(scores - shift[:, None])  # [G, N]
         row_sum = row_sum * rescale + tl.sum(probs, axis=1)
         v = load_kv_tile(
             v_base,
@@ -128,8 +134,10 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,  # [B] int32
     scale: float,
     block_n: int = 64,
+    window: int | None = None,
 ) -> None:
-    """Attend each sequence's single new query over its whole paged context, into ``out``."""
+    """Attend each sequence's single new query over its whole paged context (its last
+    ``window`` positions when given), into ``out``."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[3]
     if num_seqs == 0:
@@ -148,6 +156,7 @@ def paged_decode_attention(
         block_tables,
         seq_lens,
         scale * LOG2_E,
+        window or 0,
         q.stride(0),
         q.stride(1),
         out.stride(0),

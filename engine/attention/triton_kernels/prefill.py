@@ -39,6 +39,7 @@ def _paged_prefill_kernel(
     seq_lens_ptr,
     query_start_ptr,
     qk_scale,
+    window,
     stride_q_token,
     stride_q_head,
     stride_out_token,
@@ -93,7 +94,9 @@ def _paged_prefill_kernel(
     row_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for start in range(0, kv_end, BLOCK_N):
+    # a sliding window (window > 0): nothing before the tile's first row's window
+    kv_start = tl.where(window > 0, tl.maximum(prefix_len + tile * TILE_TOKENS - window + 1, 0), 0)
+    for start in range((kv_start // BLOCK_N) * BLOCK_N, kv_end, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)  # [N]
         in_range = tokens < kv_end
         block_ids = tl.load(table + tokens // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
@@ -114,10 +117,14 @@ def _paged_prefill_kernel(
         )
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [R, N], log2 units
         visible = in_range[None, :] & (tokens[None, :] <= row_positions[:, None])
+        visible &= (window == 0) | (tokens[None, :] > row_positions[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        rescale = tl.exp2(row_max - new_max)
-        probs = tl.exp2(scores - new_max[:, None])  # [R, N]
+        # a row that has seen no visible key yet (its window starts later) keeps max -inf:
+        # shift by 0 then, so exp2 gives 0 instead of exp2(-inf - -inf) = NaN
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        rescale = tl.exp2(row_max - shift)
+        probs = tl.exp2(scores - shift[:, None])  # [R, N]
         row_sum = row_sum * rescale + tl.sum(probs, axis=1)
         v = load_kv_tile(
             v_base,
@@ -155,8 +162,10 @@ def paged_prefill_attention(
     scale: float,
     block_rows: int = 64,
     block_n: int = 64,
+    window: int | None = None,
 ) -> None:
-    """Causal attention of every new token over its sequence's paged context, into ``out``."""
+    """Causal attention of every new token over its sequence's paged context (its last
+    ``window`` positions when given), into ``out``."""
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = kv_cache.shape[3]
     num_seqs = seq_lens.shape[0]
@@ -179,6 +188,7 @@ def paged_prefill_attention(
         seq_lens,
         query_start_loc,
         scale * LOG2_E,
+        window or 0,
         q.stride(0),
         q.stride(1),
         out.stride(0),

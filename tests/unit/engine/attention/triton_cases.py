@@ -195,3 +195,21 @@ def test_8bit_cache_matches_the_torch_backend_bytes_and_outputs(paged_case, kv_d
         # the cache-write kernel stores the torch path's bytes, values and scales alike
         assert torch.equal(triton_kv.view(torch.uint8), torch_kv.view(torch.uint8))
         torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [5, 16, 23])
+def test_sliding_window_matches_the_torch_backend(paged_case, window) -> None:
+    for query_lens, seq_lens in (([1, 1, 1], [33, 8, 40]), ([7, 1, 12], [7, 20, 30])):
+        case = paged_case(query_lens, seq_lens, block_size=8)
+        torch_kv = case.kv.clone()
+        expected = TorchAttentionBackend().forward(
+            case.q, case.k, case.v, torch_kv[:, 1], case.meta, case.scale, window
+        )
+        out = TritonAttentionBackend().forward(
+            case.q, case.k, case.v, case.layer_cache, case.meta, case.scale, window
+        )
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+        full = TorchAttentionBackend().forward(
+            case.q, case.k, case.v, case.kv.clone()[:, 1], case.meta, case.scale
+        )
+        assert not torch.allclose(out, full, atol=1e-3)  # the window really cut the context

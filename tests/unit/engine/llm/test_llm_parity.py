@@ -94,3 +94,19 @@ def test_prefix_hits_chunked_prefill_and_preemption_keep_outputs(
     assert tight.engine.scheduler.stats().num_preemptions_total > 0
     assert [list(o.token_ids) for o in outs] == expected
     check_integrity_whole(tight)
+
+
+def test_sliding_window_matches_hf_past_the_window_with_chunks_and_prefix_hits(
+    checkpoint: Callable[[str], HFCheckpoint],
+) -> None:
+    ckpt = checkpoint("mistral-swa")  # window 24, prompts up to 90 tokens
+    llm = LLM(str(ckpt.path), block_size=8, max_num_batched_tokens=32)
+    assert llm.engine.max_model_len == 512  # not capped at the window any more
+    prompts = prompts_of([60, 90, 23, 41], llm.tokenizer.vocab_size or 100, seed=3)
+    expected = hf_reference(ckpt, prompts, 32)
+    first = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY_32)
+    assert [list(o.token_ids) for o in first] == expected
+    again = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY_32)  # prefix hits
+    assert [list(o.token_ids) for o in again] == expected
+    assert all((o.num_cached_tokens or 0) > 0 for o in again[:2])
+    check_integrity_whole(llm)

@@ -98,6 +98,8 @@ PRESETS: dict[str, Callable[[], PretrainedConfig]] = {
     ),
     # Mistral: head dim 40 (q width 160 != hidden 64), GQA 4:2, a sliding window.
     "mistral": _cfg(MistralConfig, head_dim=40, sliding_window=256),
+    # Mistral with a window far shorter than the prompts: real sliding-window attention.
+    "mistral-swa": _cfg(MistralConfig, head_dim=40, sliding_window=24),
     # Qwen2: QKV bias, MQA, tied embeddings.
     "qwen2": _cfg(Qwen2Config, num_key_value_heads=1, tie_word_embeddings=True),
     # Mixtral: 4 experts, top-2, renormalised.

@@ -93,7 +93,9 @@ def test_family_traits_from_saved_configs(saved_config) -> None:
     assert mqa.num_kv_heads == 1 and mqa.qkv_bias and mqa.o_bias
     assert qwen2.qkv_bias and not qwen2.o_bias and qwen2.sliding_window is None
     mistral = saved_config("mistral")
-    assert mistral.head_dim == 40 and mistral.sliding_window == 256 and mistral.max_model_len == 256
+    assert mistral.head_dim == 40 and mistral.sliding_window == 256
+    assert mistral.max_model_len == 512  # the context is no longer capped at the window
+    assert mistral.all_layers_windowed and mistral.layer_window(0) == 256
     qwen3 = saved_config("qwen3-moe")
     assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.num_experts == 8 and qwen3.norm_topk_prob
     mixtral = saved_config("mixtral")
@@ -116,10 +118,22 @@ def test_mistral_null_sliding_window_means_full_context() -> None:
     assert parse({**raw, "sliding_window": None}).sliding_window is None
 
 
-def test_qwen_sliding_window_only_when_enabled() -> None:
+def test_qwen_sliding_window_only_when_enabled_and_from_max_window_layers() -> None:
     raw = {**LLAMA, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 128}
-    assert parse(raw).sliding_window is None
-    assert parse({**raw, "use_sliding_window": True}).max_model_len == 128
+    assert parse(raw).sliding_window is None and parse(raw).window_layers == ()
+    enabled = parse({**raw, "use_sliding_window": True, "max_window_layers": 1})
+    assert enabled.max_model_len == LLAMA["max_position_embeddings"]
+    layers = range(enabled.num_layers)
+    assert [enabled.layer_window(i) for i in layers] == [None] + [128] * (enabled.num_layers - 1)
+    assert not enabled.all_layers_windowed
+    typed = parse(
+        {
+            **raw,
+            "use_sliding_window": True,
+            "layer_types": ["sliding_attention", "full_attention"] * (enabled.num_layers // 2),
+        }
+    )
+    assert typed.window_layers == tuple(range(0, enabled.num_layers, 2))
 
 
 @pytest.mark.parametrize(
