@@ -125,6 +125,7 @@ def build_engine_parts(
         max_model_len=max_model_len,
         kv_event_callback=kv_event_callback,
         tiers=tiers,
+        sliding_window=arch.sliding_window if arch.all_layers_windowed else None,
     )
     eos_ids = tuple(dict.fromkeys(tokenizer.eos_token_ids + arch.eos_token_ids))
     graph_sizes = graph_batch_sizes(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from core.errors import KVCacheError
 from core.hashing import BlockHash, hash_block, root_hash
 from core.kv_events import BlockStored
-from engine.kv.block_pool import BlockPool
+from engine.kv.block_pool import NULL_BLOCK_ID, BlockPool
 from engine.kv.event_publisher import KVEventPublisher
 from engine.request import Request
 
@@ -199,14 +199,29 @@ class KVCacheManager:
             )
         )
 
+    def release_leading(self, request_id: str, num_blocks: int) -> int:
+        """Free the request's first ``num_blocks`` blocks, which it never reads again (they left
+        its sliding window): their table entries become the null block. Cached blocks stay in
+        the prefix cache (another request may still hit them). Returns how many were freed."""
+        table = self._tables.get(request_id)
+        if not table:
+            return 0
+        count = min(num_blocks, len(table))
+        released = [block_id for block_id in table[:count] if block_id != NULL_BLOCK_ID]
+        if released:
+            table[:count] = [NULL_BLOCK_ID] * count
+            self.pool.free(released[::-1])
+        return len(released)
+
     def free(self, request_id: str, keep_s: float = 0.0) -> None:
         """Release the request's whole table, tail block first (the prefix stays cached
         longest), its idle clock starting ``keep_s`` late (a keep-alive); a request without a
         table is a no-op."""
         table = self._tables.pop(request_id, None)
         self._num_offered_blocks.pop(request_id, None)
-        if table:
-            self.pool.free(table[::-1], keep_s=keep_s)
+        if table:  # entries released behind a sliding window are the null block
+            held = [block_id for block_id in table[::-1] if block_id != NULL_BLOCK_ID]
+            self.pool.free(held, keep_s=keep_s)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached hash; held blocks are never offered again."""
@@ -219,7 +234,12 @@ class KVCacheManager:
     def check_integrity(self) -> None:
         """Pool integrity plus: each block's ref count equals the tables holding it."""
         self.pool.check_integrity()
-        holders = Counter(block_id for table in self._tables.values() for block_id in table)
+        holders = Counter(
+            block_id
+            for table in self._tables.values()
+            for block_id in table
+            if block_id != NULL_BLOCK_ID
+        )
         for block in self.pool.blocks:
             if block.ref_cnt != holders.get(block.block_id, 0):
                 raise KVCacheError(

@@ -78,8 +78,11 @@ class Scheduler:
         kv_event_callback: KVEventCallback | None = None,
         tiers: KVTiers | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sliding_window: int | None = None,
     ) -> None:
         self.block_size = config.block_size
+        # every layer slides over this many positions: decode frees blocks left behind
+        self.sliding_window = sliding_window
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
         self.max_prefill_chunk = (
@@ -379,10 +382,22 @@ class Scheduler:
                 record_chunk(request, item.start_position, item.end_position)
             request.num_computed_tokens = item.end_position
             self.kv.cache_full_blocks(request)
+            if self.sliding_window is not None and not request.prefill_only:
+                self._release_behind_window(request, self.sliding_window)
             if item.samples_token:
                 updates.append(self._append_token(request, _sampled(sampled_token_ids, item)))
         self.events.flush()
         return updates
+
+    def _release_behind_window(self, request: Request, window: int) -> None:
+        """Free the blocks no later query of ``request`` reads: the next token (at position
+        ``num_computed_tokens``) sees keys from ``num_computed_tokens - window + 1`` on. Only
+        once its prompt is computed: a prefill keeps (and exports) its whole prompt."""
+        if request.num_computed_tokens < request.num_prompt_tokens:
+            return
+        first_needed = request.num_computed_tokens - window + 1
+        if first_needed >= self.block_size:
+            self.kv.release_leading(request.request_id, first_needed // self.block_size)
 
     def _append_token(self, request: Request, token_id: int) -> RequestUpdate:
         request.append_output_token(token_id)

@@ -110,3 +110,25 @@ def test_sliding_window_matches_hf_past_the_window_with_chunks_and_prefix_hits(
     assert [list(o.token_ids) for o in again] == expected
     assert all((o.num_cached_tokens or 0) > 0 for o in again[:2])
     check_integrity_whole(llm)
+
+
+def test_sliding_window_decode_frees_blocks_left_behind(
+    checkpoint: Callable[[str], HFCheckpoint],
+) -> None:
+    ckpt = checkpoint("mistral-swa")  # window 24 on every layer, blocks of 8
+    llm = LLM(str(ckpt.path), block_size=8)
+    engine, scheduler = llm.engine, llm.engine.scheduler
+    prompt = prompts_of([30], llm.tokenizer.vocab_size or 100, seed=5)[0]
+    params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
+    engine.add_request("long", prompt, params)
+    held: list[int] = []
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens = list(out.token_ids)
+        held.append(scheduler.stats().num_used_blocks)
+        scheduler.check_integrity()
+    # 150 tokens would need 19 blocks; the window keeps at most 24 / 8 + 2 of them held
+    assert max(held[len(held) // 2 :]) <= 24 // 8 + 2
+    assert tokens == hf_reference(ckpt, [prompt], 120)[0]
+    check_integrity_whole(llm)
