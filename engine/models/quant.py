@@ -5,8 +5,8 @@ weight ``q`` [out, in] plus a scale per output channel ``s`` [out] (``s = amax(|
 ``q = round(W / s)``), halving (bf16) or quartering (fp32) their bytes; decode, which streams
 every weight once per step, reads that much less memory. ``y = (x @ q.T) * s``: on CPU and CUDA
 through torch's int8 weight-only matmul (``torch._weight_int8pack_mm``, with activations in
-bfloat16 or float16; a float32 model's activations are rounded to bfloat16 for it), elsewhere by
-dequantizing into the model dtype. Scales are kept in float32.
+bfloat16 or float16; a float32 model's activations are rounded to bfloat16 for it) wherever a
+probe finds it runs, else by dequantizing into the model dtype. Scales are kept in float32.
 
 Left in the model dtype: embeddings, the LM head (its logits decide every token) and the MoE
 router gates (a changed expert choice changes the whole token), all small next to the
@@ -41,7 +41,7 @@ def int8_linear(
     is in ``x``'s dtype. The kernel takes half-precision activations: float32 ones go through
     it in bfloat16 (its float32 path is several times slower than the float32 matmul)."""
     flat = x.reshape(-1, x.shape[-1])
-    if x.device.type in ("cpu", "cuda"):
+    if has_int8_kernel(x.device):
         compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         out = torch._weight_int8pack_mm(flat.to(compute), weight_q, scales.to(compute))
         out = out.to(x.dtype)
@@ -49,6 +49,25 @@ def int8_linear(
         out = F.linear(flat, weight_q.to(x.dtype) * scales.to(x.dtype)[:, None])
     out = out.reshape(*x.shape[:-1], weight_q.shape[0])
     return out if bias is None else out + bias
+
+
+_KERNEL_ON: dict[str, bool] = {}
+
+
+def has_int8_kernel(device: torch.device) -> bool:
+    """Whether ``torch._weight_int8pack_mm`` runs on this kind of device (probed once with a
+    tiny matmul; a build without it falls back to dequantizing, with a warning)."""
+    kind = device.type
+    if kind not in _KERNEL_ON:
+        try:
+            x = torch.ones(1, 32, dtype=torch.bfloat16, device=device)
+            w = torch.ones(8, 32, dtype=torch.int8, device=device)
+            torch._weight_int8pack_mm(x, w, torch.ones(8, dtype=torch.bfloat16, device=device))
+            _KERNEL_ON[kind] = True
+        except (RuntimeError, NotImplementedError) as e:
+            logger.warning("no int8 weight-only kernel on %s (%s): dequantizing instead", kind, e)
+            _KERNEL_ON[kind] = False
+    return _KERNEL_ON[kind]
 
 
 def quantize_model_int8(model: nn.Module) -> int:
