@@ -22,6 +22,7 @@ from cluster.ingress.clients import DecodeClient, PrefillClient
 from cluster.ingress.disagg import DisaggDecision, DisaggPolicy
 from cluster.ingress.errors import rejection_reason
 from cluster.ingress.metrics import IngressMetrics
+from cluster.ingress.migration import can_migrate, migrated_request
 from cluster.ingress.prompts import PreparedPrompt
 from cluster.ingress.settings import IngressSettings
 from core.errors import InvalidRequestError, OverloadedError, PdserveError, UnavailableError
@@ -29,6 +30,8 @@ from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChu
 
 logger = logging.getLogger(__name__)
 
+_MIGRATION_BACKOFF_S = 0.2
+"""Pause before the first migration attempt; doubled for each further one (capped at 2 s)."""
 _FAILED_FINISH_REASONS = frozenset({"abort", "error"})
 """Finish reasons of a decode chunk that mean the request failed rather than finished."""
 
@@ -103,6 +106,7 @@ class RequestRun:
         self.prefill_path = "local"
         self._arrival_s = arrival_s
         self._last_token_s: float | None = None
+        self._sent: list[int] = []  # tokens handed to the client (what a migration resumes)
 
     async def events(self) -> AsyncGenerator[Delta, None]:
         """The request's deltas; raises ``PdserveError`` or ``TimeoutError`` on failure."""
@@ -200,6 +204,37 @@ class RequestRun:
         )
 
     async def _decode_stream(self, request: DecodeRequest) -> AsyncGenerator[Delta, None]:
+        """The decode pool's deltas; a stream that dies mid-way continues on another replica
+        (``cluster.ingress.migration``) up to ``migration_limit`` times."""
+        attempt = 0
+        while True:
+            try:
+                async with aclosing(self._one_decode_stream(request)) as deltas:
+                    async for delta in deltas:
+                        yield delta
+                return
+            except (PdserveError, TimeoutError) as e:
+                limit = self._flow.settings.scheduler.migration_limit
+                if attempt >= limit or not can_migrate(e) or self.finish_reason is not None:
+                    raise
+                attempt += 1
+                reason = "timeout" if isinstance(e, TimeoutError) else "replica_failed"
+                self._flow.metrics.migrations.labels(reason).inc()
+                logger.warning(
+                    "request %s: decode stream failed after %d tokens (%s); migrating (%d/%d)",
+                    self.request_id, len(self._sent), e, attempt, limit,
+                )  # fmt: skip
+                request = migrated_request(
+                    self._decode_request(None),
+                    list(self._sent),
+                    attempt,
+                    block_size=self._flow.settings.block_size,
+                    hash_seed=self._flow.settings.hash_seed,
+                )
+                # let Serve drop the dead replica from its routing before the next try
+                await asyncio.sleep(min(_MIGRATION_BACKOFF_S * 2 ** (attempt - 1), 2.0))
+
+    async def _one_decode_stream(self, request: DecodeRequest) -> AsyncGenerator[Delta, None]:
         stream = self._flow.decode.generate(request)
         try:
             while True:
@@ -213,7 +248,7 @@ class RequestRun:
                         f"request {self.request_id} ended on the decode worker "
                         f"({chunk.finish_reason})"
                     )
-                if request.first_token_id is None:
+                if request.first_token_id is None and not self._sent:
                     self.usage.num_cached_tokens = chunk.num_cached_tokens
                 finish_reason = (chunk.finish_reason or "stop") if chunk.finished else None
                 yield self._delta(list(chunk.token_ids), chunk.text, finish_reason)
@@ -240,6 +275,7 @@ class RequestRun:
 
     def _delta(self, token_ids: list[int], text: str, finish_reason: str | None) -> Delta:
         self.usage.num_generated_tokens += len(token_ids)
+        self._sent.extend(token_ids)
         if finish_reason is not None:
             self.finish_reason = finish_reason
         return Delta(token_ids, text, finish_reason)

@@ -89,6 +89,12 @@ class IngressMetrics:
             "prefill_unavailable - every prompt prefills on decode).",
             ["reason"], registry=r,
         )  # fmt: skip
+        self.migrations = Counter(
+            "pdserve:request_migrations",
+            "Requests moved to another decode replica mid-stream, by what ended the first "
+            "stream (replica_failed, timeout).",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.prefill_failovers = Counter(
             "pdserve:prefill_failovers",
             "Times a failed remote prefill switched the ingress to local prefill for a cooldown.",

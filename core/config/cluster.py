@@ -199,6 +199,13 @@ class SchedulerConfig(StrictModel):
         description="Prompts whose uncached part is shorter prefill locally on decode; "
         "0: always disaggregate while a prefill replica is healthy.",
     )
+    migration_limit: int = Field(
+        3,
+        ge=0,
+        description="Times one request may move to another decode replica when the one "
+        "streaming it dies, drains or stalls (it continues with the tokens already sent; "
+        "greedy output unchanged). 0: such a request fails with a 503.",
+    )
     fallback_to_local_prefill: bool = Field(
         True,
         description="Prefill locally on decode when a remote prefill fails; else fail cleanly.",

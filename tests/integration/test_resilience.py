@@ -249,3 +249,59 @@ def test_a_restarted_prefill_replica_serves_the_next_turn_from_its_disk_tier(
         "turn 2's prefix is found in the restarted replica's disk tier",
     )
     wait_until(lambda: _kv_idle(app), 60, "KV gauges back to 0 after the restart")
+
+
+def _migrations(app: ServingApp) -> float:
+    metrics = httpx.get(app.url("/metrics"), timeout=30).text
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("pdserve:request_migrations_total")
+    ]
+    return sum(values)
+
+
+def test_killed_decode_replica_mid_stream_migrates_the_stream(
+    app: ServingApp, sim_cluster: SimCluster
+) -> None:
+    scale(APP_NAME, None, 2, dashboard_url=sim_cluster.dashboard_url)
+    wait_until(lambda: _scaled(app, "Decode", "decode", 2), 120, "Decode=2")
+    body = {
+        "model": SERVED_NAME,
+        "prompt": PROMPTS[0],
+        "max_tokens": 160,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    reference = httpx.post(app.url("/v1/completions"), json=body, timeout=120)
+    assert reference.status_code == 200, reference.text
+    before = _migrations(app)
+    texts: list[str] = []
+    errors: list[str] = []
+    stream_body = {**body, "stream": True}
+    with httpx.stream("POST", app.url("/v1/completions"), json=stream_body, timeout=120) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: {"):
+                texts.append(json.loads(line[6:])["choices"][0]["text"])
+            if len(texts) >= 4:
+                break
+        victim = wait_until(
+            lambda: next((d for d in app.board()["decode"] if d["stats"]["num_running"] > 0), None),
+            30,
+            "a decode replica is streaming the request",
+        )
+        ray.kill(ray.get_actor(victim["actor_name"], namespace="serve"), no_restart=True)
+        for line in lines:
+            if not line.startswith("data: {"):
+                continue
+            payload = json.loads(line[6:])
+            if "error" in payload:
+                errors.append(str(payload["error"]))
+            else:
+                texts.append(payload["choices"][0]["text"])
+    assert not errors, errors
+    assert "".join(texts) == reference.json()["choices"][0]["text"]  # nothing lost or repeated
+    assert _migrations(app) == before + 1
+    wait_until(lambda: _kv_idle(app), 60, "KV gauges back to 0 after the migration")

@@ -241,7 +241,7 @@ def test_unknown_route_is_openai_shaped(make_harness: Callable[..., Harness]) ->
 
 
 def test_mid_stream_error_event_then_done(make_harness: Callable[..., Harness]) -> None:
-    h = make_harness(decode=FakeDecode(fail_after=1))
+    h = make_harness(decode=FakeDecode(fail_after=1), migration_limit=0)  # the error itself
     r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": LONG, "stream": True}))
     assert r.status_code == 200
     first, second, error, done = sse_payloads(r.text)
@@ -321,7 +321,8 @@ def test_error_before_the_first_token_is_a_plain_status(
 
 
 def test_stalled_decode_times_out(make_harness: Callable[..., Harness]) -> None:
-    h = make_harness(decode=FakeDecode(hang_after=1), chunk_timeout_s=0.2)
+    # no migration: the stall itself must surface (migration has its own tests)
+    h = make_harness(decode=FakeDecode(hang_after=1), chunk_timeout_s=0.2, migration_limit=0)
     r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": LONG, "stream": True}))
     *_, error, done = sse_payloads(r.text)
     assert error["error"]["code"] == 408 and error["error"]["type"] == "timeout_error"
@@ -358,7 +359,7 @@ def test_prefill_failure_without_fallback_fails_cleanly(
 def test_aborted_decode_is_an_error_not_a_short_answer(
     make_harness: Callable[..., Harness],
 ) -> None:
-    h = make_harness(decode=FakeDecode(finish_reason="abort"))
+    h = make_harness(decode=FakeDecode(finish_reason="abort"), migration_limit=0)
     r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": LONG, "stream": True}))
     *chunks, error, done = sse_payloads(r.text)
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None]
