@@ -29,6 +29,7 @@ from cluster.ingress.prompts import PromptBuilder, PromptTokenizer
 from cluster.ingress.settings import IngressSettings
 from cluster.ingress.tokenize_routes import add_tokenize_routes
 from core.errors import PdserveError
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,13 @@ def create_app(
     policy = DisaggPolicy(
         settings.scheduler.local_prefill_threshold_tokens, settings.block_size, cached_blocks_fn
     )
-    flow = GenerationFlow(prefill, decode, policy, settings, metrics)
+    detokenizer = None
+    if isinstance(tokenizer, Tokenizer):
+
+        def detokenizer(prompt_ids: list[int]) -> IncrementalDetokenizer:
+            return IncrementalDetokenizer(tokenizer, prompt_token_ids=prompt_ids)
+
+    flow = GenerationFlow(prefill, decode, policy, settings, metrics, detokenizer)
     metrics.degraded.labels("prefill_unavailable").set_function(
         lambda: float(settings.prefill_required and not flow.prefill_available())
     )

@@ -22,7 +22,12 @@ from cluster.ingress.clients import DecodeClient, PrefillClient
 from cluster.ingress.disagg import DisaggDecision, DisaggPolicy
 from cluster.ingress.errors import rejection_reason
 from cluster.ingress.metrics import IngressMetrics
-from cluster.ingress.migration import can_migrate, migrated_request
+from cluster.ingress.migration import (
+    DetokenizerFactory,
+    ResumedText,
+    can_migrate,
+    migrated_request,
+)
 from cluster.ingress.prompts import PreparedPrompt
 from cluster.ingress.settings import IngressSettings
 from core.errors import InvalidRequestError, OverloadedError, PdserveError, UnavailableError
@@ -64,7 +69,9 @@ class GenerationFlow:
         policy: DisaggPolicy,
         settings: IngressSettings,
         metrics: IngressMetrics,
+        detokenizer: DetokenizerFactory | None = None,
     ) -> None:
+        self.detokenizer = detokenizer  # renders a migrated request's text (see migration.py)
         self.prefill = prefill
         self.decode = decode
         self.policy = policy
@@ -107,6 +114,8 @@ class RequestRun:
         self._arrival_s = arrival_s
         self._last_token_s: float | None = None
         self._sent: list[int] = []  # tokens handed to the client (what a migration resumes)
+        self._text_sent = ""
+        self._resumed: ResumedText | None = None  # after a migration: the text from the ids
 
     async def events(self) -> AsyncGenerator[Delta, None]:
         """The request's deltas; raises ``PdserveError`` or ``TimeoutError`` on failure."""
@@ -231,6 +240,11 @@ class RequestRun:
                     block_size=self._flow.settings.block_size,
                     hash_seed=self._flow.settings.hash_seed,
                 )
+                factory = self._flow.detokenizer
+                if factory is not None:
+                    self._resumed = ResumedText(
+                        factory(list(self.prompt.prompt_token_ids)), self._sent, self._text_sent
+                    )
                 # let Serve drop the dead replica from its routing before the next try
                 await asyncio.sleep(min(_MIGRATION_BACKOFF_S * 2 ** (attempt - 1), 2.0))
 
@@ -251,7 +265,10 @@ class RequestRun:
                 if request.first_token_id is None and not self._sent:
                     self.usage.num_cached_tokens = chunk.num_cached_tokens
                 finish_reason = (chunk.finish_reason or "stop") if chunk.finished else None
-                yield self._delta(list(chunk.token_ids), chunk.text, finish_reason)
+                text = chunk.text
+                if self._resumed is not None:
+                    text = self._resumed.render(list(chunk.token_ids), chunk.finished)
+                yield self._delta(list(chunk.token_ids), text, finish_reason)
                 if chunk.finished:
                     return
         finally:
@@ -276,6 +293,7 @@ class RequestRun:
     def _delta(self, token_ids: list[int], text: str, finish_reason: str | None) -> Delta:
         self.usage.num_generated_tokens += len(token_ids)
         self._sent.extend(token_ids)
+        self._text_sent += text
         if finish_reason is not None:
             self.finish_reason = finish_reason
         return Delta(token_ids, text, finish_reason)

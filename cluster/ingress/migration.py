@@ -9,6 +9,12 @@ under greedy decoding the output is the one a fault-free run gives. A request mi
 ``scheduler.migration_limit`` times (Dynamo's knob); errors that are the request's own fault
 (a bad prompt, a refused parameter) never migrate.
 
+Text: the new replica renders text only for its own tokens, so bytes the dead replica held back
+(part of a multi-byte character, or bytes still to be judged invalid) would be lost. After a
+migration the ingress renders the text itself (:class:`ResumedText`): an incremental
+detokenizer over the prompt and every token sent and received, emitting whatever lies beyond the
+text already sent, so the client's text equals a fault-free run's.
+
 Limits: a seeded sampled request continues with a fresh generator on the new replica (the same
 seed, restarted), so its continuation differs from a fault-free run; a stop string that would
 have spanned the break is matched only within the new replica's text.
@@ -17,6 +23,8 @@ have spanned the break is matched only within the new replica's text.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from core.errors import PdserveError, TransferError, UnavailableError
 from core.hashing import hash_prompt_blocks
@@ -55,3 +63,38 @@ def migrated_request(
         sampling=sampling,
         routing=RoutingKeys(tuple(hashes), len(prompt), routing.session_id, routing.cache_salt),
     )
+
+
+class TextStream(Protocol):
+    """An incremental detokenizer (``engine.tokenizer.IncrementalDetokenizer``)."""
+
+    def step(self, token_ids: Sequence[int]) -> str:
+        """Text for these new ids (what is settled so far)."""
+        ...
+
+    def finish(self) -> str:
+        """Whatever is still held back, at the end."""
+        ...
+
+
+DetokenizerFactory = Callable[[list[int]], TextStream]
+"""Prompt ids -> a fresh incremental detokenizer of that request's output."""
+
+
+class ResumedText:
+    """A migrated request's text, rendered at the ingress from every output id: what lies
+    beyond the text already sent (never a character twice, none lost at the break)."""
+
+    def __init__(self, stream: TextStream, sent_ids: Sequence[int], text_sent: str) -> None:
+        self._stream = stream
+        self._text = stream.step(list(sent_ids))
+        self._num_sent = len(text_sent)
+
+    def render(self, token_ids: list[int], finished: bool) -> str:
+        """The new text for these ids (and the rest on the last chunk)."""
+        self._text += self._stream.step(token_ids)
+        if finished:
+            self._text += self._stream.finish()
+        new = self._text[self._num_sent :]
+        self._num_sent = max(self._num_sent, len(self._text))
+        return new

@@ -77,3 +77,20 @@ def test_migration_stops_at_the_limit_and_never_for_the_requests_own_errors(
     h2 = make_harness(decode=FakeDecode(fail_after=1))  # a failed KV pull: an error chunk
     post(h2, {"prompt": LONG, "max_tokens": 8})
     assert len(h2.decode.requests) > 1  # a replica-side failure migrates too
+
+
+def test_resumed_text_keeps_a_character_split_by_the_break(tokenizer: Tokenizer) -> None:
+    from cluster.ingress.migration import ResumedText
+    from engine.tokenizer import IncrementalDetokenizer
+
+    prompt = tokenizer.encode("Say:")
+    output = tokenizer.encode("café au lait", add_special_tokens=False)
+    split = output.index(tokenizer.encode("é", add_special_tokens=False)[0]) + 1  # mid-"é"
+    first = IncrementalDetokenizer(tokenizer, prompt_token_ids=prompt)
+    text_sent = "".join(first.step([t]) for t in output[:split])  # "caf": é's byte held back
+    assert text_sent == "caf"
+    resumed = ResumedText(
+        IncrementalDetokenizer(tokenizer, prompt_token_ids=prompt), output[:split], text_sent
+    )
+    rest = [resumed.render([t], i == len(output) - split - 1) for i, t in enumerate(output[split:])]
+    assert text_sent + "".join(rest) == "café au lait"
