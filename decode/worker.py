@@ -210,6 +210,11 @@ class DecodeWorker:
             stats = dataclasses.replace(stats, transfer=transfer)
         return stats
 
+    async def drain(self, timeout_s: float) -> int:
+        """Nothing to wait for: Serve lets the streams in flight finish within the pool's
+        graceful shutdown timeout, and the ingress migrates any it cuts off. Returns 0."""
+        return 0
+
     async def shutdown(self) -> None:
         """Cancel pulls, stop the transport, then the engine."""
         await asyncio.to_thread(self._transport.close)

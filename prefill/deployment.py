@@ -67,6 +67,7 @@ class PrefillDeployment(RoleReplica):
             async_engine=rank_engine,
         )
         self._num_requests = 0
+        self._drain_timeout_s = transfer_cfg.lease_s  # an export unpulled by then has expired
         self._stop_reporting = (
             stats_reporter("prefill", self.replica_stats) if stats_reporter else None
         )

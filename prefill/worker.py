@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -33,6 +34,9 @@ from transfer import GrpcKVTransport, InMemoryTransferMetrics, KVTransport, Tran
 from transfer.leases import ReleaseCause
 
 logger = logging.getLogger(__name__)
+
+_DRAIN_POLL_S = 0.05
+"""How often a draining replica checks its exports (a bounded wait, not a request path)."""
 
 
 class PrefillWorker:
@@ -184,6 +188,20 @@ class PrefillWorker:
             transfer = self._metrics.snapshot().role_stats(TransferSide.EXPORT)
             stats = dataclasses.replace(stats, transfer=transfer)
         return stats
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until every export this replica holds was pulled,
+        released or expired, so a replica being removed loses no decode's KV; returns how many
+        exports are left (freed by :meth:`shutdown`). Serve has stopped routing new prompts."""
+        deadline_s = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                left = len(self._pinned)
+            if left == 0 or time.monotonic() >= deadline_s:
+                if left:
+                    logger.warning("drain timed out with %d KV exports not pulled", left)
+                return left
+            await asyncio.sleep(_DRAIN_POLL_S)
 
     async def shutdown(self) -> None:
         """Free every export, stop the transport, then the engine."""

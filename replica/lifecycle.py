@@ -35,6 +35,11 @@ class RoleWorker(Protocol):
         """KV blocks, queues and transfer counters."""
         ...
 
+    async def drain(self, timeout_s: float) -> int:
+        """Before a planned stop: wait (bounded) for what others still need from this replica;
+        returns what is left."""
+        ...
+
     async def shutdown(self) -> None:
         """Stop the transport and the engine."""
         ...
@@ -51,6 +56,7 @@ class RoleReplica:
     _publisher: KVEventPublisher | None = None
     _stop_reporting: Callable[[], None] | None = None
     _num_requests = 0
+    _drain_timeout_s = 0.0
 
     def replica_stats(self) -> ReplicaStats:
         """The worker's stats, expert load (expert-parallel ranks) and ``requests_total``,
@@ -85,7 +91,11 @@ class RoleReplica:
         return plain
 
     async def __del__(self) -> None:
-        """Serve calls this once when the replica stops: end reports, free the engine."""
+        """Serve calls this once when the replica stops (after the requests in flight ended or
+        the pool's graceful shutdown timeout): drain what others still need (a prefill's KV
+        exports, up to ``_drain_timeout_s``), end reports, free the engine."""
+        if self._drain_timeout_s > 0:
+            await self._worker.drain(self._drain_timeout_s)
         if self._stop_reporting is not None:
             self._stop_reporting()
         if self._publisher is not None:

@@ -115,3 +115,23 @@ def test_import_that_finds_no_blocks_in_time_fails_cleanly(pair: Pair) -> None:
         assert pair.prefill.stats().transfer.leases_expired_total == 0
 
     asyncio.run(main())
+
+
+def test_a_draining_prefill_waits_for_its_exports_to_be_pulled(
+    pair: Pair, reference: dict[str, list[int]]
+) -> None:
+    async def main() -> None:
+        await reset_prefix_cache(pair.decode.engine)
+        request_id = new_request_id()
+        result = await prefill(pair.prefill, request_id, PROMPTS["len70"], GREEDY)
+        # unpulled, the drain gives up at its bound and says how many exports are left
+        assert await pair.prefill.drain(0.2) == 1
+        draining = asyncio.create_task(pair.prefill.drain(30.0))
+        chunks = await collect(
+            pair.decode, decode_request(request_id, PROMPTS["len70"], GREEDY, result)
+        )
+        assert await asyncio.wait_for(draining, 10) == 0  # the pull released the export
+        tokens = [result.first_token_id] + [t for c in chunks for t in c.token_ids]
+        assert tokens == reference["len70"]
+
+    asyncio.run(main())
