@@ -105,6 +105,8 @@ class ReplicaStats:
     """Prompt tokens this replica computed (prefix-cache and tier hits excluded)."""
     prefill_seconds_total: float = 0.0
     """Their share of step time (``engine.prefill_rate``)."""
+    pending_prompt_tokens: int = 0
+    """Prompt tokens queued or being prefilled, not computed yet (the planner's prefill load)."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""

@@ -357,6 +357,7 @@ class AsyncEngine:
             num_pinned=s.num_pinned,
             kv_tiers=s.kv_tiers,
             kv_block_size=self.engine.scheduler.block_size,
+            pending_prompt_tokens=s.num_pending_prompt_tokens,
             prefill_tokens_total=self._prefill_totals[0],
             prefill_seconds_total=self._prefill_totals[1],
         )

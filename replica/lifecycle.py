@@ -90,6 +90,18 @@ class RoleReplica:
         plain: dict[str, Any] = to_plain(self._worker.engine.kv_stats().routing())
         return plain
 
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics hook: the load pdserve's planner sizes pools by
+        (``cluster.serve.planner_policy``); Serve averages each over its look-back window."""
+        stats = self._worker.engine.kv_stats()
+        total = stats.kv_blocks_total
+        return {
+            "pending_prompt_tokens": float(stats.pending_prompt_tokens),
+            "kv_usage": stats.kv_blocks_used / total if total else 0.0,
+            "running": float(stats.num_running),
+            "waiting": float(stats.num_waiting),
+        }
+
     async def __del__(self) -> None:
         """Serve calls this once when the replica stops (after the requests in flight ended or
         the pool's graceful shutdown timeout): drain what others still need (a prefill's KV

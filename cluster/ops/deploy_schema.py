@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cluster.serve.config_file import config_to_mapping
+from cluster.serve.planner_policy import POLICY_FUNCTION
 from core.config import ClusterConfig
 from core.errors import ConfigError
 
@@ -21,13 +22,21 @@ IMPORT_PATH = "cluster.app:build_app"
 
 
 def app_schema(config: ClusterConfig) -> dict[str, Any]:
-    """One application entry: the builder plus the whole config as its ``args``."""
-    return {
+    """One application entry: the builder plus the whole config as its ``args``, and pdserve's
+    planner as the app's autoscaling policy when ``scheduler.planner.mode`` is not ``off``."""
+    entry: dict[str, Any] = {
         "name": config.cluster.app_name,
         "route_prefix": "/",
         "import_path": IMPORT_PATH,
         "args": {"config": config_to_mapping(config)},
     }
+    planner = config.scheduler.planner
+    if planner.mode != "off":
+        entry["autoscaling_policy"] = {
+            "policy_function": POLICY_FUNCTION,
+            "policy_kwargs": planner.model_dump(mode="json"),
+        }
+    return entry
 
 
 def deploy_schema(

@@ -33,6 +33,7 @@ from core.config.loadtest import (
     SweepConfig,
     TraceWorkloadConfig,
 )
+from core.config.planner import PlannerConfig
 from core.config.transfer import TransferConfig
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "ModelConfig",
     "MultiTurnWorkloadConfig",
     "NodeSelectorConfig",
+    "PlannerConfig",
     "PoolConfig",
     "PrefillPoolConfig",
     "RandomWorkloadConfig",

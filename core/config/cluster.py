@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from core.config.base import MIB, StrictModel
 from core.config.engine import EngineConfig, ModelConfig
+from core.config.planner import PlannerConfig
 from core.config.transfer import TransferConfig
 
 Role = Literal["prefill", "decode"]
@@ -205,6 +206,10 @@ class SchedulerConfig(StrictModel):
         description="Times one request may move to another decode replica when the one "
         "streaming it dies, drains or stalls (it continues with the tokens already sent; "
         "greedy output unchanged). 0: such a request fails with a 503.",
+    )
+    planner: PlannerConfig = Field(
+        default_factory=PlannerConfig,
+        description="How both pools are sized together (off: Serve's autoscaler per pool).",
     )
     fallback_to_local_prefill: bool = Field(
         True,
@@ -416,4 +421,11 @@ class ClusterConfig(StrictModel):
             )
         if self.transfer.port and self.transfer.port == self.server.port:
             raise ValueError(f"transfer.port and server.port are both {self.server.port}")
+        if self.scheduler.planner.mode != "off":
+            unscaled = [r for r in roles if self.pool_for(r).autoscaling is None]
+            if unscaled:
+                raise ValueError(
+                    f"scheduler.planner.mode {self.scheduler.planner.mode!r} sizes pools within "
+                    f"their autoscaling ranges; give {' and '.join(unscaled)} an autoscaling range"
+                )
         return self

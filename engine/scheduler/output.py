@@ -136,5 +136,7 @@ class SchedulerStats:
     num_preemptions_total: int
     num_loading_kv: int = 0
     """Requests whose prefix is being copied back from a host or disk tier."""
+    num_pending_prompt_tokens: int = 0
+    """Prompt tokens of waiting and running requests not computed yet (the prefill backlog)."""
     kv_tiers: tuple[KVTierStats, ...] = ()
     """Every KV tier, device first (occupancy and counters)."""

@@ -606,6 +606,10 @@ class Scheduler:
             num_cached_blocks=pool.num_cached_blocks,
             kv_usage=pool.usage,
             num_preemptions_total=self._num_preemptions_total,
+            num_pending_prompt_tokens=sum(
+                max(r.num_prompt_tokens - r.num_computed_tokens, 0)
+                for r in (*self._queues.waiting, *self._queues.running)
+            ),
             num_loading_kv=(
                 len(self._queues.loading)
                 + len(self._queues.cancelled_loads)

@@ -1,0 +1,128 @@
+"""The load planner on synthetic metric streams: bursts, a shift to long prompts, idleness,
+decode KV pressure and queues, step limits; the Serve policy object and the deploy schema."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from cluster.ops.deploy_schema import app_schema
+from cluster.planner.load_policy import PoolLoad, Reason, plan_decode, plan_prefill
+from cluster.serve.planner_policy import POLICY_FUNCTION, PdservePlanner
+from core.config import ClusterConfig, PlannerConfig
+
+CONFIG = PlannerConfig(
+    mode="load", prefill_queue_tokens_per_replica=1000, decode_kv_usage_target=0.5, max_step=2
+)
+
+
+def run_stream(loads: list[dict[str, float]], start: int, plan: Any) -> list[tuple[int, Reason]]:
+    """Feed a stream of load snapshots, each seeing the replicas the previous decision set."""
+    replicas, out = start, []
+    for sample in loads:
+        decision = plan(PoolLoad(num_replicas=replicas, **sample), CONFIG)
+        replicas = decision.target
+        out.append((replicas, decision.reason))
+    return out
+
+
+def test_a_prefill_burst_scales_up_within_the_step_limit_then_settles() -> None:
+    burst = [{"pending_prompt_tokens": 7000, "running": 8}] * 3
+    burst += [{"pending_prompt_tokens": 2500, "running": 3}] * 3
+    steps = run_stream(burst, start=1, plan=plan_prefill)
+    assert [r for r, _ in steps] == [3, 5, 7, 5, 3, 3]  # +-2 per decision, then it settles
+    assert [reason for _, reason in steps] == [
+        Reason.STEP_LIMIT,
+        Reason.STEP_LIMIT,
+        Reason.PREFILL_BACKLOG,
+        Reason.STEP_LIMIT,
+        Reason.PREFILL_BACKLOG,
+        Reason.STEADY,
+    ]
+
+
+def test_a_shift_to_long_prompts_grows_prefill_not_decode() -> None:
+    prefill = plan_prefill(PoolLoad(2, pending_prompt_tokens=4000, running=2), CONFIG)
+    decode = plan_decode(PoolLoad(2, kv_usage=0.5, running=4), CONFIG)
+    assert (prefill.target, prefill.reason) == (4, Reason.PREFILL_BACKLOG)
+    assert (decode.target, decode.reason) == (2, Reason.STEADY)
+
+
+def test_idle_pools_ask_for_their_minimum_one_step_at_a_time() -> None:
+    assert run_stream([{}] * 3, start=5, plan=plan_prefill) == [
+        (3, Reason.STEP_LIMIT),
+        (1, Reason.STEP_LIMIT),
+        (0, Reason.IDLE),
+    ]  # Serve clamps 0 to the pool's min_replicas and waits out downscale_delay_s
+    assert plan_decode(PoolLoad(2), CONFIG).target == 0
+
+
+def test_decode_grows_with_kv_pressure_queues_and_sequence_targets() -> None:
+    assert plan_decode(PoolLoad(2, kv_usage=0.9, running=10), CONFIG).target == 4
+    queued = plan_decode(PoolLoad(2, kv_usage=0.3, running=4, waiting=3), CONFIG)
+    assert (queued.target, queued.reason) == (3, Reason.DECODE_QUEUE)
+    by_seqs = PlannerConfig(mode="load", decode_seqs_per_replica=4, max_step=5)
+    decision = plan_decode(PoolLoad(2, kv_usage=0.2, running=14, waiting=2), by_seqs)
+    assert (decision.target, decision.reason) == (4, Reason.DECODE_SEQS)
+    light = plan_decode(PoolLoad(4, kv_usage=0.1, running=2), CONFIG)
+    assert (light.target, light.reason) == (2, Reason.STEP_LIMIT)
+
+
+@dataclass
+class FakeId:
+    name: str
+    app_name: str = "pdserve"
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+@dataclass
+class FakeContext:
+    current_num_replicas: int
+    target_num_replicas: int
+    aggregated_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def test_the_serve_policy_decides_both_pools_and_leaves_others_alone() -> None:
+    planner = PdservePlanner(**CONFIG.model_dump(mode="json"))
+    contexts = {
+        FakeId("Prefill"): FakeContext(
+            1, 1, {"pending_prompt_tokens": {"a": 2500.0}, "running": {"a": 3.0}}
+        ),
+        FakeId("Decode"): FakeContext(
+            2, 2, {"kv_usage": {"b": 0.9, "c": 0.7}, "running": {"b": 6.0, "c": 5.0}}
+        ),
+        FakeId("Ingress"): FakeContext(1, 1),
+    }
+    targets, state = planner(contexts)
+    by_name = {key.name: value for key, value in targets.items()}
+    assert by_name == {"Prefill": 3, "Decode": 4, "Ingress": 1}
+    assert {key.name: value["reason"] for key, value in state.items()} == {
+        "Prefill": "prefill_backlog",
+        "Decode": "kv_pressure",
+    }
+
+
+def test_the_planner_is_deployed_as_the_apps_autoscaling_policy() -> None:
+    pools = {"autoscaling": {"min_replicas": 1, "max_replicas": 4}}
+    config = ClusterConfig.model_validate(
+        {
+            "model": {"name": "builtin:tiny-moe"},
+            "prefill": pools,
+            "decode": pools,
+            "scheduler": {"planner": {"mode": "load", "max_step": 1}},
+        }
+    )
+    policy = app_schema(config)["autoscaling_policy"]
+    assert policy["policy_function"] == POLICY_FUNCTION
+    assert policy["policy_kwargs"]["max_step"] == 1
+    assert "autoscaling_policy" not in app_schema(
+        ClusterConfig.model_validate({"model": {"name": "builtin:tiny-moe"}})
+    )
+    with pytest.raises(ValueError, match="give prefill and decode an autoscaling range"):
+        ClusterConfig.model_validate(
+            {"model": {"name": "builtin:tiny-moe"}, "scheduler": {"planner": {"mode": "load"}}}
+        )
