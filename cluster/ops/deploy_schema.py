@@ -26,7 +26,7 @@ def app_schema(config: ClusterConfig) -> dict[str, Any]:
     planner as the app's autoscaling policy when ``scheduler.planner.mode`` is not ``off``."""
     entry: dict[str, Any] = {
         "name": config.cluster.app_name,
-        "route_prefix": "/",
+        "route_prefix": config.cluster.route_prefix,
         "import_path": IMPORT_PATH,
         "args": {"config": config_to_mapping(config)},
     }

@@ -51,7 +51,8 @@ def endpoint_of(config: ClusterConfig) -> str:
         host = config.cluster.address.removeprefix("ray://").rsplit(":", 1)[0]
     elif host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
-    return f"http://{host}:{config.server.port}"
+    prefix = config.cluster.route_prefix.rstrip("/")
+    return f"http://{host}:{config.server.port}{prefix}"
 
 
 def wait_http_ready(

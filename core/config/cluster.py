@@ -302,6 +302,12 @@ class RayClusterConfig(StrictModel):
     )
     namespace: str = Field("pdserve", min_length=1, description="Ray namespace of the CLI.")
     app_name: str = Field("pdserve", min_length=1, description="Serve application name.")
+    route_prefix: str = Field(
+        "/",
+        pattern=r"^/([A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*)?$",
+        description="HTTP path prefix of this app on Serve's proxy (several apps can share a "
+        "cluster and a port under different prefixes); the OpenAI routes live below it.",
+    )
     dashboard_url: str | None = Field(
         None,
         description="Ray dashboard URL that deploys and scales go through; None: "

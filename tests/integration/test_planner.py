@@ -1,0 +1,74 @@
+"""The planner through Serve: a second app on the shared cluster, sized by pdserve's
+application-level autoscaling policy. A burst of long prompts grows the prefill pool; once the
+burst is over it shrinks back. Removed afterwards, so the shared app is untouched."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from cluster.ops.launcher import deploy
+from cluster.serve.config_file import load_cluster_config
+from tests.integration.conftest import ServingApp, SimCluster
+from tests.integration.support import SERVED_NAME, app_config, wait_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
+
+APP = "pdserve-planner"
+
+
+def _planner_config(port: int) -> dict[str, Any]:
+    scaling = {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0.0}
+    raw = app_config(
+        port,
+        cluster={"app_name": APP, "route_prefix": "/planner"},
+        scheduler={
+            "local_prefill_threshold_tokens": 16,
+            "planner": {"mode": "load", "prefill_queue_tokens_per_replica": 256, "max_step": 1},
+        },
+    )
+    for pool in ("prefill", "decode"):
+        raw[pool].pop("num_replicas", None)
+        raw[pool]["autoscaling"] = {**scaling, "downscale_delay_s": 1.0}
+    return raw
+
+
+def _target(serving_app: ServingApp, name: str) -> int:
+    app = serving_app.rest.app_details(APP) or {}
+    return int(app.get("deployments", {}).get(name, {}).get("target_num_replicas", -1))
+
+
+def test_the_planner_grows_prefill_under_a_burst_and_shrinks_it_after(
+    serving_app: ServingApp, sim_cluster: SimCluster
+) -> None:
+    config = load_cluster_config(_planner_config(serving_app.config.server.port))
+    endpoint = deploy(config, sim_cluster.dashboard_url, timeout_s=300)
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def client() -> None:
+        body = {"model": SERVED_NAME, "prompt": "long prompt " * 120, "max_tokens": 2}
+        with httpx.Client(timeout=120) as http:
+            while not stop.is_set():
+                response = http.post(f"{endpoint}/v1/completions", json=body)
+                if response.status_code not in (200, 429):
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+    try:
+        assert _target(serving_app, "Prefill") == 1
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: _target(serving_app, "Prefill") == 2, 180, "the burst adds prefill")
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+        wait_until(lambda: _target(serving_app, "Prefill") == 1, 180, "idle prefill shrinks")
+        assert not failures, failures
+    finally:
+        stop.set()
+        serving_app.rest.remove(APP)
+        wait_until(lambda: serving_app.rest.app_details(APP) is None, 120, "planner app removed")
