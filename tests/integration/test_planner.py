@@ -4,6 +4,7 @@ burst is over it shrinks back. Removed afterwards, so the shared app is untouche
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Any
 
@@ -49,15 +50,19 @@ def test_the_planner_grows_prefill_under_a_burst_and_shrinks_it_after(
     stop = threading.Event()
     failures: list[str] = []
 
-    def client() -> None:
-        body = {"model": SERVED_NAME, "prompt": "long prompt " * 120, "max_tokens": 2}
+    def client(index: int) -> None:
         with httpx.Client(timeout=120) as http:
-            while not stop.is_set():
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                # distinct prompts: a repeated one would be a prefix hit, prefilled on decode
+                prompt = f"client {index} request {n}: " + "long prompt " * 120
+                body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 2}
                 response = http.post(f"{endpoint}/v1/completions", json=body)
                 if response.status_code not in (200, 429):
                     failures.append(f"{response.status_code} {response.text[:200]}")
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(4)]
     try:
         assert _target(serving_app, "Prefill") == 1
         for thread in threads:
