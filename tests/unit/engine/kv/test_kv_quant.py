@@ -105,3 +105,13 @@ def test_quantized_blocks_transfer_bit_exact_and_tier_round_trip() -> None:
     host = {t.medium: t for t in tiered.engine.scheduler.tier_stats()}["host"]
     assert host.onload_blocks_total > 0  # quantized blocks came back from host
     tiered.engine.close()
+
+
+def test_the_sizer_counts_what_the_engine_allocates() -> None:
+    from cluster.sizer.model_dir import load_model_shape
+
+    shape = load_model_shape("builtin:tiny-llama")
+    for kv_cache_dtype, sizer_dtype in (("int8", "int8"), ("fp8_e4m3", "fp8")):
+        layout = _llm(kv_cache_dtype).engine.parts.layout
+        assert shape.kv_bytes_per_token(sizer_dtype) == layout.bytes_per_token
+    assert shape.kv_bytes_per_token("fp32") == _llm().engine.parts.layout.bytes_per_token
