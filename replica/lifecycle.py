@@ -19,6 +19,7 @@ from core.stats import ReplicaStats
 from engine.async_engine import AsyncEngine
 from engine.parallel.async_ep import expert_load_stats
 from replica.hooks import KVEventPublisher
+from replica.planner_signals import PlannerSignals
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class RoleReplica:
     _stop_reporting: Callable[[], None] | None = None
     _num_requests = 0
     _drain_timeout_s = 0.0
+    _planner_signals: PlannerSignals | None = None
 
     def replica_stats(self) -> ReplicaStats:
         """The worker's stats, expert load (expert-parallel ranks) and ``requests_total``,
@@ -91,16 +93,11 @@ class RoleReplica:
         return plain
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        """Serve's custom autoscaling metrics hook: the load pdserve's planner sizes pools by
-        (``cluster.serve.planner_policy``); Serve averages each over its look-back window."""
-        stats = self._worker.engine.kv_stats()
-        total = stats.kv_blocks_total
-        return {
-            "pending_prompt_tokens": float(stats.pending_prompt_tokens),
-            "kv_usage": stats.kv_blocks_used / total if total else 0.0,
-            "running": float(stats.num_running),
-            "waiting": float(stats.num_waiting),
-        }
+        """Serve's custom autoscaling metrics hook: the load and rates pdserve's planner sizes
+        pools by (``replica.planner_signals``; Serve averages each over its look-back window)."""
+        if self._planner_signals is None:
+            self._planner_signals = PlannerSignals()
+        return self._planner_signals.report(self.replica_stats())
 
     async def __del__(self) -> None:
         """Serve calls this once when the replica stops (after the requests in flight ended or

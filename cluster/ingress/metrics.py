@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from cluster.ingress.recent_latency import RecentLatency
 from cluster.ingress.worker_stats import WorkerStatsCollector
 
 ROLE = "ingress"
@@ -31,6 +32,8 @@ class IngressMetrics:
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
+        self.recent_ttft = RecentLatency()
+        self.recent_itl = RecentLatency()
         self.registry = CollectorRegistry()
         self.worker_stats = WorkerStatsCollector()
         self.registry.register(self.worker_stats)
@@ -103,10 +106,12 @@ class IngressMetrics:
 
     def observe_ttft(self, prefill: str, seconds: float) -> None:
         """One request's time to first token."""
+        self.recent_ttft.observe(seconds)
         self.ttft_s.labels(self.model_name, ROLE, prefill).observe(seconds)
 
     def observe_itl(self, prefill: str, seconds: float) -> None:
         """One gap between streamed chunks."""
+        self.recent_itl.observe(seconds)
         self.itl_s.labels(self.model_name, ROLE, prefill).observe(seconds)
 
     def observe_finished(

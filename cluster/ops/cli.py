@@ -17,6 +17,7 @@ from cluster.ops.serve_commands import (
     up_command,
     validate_command,
 )
+from cluster.planner.cli import profile_command
 from cluster.sizer.cli import size_command
 from core.errors import PdserveError
 
@@ -79,6 +80,7 @@ def generate(
 
 app.add_typer(bench_app, name="bench")
 app.command("size")(size_command)
+app.command("profile")(profile_command)
 app.command("up")(up_command)
 app.command("down")(down_command)
 app.command("status")(status_command)

@@ -12,8 +12,10 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from cluster.planner.capacity import CapacityModel
 from cluster.serve.config_file import config_to_mapping
 from cluster.serve.planner_policy import POLICY_FUNCTION
+from core.codec import to_plain
 from core.config import ClusterConfig
 from core.errors import ConfigError
 
@@ -34,9 +36,19 @@ def app_schema(config: ClusterConfig) -> dict[str, Any]:
     if planner.mode != "off":
         entry["autoscaling_policy"] = {
             "policy_function": POLICY_FUNCTION,
-            "policy_kwargs": planner.model_dump(mode="json"),
+            "policy_kwargs": planner_kwargs(config),
         }
     return entry
+
+
+def planner_kwargs(config: ClusterConfig) -> dict[str, Any]:
+    """The planner policy's ``policy_kwargs``: its config and, for ``slo``, the capacity model
+    read here (the controller that runs the policy may not see this machine's files)."""
+    planner = config.scheduler.planner
+    kwargs: dict[str, Any] = {"planner": planner.model_dump(mode="json")}
+    if planner.mode == "slo" and planner.profile:
+        kwargs["capacity"] = to_plain(CapacityModel.load(planner.profile))
+    return kwargs
 
 
 def deploy_schema(

@@ -8,6 +8,7 @@ draws them as a table.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -16,13 +17,14 @@ from rich.table import Table
 from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
 from cluster.ops.run_state import RunState
+from cluster.planner.decisions import PlannerLog, decisions_key
 from cluster.serve.pool_options import (
     BOARD_DEPLOYMENT,
     DECODE_DEPLOYMENT,
     INGRESS_DEPLOYMENT,
     PREFILL_DEPLOYMENT,
 )
-from core.codec import from_plain
+from core.codec import from_plain, to_plain
 from core.errors import UnavailableError
 from core.stats import ReplicaStats
 
@@ -45,6 +47,7 @@ def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:
         if app is None:
             raise UnavailableError(f"app {state.app_name} is not deployed at {state.dashboard_url}")
         reports = board_snapshot(state.app_name) if with_stats else {}
+        planner = planner_log(state.app_name)
     by_replica = {r["replica_id"]: r for role in reports.values() for r in role}
     pools = []
     for deployment, role in POOLS:
@@ -74,7 +77,17 @@ def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:
         "endpoint": state.endpoint,
         "dashboard": state.dashboard_url,
         "pools": pools,
+        "planner": None if planner is None else to_plain(planner),
     }
+
+
+def planner_log(app_name: str) -> PlannerLog | None:
+    """The planner's recent decisions (needs an attached Ray driver); None when it has made
+    none (mode ``off``, or nothing changed yet)."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    data = _internal_kv_get(decisions_key(app_name))
+    return None if data is None else PlannerLog.from_json(data)
 
 
 def render_status(status: dict[str, Any], console: Console) -> None:
@@ -120,6 +133,19 @@ def render_status(status: dict[str, Any], console: Console) -> None:
         if not pool["replicas"]:
             table.add_row(label, *["-"] * 8)
     console.print(table)
+    if status.get("planner"):
+        render_planner(from_plain(PlannerLog, status["planner"]), console)
+
+
+def render_planner(log: PlannerLog, console: Console, last: int = 5) -> None:
+    """The planner's newest decisions, one line each."""
+    console.print(f"[bold]planner[/] ({log.mode}), last decisions:")
+    for d in log.decisions[-last:]:
+        when = time.strftime("%H:%M:%S", time.localtime(d.unix_s))
+        console.print(
+            f"  {when} {d.pool} {d.previous} -> {d.target} ({d.reason}) {d.detail}",
+            highlight=False,
+        )
 
 
 def tiers_cell(stats: ReplicaStats) -> str:

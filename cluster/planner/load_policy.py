@@ -26,6 +26,8 @@ class Reason(enum.StrEnum):
     KV_PRESSURE = "kv_pressure"
     DECODE_QUEUE = "decode_queue"
     DECODE_SEQS = "decode_seqs"
+    TTFT_SLO = "ttft_slo"
+    ITL_SLO = "itl_slo"
     IDLE = "idle"
     STEADY = "steady"
     STEP_LIMIT = "step_limit"
@@ -57,18 +59,18 @@ class PoolDecision:
 def plan_prefill(load: PoolLoad, config: PlannerConfig) -> PoolDecision:
     """Enough prefill replicas for the prompt-token backlog."""
     if load.pending_prompt_tokens <= 0 and load.running <= 0 and load.waiting <= 0:
-        return _stepped(load.num_replicas, 0, Reason.IDLE, config)
+        return stepped(load.num_replicas, 0, Reason.IDLE, config)
     need = math.ceil(load.pending_prompt_tokens / config.prefill_queue_tokens_per_replica)
     need = max(need, 1)
     reason = Reason.PREFILL_BACKLOG if need != load.num_replicas else Reason.STEADY
-    return _stepped(load.num_replicas, need, reason, config)
+    return stepped(load.num_replicas, need, reason, config)
 
 
 def plan_decode(load: PoolLoad, config: PlannerConfig) -> PoolDecision:
     """Enough decode replicas for the KV usage target (and the sequence target when set)."""
     current = max(load.num_replicas, 1)
     if load.running <= 0 and load.waiting <= 0 and load.kv_usage <= 0:
-        return _stepped(load.num_replicas, 0, Reason.IDLE, config)
+        return stepped(load.num_replicas, 0, Reason.IDLE, config)
     need = math.ceil(current * load.kv_usage / config.decode_kv_usage_target - 1e-9)
     reason = Reason.KV_PRESSURE
     if load.waiting > 0 and need <= current:
@@ -80,10 +82,11 @@ def plan_decode(load: PoolLoad, config: PlannerConfig) -> PoolDecision:
     need = max(need, 1)
     if need == load.num_replicas:
         reason = Reason.STEADY
-    return _stepped(load.num_replicas, need, reason, config)
+    return stepped(load.num_replicas, need, reason, config)
 
 
-def _stepped(current: int, need: int, reason: Reason, config: PlannerConfig) -> PoolDecision:
+def stepped(current: int, need: int, reason: Reason, config: PlannerConfig) -> PoolDecision:
+    """``need`` moved at most ``max_step`` from ``current`` (then the reason is the limit)."""
     low, high = current - config.max_step, current + config.max_step
     target = min(max(need, low), high)
     if target != need:

@@ -82,7 +82,11 @@ def build_app_from_config(config: ClusterConfig) -> Application:
         kv_token,
     )
     ingress = _deployment(
-        IngressDeployment, INGRESS_DEPLOYMENT, ingress_deployment_options(config.server)
+        IngressDeployment,
+        INGRESS_DEPLOYMENT,
+        ingress_deployment_options(
+            config.server, reports_latency=config.scheduler.planner.mode == "slo"
+        ),
     )
     return ingress.bind(prefill, decode, board, config_to_mapping(config))
 

@@ -119,6 +119,19 @@ class IngressDeployment:
         """The routing metrics of this replica's routers (``RoutingMetrics.snapshot``)."""
         return routing_metrics().snapshot()
 
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics hook (called when the planner runs in ``slo``
+        mode, which gives the ingress a fixed autoscaling range): the p90 TTFT and ITL clients
+        saw over the last half minute, the latencies the planner corrects its model by."""
+        metrics = self._app.state.metrics
+        ttft, itl = metrics.recent_ttft.percentile(90), metrics.recent_itl.percentile(90)
+        stats = {}
+        if ttft is not None:
+            stats["ttft_p90_s"] = ttft
+        if itl is not None:
+            stats["itl_p90_s"] = itl
+        return stats
+
     async def set_draining(self, draining: bool) -> bool:
         """Refuse (True) or accept again (False) new requests; returns the new state."""
         if draining:

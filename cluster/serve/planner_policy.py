@@ -1,90 +1,219 @@
 """pdserve's planner as Ray Serve's application-level autoscaling policy.
 
 Serve (2.60) calls :class:`PdservePlanner` on its controller every autoscaling tick with an
-``AutoscalingContext`` per deployment of the app; each pool's replicas report the planner's
-inputs through ``record_autoscaling_stats`` (``replica.lifecycle``), which Serve averages over
-the look-back window into ``ctx.aggregated_metrics[name][replica]``. The planner turns both
-pools' load into targets in one decision (``cluster.planner.load_policy``); Serve clamps each to
-the pool's ``autoscaling`` range and applies its delays. Every change is logged with its reason
-and counted as ``pdserve_planner_decisions`` (Ray metrics, tagged pool, direction, reason);
-the last decision per pool is kept in the policy state.
+``AutoscalingContext`` per autoscaled deployment of the app; each pool's replicas report the
+planner's inputs through ``record_autoscaling_stats`` (``replica.planner_signals``) and, in
+``slo`` mode, the ingress reports the p90 latencies clients saw. Serve averages them over the
+look-back window into ``ctx.aggregated_metrics[name][replica]``. The planner turns both pools'
+load into targets in one decision — ``load`` mode by thresholds (``cluster.planner.load_policy``),
+``slo`` mode from the capacity model, predicted load and learned corrections
+(``cluster.planner.slo_policy``); Serve clamps each to the pool's ``autoscaling`` range and
+applies its delays. Every change is logged with its reason, counted as the Ray metric
+``pdserve_planner_decisions`` (pool, direction, reason) and written for ``pdserve status``
+(``cluster.planner.decisions``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from cluster.planner.capacity import CapacityModel
+from cluster.planner.decisions import PlannerDecision, PlannerLog, decisions_key
 from cluster.planner.load_policy import PoolDecision, PoolLoad, plan_decode, plan_prefill
-from cluster.serve.pool_options import DECODE_DEPLOYMENT, PREFILL_DEPLOYMENT
+from cluster.planner.prediction import TrendPredictor
+from cluster.planner.slo_policy import (
+    Corrections,
+    DecodeSignals,
+    PrefillSignals,
+    corrected,
+    plan_decode_slo,
+    plan_prefill_slo,
+    predicted_itl_s,
+    predicted_ttft_s,
+)
+from cluster.serve.pool_options import DECODE_DEPLOYMENT, INGRESS_DEPLOYMENT, PREFILL_DEPLOYMENT
+from core.codec import from_plain
 from core.config import PlannerConfig
 
 logger = logging.getLogger(__name__)
 
 POLICY_FUNCTION = "cluster.serve.planner_policy:PdservePlanner"
 """The import path Serve loads the policy class from."""
+SAMPLE_PERIOD_S = 1.0
+"""How often the slo planner samples load for prediction and updates its corrections."""
+
+
+class PoolMetrics:
+    """One deployment's reported metrics, summed or averaged over its replicas."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.num_replicas = int(ctx.current_num_replicas)
+        self._metrics: Mapping[str, Mapping[Any, float]] = ctx.aggregated_metrics or {}
+
+    def total(self, name: str) -> float:
+        return float(sum(self._metrics.get(name, {}).values()))
+
+    def mean(self, name: str, skip_zero: bool = False) -> float:
+        values = [v for v in self._metrics.get(name, {}).values() if v or not skip_zero]
+        return sum(values) / len(values) if values else 0.0
+
+    def load(self) -> PoolLoad:
+        return PoolLoad(
+            num_replicas=self.num_replicas,
+            pending_prompt_tokens=self.total("pending_prompt_tokens"),
+            kv_usage=self.mean("kv_usage"),
+            running=self.total("running"),
+            waiting=self.total("waiting"),
+        )
 
 
 def pool_load(ctx: Any) -> PoolLoad:
     """A pool's :class:`PoolLoad` from its Serve ``AutoscalingContext``."""
-    metrics: Mapping[str, Mapping[Any, float]] = ctx.aggregated_metrics or {}
-
-    def total(name: str) -> float:
-        return float(sum(metrics.get(name, {}).values()))
-
-    usages = list(metrics.get("kv_usage", {}).values())
-    return PoolLoad(
-        num_replicas=int(ctx.current_num_replicas),
-        pending_prompt_tokens=total("pending_prompt_tokens"),
-        kv_usage=sum(usages) / len(usages) if usages else 0.0,
-        running=total("running"),
-        waiting=total("waiting"),
-    )
+    return PoolMetrics(ctx).load()
 
 
 class PdservePlanner:
-    """The policy object Serve instantiates once with ``policy_kwargs`` (the planner config)."""
+    """The policy object Serve instantiates once with ``policy_kwargs``: the planner config
+    and, for ``slo``, the capacity model (plain data, read from the profile at deploy time)."""
 
-    def __init__(self, **config: Any) -> None:
-        self.config = PlannerConfig.model_validate(config)
+    def __init__(self, planner: Mapping[str, Any], capacity: Any = None) -> None:
+        self.config = PlannerConfig.model_validate(dict(planner))
+        self.capacity = from_plain(CapacityModel, capacity) if capacity is not None else None
+        if self.config.mode == "slo" and self.capacity is None:
+            raise ValueError("the slo planner needs its capacity model")
+        self.corrections = Corrections()
+        self._rate = TrendPredictor()
+        self._concurrency = TrendPredictor()
+        self._last_sample_s = 0.0
+        self._log = PlannerLog(self.config.mode)
+        self._last_target: dict[str, int] = {}
         self._counter: Any = None
 
     def __call__(self, contexts: Mapping[Any, Any]) -> tuple[dict[Any, int], dict[Any, dict]]:
         """Both pools' targets and their policy state; other deployments keep theirs."""
-        targets: dict[Any, int] = {}
+        pools = {d.name: (d, PoolMetrics(ctx)) for d, ctx in contexts.items()}
+        targets = {d: int(ctx.target_num_replicas) for d, ctx in contexts.items()}
+        decisions = (
+            self._plan_slo(pools, time.monotonic())
+            if self.config.mode == "slo"
+            else self._plan_load(pools)
+        )
         state: dict[Any, dict] = {}
-        for deployment_id, ctx in contexts.items():
-            name = deployment_id.name
-            if name not in (PREFILL_DEPLOYMENT, DECODE_DEPLOYMENT):
-                targets[deployment_id] = int(ctx.target_num_replicas)
-                continue
-            load = pool_load(ctx)
-            plan = plan_prefill if name == PREFILL_DEPLOYMENT else plan_decode
-            decision = plan(load, self.config)
+        for name, (decision, detail) in decisions.items():
+            deployment_id, metrics = pools[name]
             targets[deployment_id] = decision.target
             state[deployment_id] = {"target": decision.target, "reason": decision.reason.value}
-            self._record(name, load, decision)
+            self._record(deployment_id.app_name, name, metrics.num_replicas, decision, detail)
         return targets, state
 
-    def _record(self, pool: str, load: PoolLoad, decision: PoolDecision) -> None:
-        direction = decision.direction(load.num_replicas)
-        if direction == "hold":
-            return
-        logger.info(
-            "planner: %s %s %d -> %d (%s; load %s)",
-            pool, direction, load.num_replicas, decision.target, decision.reason.value, load,
-        )  # fmt: skip
-        try:
-            if self._counter is None:
-                from ray.util.metrics import Counter
+    def _plan_load(
+        self, pools: Mapping[str, tuple[Any, PoolMetrics]]
+    ) -> dict[str, tuple[PoolDecision, str]]:
+        out = {}
+        for name, plan in ((PREFILL_DEPLOYMENT, plan_prefill), (DECODE_DEPLOYMENT, plan_decode)):
+            if name in pools:
+                load = pools[name][1].load()
+                out[name] = (plan(load, self.config), str(load))
+        return out
 
+    def _plan_slo(
+        self, pools: Mapping[str, tuple[Any, PoolMetrics]], now_s: float
+    ) -> dict[str, tuple[PoolDecision, str]]:
+        assert self.capacity is not None
+        prefill, decode = self._signals(pools)
+        ingress = pools.get(INGRESS_DEPLOYMENT)
+        if now_s - self._last_sample_s >= SAMPLE_PERIOD_S:
+            self._last_sample_s = now_s
+            self._sample(prefill, decode, ingress[1] if ingress else None, now_s)
+        horizon = self.config.prediction_horizon_s
+        k, out = self.corrections, {}
+        if prefill is not None:
+            ahead = PrefillSignals(
+                prefill.num_replicas, max(prefill.prompt_tokens_rate, self._rate.predict(horizon)),
+                prefill.prompt_len, prefill.pending_prompt_tokens,
+            )  # fmt: skip
+            out[PREFILL_DEPLOYMENT] = (plan_prefill_slo(ahead, self.capacity, self.config, k),
+                                       f"{ahead} ttft x{k.ttft:.2f}")  # fmt: skip
+        if decode is not None:
+            ahead_d = DecodeSignals(
+                decode.num_replicas, max(decode.concurrency, self._concurrency.predict(horizon)),
+                decode.context_len, decode.kv_usage,
+            )  # fmt: skip
+            out[DECODE_DEPLOYMENT] = (plan_decode_slo(ahead_d, self.capacity, self.config, k),
+                                      f"{ahead_d} itl x{k.itl:.2f}")  # fmt: skip
+        return out
+
+    @staticmethod
+    def _signals(
+        pools: Mapping[str, tuple[Any, PoolMetrics]],
+    ) -> tuple[PrefillSignals | None, DecodeSignals | None]:
+        prefill = decode = None
+        if PREFILL_DEPLOYMENT in pools:
+            m = pools[PREFILL_DEPLOYMENT][1]
+            prefill = PrefillSignals(
+                m.num_replicas, m.total("prompt_tokens_rate"),
+                m.mean("prompt_len", skip_zero=True), m.total("pending_prompt_tokens"),
+            )  # fmt: skip
+        if DECODE_DEPLOYMENT in pools:
+            m = pools[DECODE_DEPLOYMENT][1]
+            decode = DecodeSignals(
+                m.num_replicas, m.total("running") + m.total("waiting"),
+                m.mean("context_len", skip_zero=True), m.mean("kv_usage"),
+            )  # fmt: skip
+        return prefill, decode
+
+    def _sample(
+        self,
+        prefill: PrefillSignals | None,
+        decode: DecodeSignals | None,
+        ingress: PoolMetrics | None,
+        now_s: float,
+    ) -> None:
+        """Feed the predictors and move the corrections toward observed / predicted."""
+        assert self.capacity is not None
+        ttft = ingress.mean("ttft_p90_s", skip_zero=True) if ingress else 0.0
+        itl = ingress.mean("itl_p90_s", skip_zero=True) if ingress else 0.0
+        k = self.corrections
+        if prefill is not None:
+            self._rate.observe(now_s, prefill.prompt_tokens_rate)
+            if prefill.prompt_tokens_rate > 0 and ttft > 0:
+                expected = predicted_ttft_s(prefill, self.capacity)
+                k = Corrections(corrected(k.ttft, ttft, expected), k.itl)
+        if decode is not None:
+            self._concurrency.observe(now_s, decode.concurrency)
+            if decode.concurrency > 0 and itl > 0:
+                expected = predicted_itl_s(decode, self.capacity)
+                k = Corrections(k.ttft, corrected(k.itl, itl, expected))
+        self.corrections = k
+
+    def _record(
+        self, app_name: str, pool: str, current: int, decision: PoolDecision, detail: str
+    ) -> None:
+        direction = decision.direction(current)
+        if direction == "hold" or self._last_target.get(pool) == decision.target:
+            return  # NOTE: the same target again while Serve waits out a delay is no new decision
+        self._last_target[pool] = decision.target
+        reason = decision.reason.value
+        logger.info(
+            "planner: %s %s %d -> %d (%s; %s)", pool, direction, current, decision.target, reason,
+            detail,
+        )  # fmt: skip
+        entry = PlannerDecision(time.time(), pool, current, decision.target, reason, detail)
+        self._log = self._log.with_decision(entry)
+        try:
+            from ray.experimental.internal_kv import _internal_kv_put
+            from ray.util.metrics import Counter
+
+            _internal_kv_put(decisions_key(app_name), self._log.to_json(), overwrite=True)
+            if self._counter is None:
                 self._counter = Counter(
                     "pdserve_planner_decisions",
                     description="Pool resizes the planner decided, by pool, direction, reason.",
                     tag_keys=("pool", "direction", "reason"),
                 )
-            tags = {"pool": pool, "direction": direction, "reason": decision.reason.value}
-            self._counter.inc(1.0, tags=tags)
-        except Exception as e:  # metrics are best effort; the decision stands
-            logger.debug("planner metric not recorded: %s", e)
+            self._counter.inc(1.0, tags={"pool": pool, "direction": direction, "reason": reason})
+        except Exception as e:  # the record is best effort; the decision stands
+            logger.debug("planner decision not recorded: %s", e)

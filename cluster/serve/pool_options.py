@@ -84,13 +84,20 @@ def pool_deployment_options(pool: PoolConfig) -> dict[str, Any]:
     return options
 
 
-def ingress_deployment_options(server: ServerConfig) -> dict[str, Any]:
-    """``Deployment.options(...)`` of the HTTP ingress."""
-    return {
-        "num_replicas": server.num_replicas,
+def ingress_deployment_options(server: ServerConfig, reports_latency: bool) -> dict[str, Any]:
+    """``Deployment.options(...)`` of the HTTP ingress. With ``reports_latency`` (the ``slo``
+    planner) its fixed count is an autoscaling range of one size, because Serve collects
+    custom metrics (the p90 latencies the planner reads) only from autoscaled deployments."""
+    options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": server.num_cpus},
         "max_ongoing_requests": server.max_in_flight_requests * INGRESS_HEADROOM,
     }
+    if reports_latency:
+        size = server.num_replicas
+        options["autoscaling_config"] = {"min_replicas": size, "max_replicas": size}
+    else:
+        options["num_replicas"] = server.num_replicas
+    return options
 
 
 def board_deployment_options() -> dict[str, Any]:

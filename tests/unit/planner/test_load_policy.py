@@ -87,7 +87,7 @@ class FakeContext:
 
 
 def test_the_serve_policy_decides_both_pools_and_leaves_others_alone() -> None:
-    planner = PdservePlanner(**CONFIG.model_dump(mode="json"))
+    planner = PdservePlanner(CONFIG.model_dump(mode="json"))
     contexts = {
         FakeId("Prefill"): FakeContext(
             1, 1, {"pending_prompt_tokens": {"a": 2500.0}, "running": {"a": 3.0}}
@@ -118,7 +118,7 @@ def test_the_planner_is_deployed_as_the_apps_autoscaling_policy() -> None:
     )
     policy = app_schema(config)["autoscaling_policy"]
     assert policy["policy_function"] == POLICY_FUNCTION
-    assert policy["policy_kwargs"]["max_step"] == 1
+    assert policy["policy_kwargs"]["planner"]["max_step"] == 1
     assert "autoscaling_policy" not in app_schema(
         ClusterConfig.model_validate({"model": {"name": "builtin:tiny-moe"}})
     )
