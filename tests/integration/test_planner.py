@@ -1,17 +1,22 @@
 """The planner through Serve: a second app on the shared cluster, sized by pdserve's
-application-level autoscaling policy. A burst of long prompts grows the prefill pool; once the
-burst is over it shrinks back. Removed afterwards, so the shared app is untouched."""
+application-level autoscaling policy, in ``load`` and in ``slo`` mode (with a capacity model
+that makes one prefill replica too slow for the burst's TTFT target). A burst of long prompts
+grows the prefill pool; once the burst is over it shrinks back; each change is in the decision
+log ``pdserve status`` shows. Removed afterwards, so the shared app is untouched."""
 
 from __future__ import annotations
 
 import itertools
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from cluster.ops.launcher import deploy
+from cluster.ops.status_view import planner_log
+from cluster.planner.capacity import CapacityModel, DecodePoint, PrefillPoint
 from cluster.serve.config_file import load_cluster_config
 from tests.integration.conftest import ServingApp, SimCluster
 from tests.integration.support import SERVED_NAME, app_config, wait_until
@@ -21,15 +26,30 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 APP = "pdserve-planner"
 
 
-def _planner_config(port: int) -> dict[str, Any]:
+# One prefill replica is profiled at 200 prompt tokens/s (a 400-token prompt alone takes 2 s,
+# within the 4 s target only while it is nearly idle); decode is profiled as never the limit.
+SLOW_PREFILL = CapacityModel(
+    model="test",
+    device="cpu",
+    prefill=(PrefillPoint(100, 1, 0.5), PrefillPoint(1000, 1, 5.0)),
+    decode=(DecodePoint(1, 64, 0.001), DecodePoint(64, 64, 0.002)),
+)
+
+
+def _planner(mode: str, tmp_path: Path) -> dict[str, Any]:
+    if mode == "load":
+        return {"mode": "load", "prefill_queue_tokens_per_replica": 256, "max_step": 1}
+    profile = tmp_path / "profile.json"
+    SLOW_PREFILL.save(profile)
+    return {"mode": "slo", "profile": str(profile), "ttft_p90_ms": 4000, "max_step": 1}
+
+
+def _planner_config(port: int, planner: dict[str, Any]) -> dict[str, Any]:
     scaling = {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0.0}
     raw = app_config(
         port,
         cluster={"app_name": APP, "route_prefix": "/planner"},
-        scheduler={
-            "local_prefill_threshold_tokens": 16,
-            "planner": {"mode": "load", "prefill_queue_tokens_per_replica": 256, "max_step": 1},
-        },
+        scheduler={"local_prefill_threshold_tokens": 16, "planner": planner},
     )
     for pool in ("prefill", "decode"):
         raw[pool].pop("num_replicas", None)
@@ -42,10 +62,12 @@ def _target(serving_app: ServingApp, name: str) -> int:
     return int(app.get("deployments", {}).get(name, {}).get("target_num_replicas", -1))
 
 
+@pytest.mark.parametrize("mode", ["load", "slo"])
 def test_the_planner_grows_prefill_under_a_burst_and_shrinks_it_after(
-    serving_app: ServingApp, sim_cluster: SimCluster
+    mode: str, serving_app: ServingApp, sim_cluster: SimCluster, tmp_path: Path
 ) -> None:
-    config = load_cluster_config(_planner_config(serving_app.config.server.port))
+    raw = _planner_config(serving_app.config.server.port, _planner(mode, tmp_path))
+    config = load_cluster_config(raw)
     endpoint = deploy(config, sim_cluster.dashboard_url, timeout_s=300)
     stop = threading.Event()
     failures: list[str] = []
@@ -73,6 +95,10 @@ def test_the_planner_grows_prefill_under_a_burst_and_shrinks_it_after(
             thread.join(120)
         wait_until(lambda: _target(serving_app, "Prefill") == 1, 180, "idle prefill shrinks")
         assert not failures, failures
+        log = planner_log(APP)
+        assert log is not None and log.mode == mode
+        prefill = [(d.previous, d.target) for d in log.decisions if d.pool == "Prefill"]
+        assert (1, 2) in prefill and prefill[-1] == (2, 1), log
     finally:
         stop.set()
         serving_app.rest.remove(APP)
