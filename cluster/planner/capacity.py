@@ -53,6 +53,8 @@ class CapacityModel:
     device: str
     prefill: tuple[PrefillPoint, ...]
     decode: tuple[DecodePoint, ...]
+    max_num_seqs: int | None = None
+    """The profiled decode engine's ``max_num_seqs``: no replica runs more, however fast."""
 
     def __post_init__(self) -> None:
         if not any(p.batch == 1 for p in self.prefill):
@@ -88,7 +90,11 @@ class CapacityModel:
 
     def max_concurrency(self, itl_target_s: float, context_len: float) -> float:
         """Most sequences one decode replica runs with steps within ``itl_target_s`` (at least
-        1: a single sequence is served however slow it is)."""
+        1: a single sequence is served however slow it is; at most ``max_num_seqs``)."""
+        fastest = self._fastest_concurrency(itl_target_s, context_len)
+        return fastest if self.max_num_seqs is None else min(fastest, float(self.max_num_seqs))
+
+    def _fastest_concurrency(self, itl_target_s: float, context_len: float) -> float:
         low, high = 1.0, 1.0
         while self.itl_s(high * 2, context_len) <= itl_target_s and high < 1 << 16:
             high *= 2

@@ -115,7 +115,8 @@ def profile(
         if decode_engine is not prefill_engine:
             decode_engine.close()
     name = torch_device_name(device)
-    return CapacityModel(config.model.name, name, tuple(prefill), tuple(decode))
+    max_seqs = config.engine_for("decode").max_num_seqs
+    return CapacityModel(config.model.name, name, tuple(prefill), tuple(decode), max_seqs)
 
 
 def _prefill_points(

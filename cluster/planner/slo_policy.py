@@ -6,10 +6,11 @@ tokens takes ``s = prefill_seconds(L)`` alone, and at utilisation ``rho`` its TT
 highest utilisation that meets ``ttft_p90_ms`` is ``1 - s / target`` (kept within 0.1..0.9),
 and the pool needs ``arrival tokens/s / (tokens/s per replica * that utilisation)`` replicas —
 at least enough to work off the tokens already queued within one target. Decode needs
-``concurrency / max_concurrency(itl target, context)`` replicas, and never fewer than KV usage
-asks for (the ``load`` rule). Both read the capacity model through correction factors:
-observed p90 over predicted p90, smoothed, so a model profiled on a quieter day (or a prompt
-mix it did not see) is corrected by what the ingress measures. Pure functions; the Serve
+``concurrency / max_concurrency(itl target, context)`` replicas, never fewer than KV usage asks
+for (the ``load`` rule), and one more while sequences wait for a slot. Both read the capacity
+model through correction factors: observed p90 over predicted p90, smoothed, so a model
+profiled on a quieter day (or a prompt mix it did not see) is corrected by what the ingress
+measures. Pure functions; the Serve
 policy (``cluster.serve.planner_policy``) feeds them predicted load and keeps the corrections.
 """
 
@@ -51,6 +52,8 @@ class DecodeSignals:
     context_len: float = 0.0
     """Mean tokens per running sequence (0: not seen yet)."""
     kv_usage: float = 0.0
+    waiting: float = 0.0
+    """Sequences queued for a batch slot or KV (part of ``concurrency``)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def plan_decode_slo(
     by_itl = math.ceil(load.concurrency / per_replica - 1e-9)
     by_kv = math.ceil(max(load.num_replicas, 1) * load.kv_usage / config.decode_kv_usage_target)
     need, reason = (by_itl, Reason.ITL_SLO) if by_itl >= by_kv else (by_kv, Reason.KV_PRESSURE)
+    if load.waiting > 0 and need <= load.num_replicas:
+        need, reason = load.num_replicas + 1, Reason.DECODE_QUEUE
     need = max(need, 1)
     if need == load.num_replicas:
         reason = Reason.STEADY

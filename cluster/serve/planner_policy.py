@@ -140,7 +140,7 @@ class PdservePlanner:
         if decode is not None:
             ahead_d = DecodeSignals(
                 decode.num_replicas, max(decode.concurrency, self._concurrency.predict(horizon)),
-                decode.context_len, decode.kv_usage,
+                decode.context_len, decode.kv_usage, decode.waiting,
             )  # fmt: skip
             out[DECODE_DEPLOYMENT] = (plan_decode_slo(ahead_d, self.capacity, self.config, k),
                                       f"{ahead_d} itl x{k.itl:.2f}")  # fmt: skip
@@ -161,7 +161,7 @@ class PdservePlanner:
             m = pools[DECODE_DEPLOYMENT][1]
             decode = DecodeSignals(
                 m.num_replicas, m.total("running") + m.total("waiting"),
-                m.mean("context_len", skip_zero=True), m.mean("kv_usage"),
+                m.mean("context_len", skip_zero=True), m.mean("kv_usage"), m.total("waiting"),
             )  # fmt: skip
         return prefill, decode
 
@@ -179,7 +179,9 @@ class PdservePlanner:
         k = self.corrections
         if prefill is not None:
             self._rate.observe(now_s, prefill.prompt_tokens_rate)
-            if prefill.prompt_tokens_rate > 0 and ttft > 0:
+            # NOTE: TTFT beyond the model is prefill's only while decode is not queueing
+            decode_queued = decode is not None and decode.waiting > 0
+            if prefill.prompt_tokens_rate > 0 and ttft > 0 and not decode_queued:
                 expected = predicted_ttft_s(prefill, self.capacity)
                 k = Corrections(corrected(k.ttft, ttft, expected), k.itl)
         if decode is not None:

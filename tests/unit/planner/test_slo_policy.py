@@ -106,6 +106,15 @@ def test_decode_follows_concurrency_context_and_kv() -> None:
     assert plan_decode_slo(DecodeSignals(3), MODEL, CONFIG, K).reason == Reason.IDLE
     slower = plan_decode_slo(DecodeSignals(1, 50, 100, 0.2), MODEL, CONFIG, Corrections(itl=1.5))
     assert slower.target == 5
+    queued = plan_decode_slo(DecodeSignals(2, 6, 100, 0.2, waiting=2), MODEL, CONFIG, K)
+    assert (queued.target, queued.reason) == (3, Reason.DECODE_QUEUE)
+
+
+def test_a_replica_never_runs_more_sequences_than_its_engine_allows() -> None:
+    capped = CapacityModel("m", "cpu", MODEL.prefill, MODEL.decode, max_num_seqs=8)
+    assert capped.max_concurrency(0.030, 100) == 8.0
+    decision = plan_decode_slo(DecodeSignals(4, 50, 100, 0.2), capped, CONFIG, K)
+    assert decision.target == 7  # 50 sequences, 8 each
 
 
 def test_corrections_move_toward_observed_over_predicted_and_stay_bounded() -> None:

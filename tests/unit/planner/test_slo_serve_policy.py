@@ -86,6 +86,14 @@ def test_a_ramp_is_met_ahead_and_observed_latency_corrects_the_model(monkeypatch
     for _ in range(20):  # clients see 4x the TTFT the model expects
         slow(contexts(rate=800, seqs=1, ttft=2.0))  # model: 0.5 s
     assert slow.corrections.ttft > 2.0
+    queued = planner(prediction_horizon_s=0)
+    for _ in range(20):  # slow first tokens while decode queues are decode's, not prefill's
+        ctx = contexts(rate=800, seqs=1, ttft=2.0)
+        next(v for k, v in ctx.items() if k.name == "Decode").aggregated_metrics["waiting"] = {
+            "b": 3.0
+        }
+        queued(ctx)
+    assert queued.corrections.ttft == 1.0
     assert by_name(slow(contexts(rate=800, seqs=1))[0])["Prefill"] > 1
 
 
