@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from core.errors import SamplingParamsError
@@ -43,6 +43,11 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias added to its logit) pairs; a dict ``{id: bias}`` is accepted."""
     kv_keep_alive_s: float | None = None
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -50,9 +55,11 @@ class SamplingParams:
         # NOTE: frozen dataclass; normalise list inputs to tuples so the object stays hashable.
         object.__setattr__(self, "stop", _as_tuple(self.stop, "stop", single=str))
         object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids"))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         self._validate_lengths()
         self._validate_distribution()
         self._validate_stops()
+        self._validate_penalties()
 
     def _validate_lengths(self) -> None:
         _check(
@@ -126,6 +133,33 @@ class SamplingParams:
             f"ignore_eos must be a boolean, got {self.ignore_eos!r}",
         )
 
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(
+                _is_real(value) and -2.0 <= value <= 2.0,
+                name,
+                f"{name} must be a number in [-2, 2], got {value!r}",
+            )
+        _check(
+            _is_real(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 2.0,
+            "repetition_penalty",
+            f"repetition_penalty must be a number in (0, 2], got {self.repetition_penalty!r}",
+        )
+        for token_id, bias in self.logit_bias:
+            _check(
+                -100.0 <= bias <= 100.0,
+                "logit_bias",
+                f"logit_bias values must be in [-100, 100], got {bias!r} for token {token_id}",
+            )
+
+    @property
+    def penalized(self) -> bool:
+        """True when a presence, frequency or repetition penalty changes the logits."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
+
     @property
     def greedy(self) -> bool:
         """True when the highest-probability token is always chosen."""
@@ -155,6 +189,26 @@ def _as_tuple(value: object, param: str, *, single: type | None = None) -> tuple
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise SamplingParamsError(f"{param} must be a list, got {value!r}", param=param)
     return tuple(value)
+
+
+def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as sorted (id, bias) pairs, from pairs or an OpenAI-style dict whose keys
+    may be token ids written as strings."""
+    items = value.items() if isinstance(value, Mapping) else _as_tuple(value, "logit_bias")
+    pairs: dict[int, float] = {}
+    for item in items:
+        parts = tuple(item) if isinstance(item, tuple | list) else ()
+        key: object = parts[0] if len(parts) == 2 else None
+        bias: object = parts[1] if len(parts) == 2 else None
+        if isinstance(key, str) and key.strip().isdigit():
+            key = int(key)
+        if not _is_int(key) or key < 0 or not _is_real(bias):  # type: ignore[operator]
+            raise SamplingParamsError(
+                f"logit_bias must map token ids (integers >= 0) to numbers, got {item!r}",
+                param="logit_bias",
+            )
+        pairs[key] = float(bias)  # type: ignore[index, arg-type]
+    return tuple(sorted(pairs.items()))
 
 
 def _check(ok: bool, param: str, message: str) -> None:

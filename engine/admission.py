@@ -58,6 +58,13 @@ def check_request(
             f"({vocab_size} tokens)",
             param="logprobs",
         )
+    outside = [token_id for token_id, _ in params.logit_bias if token_id >= vocab_size]
+    if outside:
+        raise SamplingParamsError(
+            f"request {request_id}: logit_bias names token {outside[0]}, outside the vocabulary "
+            f"({vocab_size} tokens)",
+            param="logit_bias",
+        )
 
 
 def request_generator(params: SamplingParams, *, num_draws: int = 0) -> torch.Generator | None:

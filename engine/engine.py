@@ -232,11 +232,14 @@ class LLMEngine:
     def _sampling_row(self, item: ScheduledRequest) -> SamplingRow:
         params = item.sampling_params
         generator = self._generators.get(item.request_id)
+        request = self.scheduler.get_request(item.request_id) if params.penalized else None
         return SamplingRow(
             params=params,
             num_generated_tokens=item.num_output_tokens,
             eos_token_ids=() if params.ignore_eos else self.parts.eos_token_ids,
             generator=generator,
+            prompt_token_ids=request.prompt_token_ids if request is not None else (),
+            output_token_ids=request.output_token_ids if request is not None else (),
         )
 
     @contextlib.contextmanager

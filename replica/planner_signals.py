@@ -41,7 +41,8 @@ class PlannerSignals:
             "pending_prompt_tokens": float(stats.pending_prompt_tokens),
             "kv_usage": stats.kv_blocks_used / total if total else 0.0,
             "running": float(running),
-            "waiting": float(stats.num_waiting),
+            # NOTE: a decode import waiting for its KV pull is no queue a new replica would drain
+            "waiting": float(max(stats.num_waiting - stats.num_waiting_for_kv, 0)),
             "prompt_tokens_rate": rate,
             "prompt_len": self._prompt_len,
             "context_len": stats.kv_blocks_used * stats.kv_block_size / running if running else 0.0,

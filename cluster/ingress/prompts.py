@@ -208,6 +208,10 @@ class PromptBuilder:
             stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=bool(body.ignore_eos),
             min_tokens=body.min_tokens or 0,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            logit_bias=body.logit_bias or {},  # type: ignore[arg-type]  # validated there
             kv_keep_alive_s=body.kv_keep_alive_s,
         )
         salt = combined_salt(tenant_salt, body.cache_salt)

@@ -43,7 +43,7 @@ class GenerationRequest(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Any] | None = None
     user: str | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
     """vLLM's field: keep only the last N prompt tokens (-1: the last max_model_len - 1)."""
@@ -64,27 +64,6 @@ class GenerationRequest(BaseModel):
     def _only_one_choice(cls, value: int | None) -> int | None:
         if value not in (None, 1):
             raise ValueError(f"only n=1 is supported, got {value}")
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        if value:
-            raise ValueError("penalties are not supported; leave it at 0")
-        return value
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _no_repetition_penalty(cls, value: float | None) -> float | None:
-        if value not in (None, 1.0):
-            raise ValueError("repetition_penalty is not supported; leave it at 1")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported")
         return value
 
     @property

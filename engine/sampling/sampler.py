@@ -1,9 +1,10 @@
 """The sampler: one token per row of a logits batch, under each row's own ``SamplingParams``.
 
-Order of operations (vLLM's): logprobs come from the raw logits; then EOS and stop-token ids are
-masked for rows below ``min_tokens``; greedy rows (temperature < 1e-5) take the argmax; the
-other rows are divided by their temperature, filtered by top-k then top-p, and drawn by
-inverse-CDF sampling from one uniform per row.
+Order of operations (vLLM's): logprobs come from the raw logits; then ``logit_bias`` is added,
+the presence, frequency and repetition penalties applied (:mod:`engine.sampling.penalties`), and
+EOS and stop-token ids masked for rows below ``min_tokens``; greedy rows (temperature < 1e-5)
+take the argmax; the other rows are divided by their temperature, filtered by top-k then top-p,
+and drawn by inverse-CDF sampling from one uniform per row.
 
 Reproducibility: a seeded request carries its own CPU ``torch.Generator`` (:func:`make_generator`)
 that gives exactly one uniform per sampled step, so its tokens depend only on its seed and its
@@ -21,7 +22,7 @@ import torch
 
 from core.sampling import SamplingParams
 from engine.outputs import TokenLogprob
-from engine.sampling import ops
+from engine.sampling import ops, penalties
 
 GREEDY_TEMPERATURE_EPS = 1e-5
 
@@ -37,13 +38,16 @@ class SamplingRow:
 
     ``num_generated_tokens`` counts the request's output tokens before this step (for
     ``min_tokens``); ``eos_token_ids`` are the model's end ids; ``generator`` is the request's
-    own generator (:func:`make_generator`) or None to use the sampler's shared one.
+    own generator (:func:`make_generator`) or None to use the sampler's shared one. The
+    request's prompt and output ids are given when its penalties need them.
     """
 
     params: SamplingParams
     num_generated_tokens: int = 0
     eos_token_ids: tuple[int, ...] = ()
     generator: torch.Generator | None = None
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,8 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
         logits = logits.float()  # no-op for float32 logits
-        masked = ops.mask_tokens(logits, [_banned_token_ids(row) for row in rows])
+        processed = penalties.apply(logits, rows)
+        masked = ops.mask_tokens(processed, [_banned_token_ids(row) for row in rows])
         token_ids = masked.argmax(dim=-1)  # [B]
         random_rows = [i for i, row in enumerate(rows) if not _is_greedy(row.params)]
         if random_rows:

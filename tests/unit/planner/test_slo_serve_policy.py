@@ -141,12 +141,14 @@ def test_a_replica_reports_arrival_rate_prompt_length_and_context() -> None:
     later = ReplicaStats(
         prefill_tokens_total=900, pending_prompt_tokens=200, requests_total=5,
         kv_blocks_total=100, kv_blocks_used=10, kv_block_size=16, num_running=2,
+        num_waiting=3, num_waiting_for_kv=2,
     )  # fmt: skip
     report = signals.report(later, now_s=2.0)
     assert report["prompt_tokens_rate"] == pytest.approx(500.0)  # 1000 new tokens in 2 s
     assert report["prompt_len"] == pytest.approx(250.0)  # over 4 new requests
     assert report["context_len"] == pytest.approx(80.0)
     assert report["kv_usage"] == pytest.approx(0.1)
+    assert report["waiting"] == 1.0  # imports waiting for their KV are not a queue
 
 
 def test_pdserve_profile_writes_a_capacity_model_and_its_plots(tmp_path) -> None:

@@ -32,9 +32,21 @@ def test_builtin_greedy_matches_hf(name: str) -> None:
         assert len(set(out.token_ids)) > 3, "degenerate output: random weights too flat"
 
 
-def test_prefill_only_then_import_equals_a_local_run(tiny_llama: LLM) -> None:
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=20, temperature=0.8, seed=11),
+        SamplingParams(
+            max_tokens=20, temperature=0.8, seed=11, presence_penalty=0.5,
+            frequency_penalty=0.7, repetition_penalty=1.3, logit_bias={5: 2.0},
+        ),  # the decode side recomputes penalties from the ids it imports
+    ],
+    ids=["plain", "penalties"],
+)  # fmt: skip
+def test_prefill_only_then_import_equals_a_local_run(
+    tiny_llama: LLM, params: SamplingParams
+) -> None:
     """Prefill in engine A (pinned KV), copy the blocks into engine B (import), decode there."""
-    params = SamplingParams(max_tokens=20, temperature=0.8, seed=11)
     prompt = tiny_llama.tokenizer.encode("A prompt that spans a few blocks of sixteen tokens.")
     reference = tiny_llama.generate(prompt_token_ids=[prompt], sampling_params=params)[0]
 
