@@ -55,17 +55,17 @@ from engine.builtin import resolve_model
 MODEL, SERVED, APP = "builtin:tiny-llama", "tiny-llama", "bench-planner"
 # (seconds, requests/s, prompt tokens, output tokens)
 PHASES = (
-    (15, 0.5, 64, 48),  # quiet
-    (25, 2.0, 64, 48),  # moderate: within one decode replica's batch
-    (25, 5.0, 64, 48),  # heavy: more sequences than one replica's max_num_seqs
-    (25, 1.0, 1024, 8),  # the mix shifts to long prompts: prefill-bound
-    (15, 0.3, 64, 48),  # quiet
+    (15, 0.5, 64, 128),  # quiet
+    (30, 2.0, 64, 128),  # streams pile up: more ongoing requests than Serve's target of 2
+    (30, 4.0, 64, 128),  # heavy decode: still one replica's batch at the ITL target?
+    (25, 1.0, 1024, 16),  # the mix shifts to long prompts: prefill-bound
+    (15, 0.3, 64, 64),  # quiet
 )
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--max-replicas", type=int, default=2)
+    p.add_argument("--max-replicas", type=int, default=3)
     p.add_argument("--ttft-ms", type=float, default=1000.0)
     p.add_argument("--itl-ms", type=float, default=100.0)
     p.add_argument("--port", type=int, default=8131)
@@ -90,7 +90,7 @@ def config(args: argparse.Namespace, mode: str, profile_path: Path | None) -> di
             "max_model_len": 2048,
             "kv_cache_memory_bytes": 32 << 20,
             "max_num_batched_tokens": 128,
-            "max_num_seqs": 4,
+            "max_num_seqs": 16,
         },
         "prefill": pool,
         "decode": {**pool, "num_replicas": 2} if mode == "chaos" else pool,
@@ -273,8 +273,8 @@ def main(argv: Sequence[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="pdserve-planner-"))
     profile_path = workdir / "profile.json"
     bench = load_cluster_config(config(args, "default", None))
-    grid = ProfileGrid(prompt_lens=(64, 256, 768), context_lens=(128, 768),
-                       concurrencies=(1, 2, 4))  # fmt: skip
+    grid = ProfileGrid(prompt_lens=(64, 256, 1024), context_lens=(128, 1024),
+                       concurrencies=(1, 4, 8, 16))  # fmt: skip
     capacity = profile(bench, grid)
     capacity.save(profile_path)
     session = start_local_ray(RayClusterConfig(address="local", num_cpus=8))
