@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from core.errors import SamplingParamsError
 
@@ -14,6 +15,20 @@ are refused rather than wrapped (the generator would read -1 as 2**64 - 1, alias
 seeds)."""
 _MAX_INT64 = 2**63 - 1  # integer fields reach torch as int64
 _MAX_FLOAT32 = 3.4028234663852886e38  # float fields reach torch as float32
+
+
+StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Output constrained by a grammar: a JSON schema (``json``, the schema as JSON text), any
+    JSON object, a regular expression, one of fixed strings (``choice``, a JSON list), or an
+    EBNF grammar. ``param`` is the request field it came from, named by errors about it."""
+
+    kind: StructuredKind
+    spec: str = ""
+    param: str = "response_format"
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias added to its logit) pairs; a dict ``{id: bias}`` is accepted."""
+    structured_output: StructuredOutput | None = None
     kv_keep_alive_s: float | None = None
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 

@@ -22,6 +22,7 @@ from engine.outputs import RequestOutput, TokenLogprob
 from engine.prefill_rate import PrefillRate
 from engine.request import FinishReason, Request
 from engine.sampling import Sampler, SamplingRow
+from engine.sampling.grammar import GrammarStates
 from engine.scheduler import Scheduler
 from engine.scheduler.output import (
     ImportAllocation,
@@ -56,6 +57,7 @@ class LLMEngine:
         self.prefill_rate = PrefillRate()
         self._states: dict[str, RequestState] = {}
         self._generators: dict[str, torch.Generator] = {}
+        self.grammars = GrammarStates(parts.tokenizer, parts.arch.vocab_size, parts.eos_token_ids)
 
     @property
     def max_model_len(self) -> int:
@@ -91,6 +93,7 @@ class LLMEngine:
         with self._admitting(request):
             self.scheduler.add_request(request)
             self._track(request_id, state, generator)
+            self.grammars.start(request_id, params.structured_output)
 
     def check_request(
         self,
@@ -109,6 +112,7 @@ class LLMEngine:
             vocab_size=self.parts.arch.vocab_size,
             first_token_id=first_token_id,
         )
+        self.grammars.check(params.structured_output)
 
     # -- disaggregation hooks (prefill role: pin and release; decode role: import) -----------
 
@@ -152,6 +156,7 @@ class LLMEngine:
         with self._admitting(request):
             allocation = self.scheduler.add_import_request(request, first_token_id)
             self._track(request_id, state, generator)
+            self.grammars.start(request_id, params.structured_output, (first_token_id,))
         return allocation
 
     def mark_kv_ready(self, request_id: str) -> bool:
@@ -206,6 +211,7 @@ class LLMEngine:
             rows = [self._sampling_row(by_id[rid]) for rid in logits.request_ids]
             sampled = self.sampler.sample(logits.logits, rows)
             tokens = dict(zip(logits.request_ids, sampled.token_ids, strict=True))
+            self.grammars.accept(tokens)
             logprobs = dict(zip(logits.request_ids, sampled.logprobs, strict=True))
         results: list[RequestOutput] = []
         for update in self.scheduler.update_from_output(plan, tokens):
@@ -238,6 +244,7 @@ class LLMEngine:
             num_generated_tokens=item.num_output_tokens,
             eos_token_ids=() if params.ignore_eos else self.parts.eos_token_ids,
             generator=generator,
+            grammar=self.grammars.get(item.request_id),
             prompt_token_ids=request.prompt_token_ids if request is not None else (),
             output_token_ids=request.output_token_ids if request is not None else (),
         )
@@ -267,3 +274,4 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         self._states.pop(request_id, None)
         self._generators.pop(request_id, None)
+        self.grammars.forget(request_id)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from cluster.ingress.settings import IngressSettings
+from cluster.ingress.structured import structured_output
 from core.errors import InvalidRequestError, PromptTooLongError, SamplingParamsError
 from core.hashing import BlockHash, hash_prompt_blocks
 from core.messages import RoutingKeys
@@ -212,6 +213,7 @@ class PromptBuilder:
             frequency_penalty=body.frequency_penalty or 0.0,
             repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
             logit_bias=body.logit_bias or {},  # type: ignore[arg-type]  # validated there
+            structured_output=structured_output(body),
             kv_keep_alive_s=body.kv_keep_alive_s,
         )
         salt = combined_salt(tenant_salt, body.cache_salt)

@@ -51,6 +51,12 @@ class GenerationRequest(BaseModel):
     """vLLM's field: requests share cached prefix blocks only with requests of the same salt."""
     kv_keep_alive_s: float | None = Field(None, ge=0.0)
     """pdserve extension: keep this session's KV past the idle TTLs for this long."""
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    """Output constraints (``cluster.ingress.structured``): OpenAI's and vLLM's fields."""
 
     @field_validator("truncate_prompt_tokens")
     @classmethod

@@ -1,8 +1,9 @@
 """The sampler: one token per row of a logits batch, under each row's own ``SamplingParams``.
 
 Order of operations (vLLM's): logprobs come from the raw logits; then ``logit_bias`` is added,
-the presence, frequency and repetition penalties applied (:mod:`engine.sampling.penalties`), and
-EOS and stop-token ids masked for rows below ``min_tokens``; greedy rows (temperature < 1e-5)
+the presence, frequency and repetition penalties applied (:mod:`engine.sampling.penalties`), a
+structured-output row's grammar mask applied (:mod:`engine.sampling.grammar`), and EOS and
+stop-token ids masked for rows below ``min_tokens``; greedy rows (temperature < 1e-5)
 take the argmax; the other rows are divided by their temperature, filtered by top-k then top-p,
 and drawn by inverse-CDF sampling from one uniform per row.
 
@@ -22,7 +23,8 @@ import torch
 
 from core.sampling import SamplingParams
 from engine.outputs import TokenLogprob
-from engine.sampling import ops, penalties
+from engine.sampling import grammar, ops, penalties
+from engine.sampling.grammar import GrammarState
 
 GREEDY_TEMPERATURE_EPS = 1e-5
 
@@ -48,6 +50,8 @@ class SamplingRow:
     generator: torch.Generator | None = None
     prompt_token_ids: Sequence[int] = ()
     output_token_ids: Sequence[int] = ()
+    grammar: GrammarState | None = None
+    """The request's structured-output matcher (``engine.sampling.grammar``), if constrained."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
         logits = logits.float()  # no-op for float32 logits
-        processed = penalties.apply(logits, rows)
+        processed = grammar.apply_masks(penalties.apply(logits, rows), [r.grammar for r in rows])
         masked = ops.mask_tokens(processed, [_banned_token_ids(row) for row in rows])
         token_ids = masked.argmax(dim=-1)  # [B]
         random_rows = [i for i, row in enumerate(rows) if not _is_greedy(row.params)]

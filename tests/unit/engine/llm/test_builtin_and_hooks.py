@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from core.errors import ModelNotFoundError, PromptTooLongError, SamplingParamsError
+from core.sampling import StructuredOutput
 from engine import LLM, SamplingParams
 from engine.builtin import resolve_model
 
@@ -40,8 +41,13 @@ def test_builtin_greedy_matches_hf(name: str) -> None:
             max_tokens=20, temperature=0.8, seed=11, presence_penalty=0.5,
             frequency_penalty=0.7, repetition_penalty=1.3, logit_bias={5: 2.0},
         ),  # the decode side recomputes penalties from the ids it imports
+        SamplingParams(
+            max_tokens=40, temperature=0.8, seed=11,
+            structured_output=StructuredOutput("json", '{"type": "object", "properties": '
+                                               '{"a": {"type": "integer"}}, "required": ["a"]}'),
+        ),  # ... and its grammar state, by accepting the first token
     ],
-    ids=["plain", "penalties"],
+    ids=["plain", "penalties", "grammar"],
 )  # fmt: skip
 def test_prefill_only_then_import_equals_a_local_run(
     tiny_llama: LLM, params: SamplingParams
