@@ -45,6 +45,8 @@ class SamplingParams:
     itself always has ``n == 1``. ``kv_keep_alive_s`` asks the engine to keep the request's
     cached KV past the idle TTLs for that many seconds after it ends (a session expecting its
     next turn); the engine bounds it by ``engine.kv_tiers.max_keep_alive_s``.
+    ``structured_output`` constrains the output to a grammar; the grammar then decides where the
+    output may end (``min_tokens`` does not hold a complete one open).
     """
 
     max_tokens: int = 16
@@ -168,6 +170,12 @@ class SamplingParams:
                 "logit_bias",
                 f"logit_bias values must be in [-100, 100], got {bias!r} for token {token_id}",
             )
+
+    @property
+    def held_open_for(self) -> int:
+        """Output tokens before a stop token may end the request: ``min_tokens``, or 0 under a
+        grammar (which decides where constrained output ends)."""
+        return 0 if self.structured_output is not None else self.min_tokens
 
     @property
     def penalized(self) -> bool:

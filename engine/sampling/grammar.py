@@ -154,7 +154,8 @@ def _choice_grammar(spec: str) -> str:
 def apply_masks(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> torch.Tensor:
     """``logits`` [B, V] with each constrained row's disallowed tokens set to -inf (a copy when
     any row is constrained)."""
-    rows = [i for i, state in enumerate(states) if state is not None]
+    # NOTE: a terminated grammar (its stop token sampled under ignore_eos) constrains no more
+    rows = [i for i, state in enumerate(states) if state is not None and not state.terminated]
     if not rows:
         return logits
     import xgrammar as xgr

@@ -126,7 +126,7 @@ def _is_greedy(params: SamplingParams) -> bool:
 
 def _banned_token_ids(row: SamplingRow) -> tuple[int, ...]:
     """Ids that may not be sampled now: EOS and stop tokens until ``min_tokens`` is reached."""
-    if row.num_generated_tokens >= row.params.min_tokens:
+    if row.num_generated_tokens >= row.params.held_open_for:
         return ()
     return row.eos_token_ids + row.params.stop_token_ids
 

@@ -2,9 +2,9 @@
 
 Stop *strings* need the detokenized text and are decided by the engine (``Scheduler.finish``);
 everything decidable from token ids is here. A stop token (EOS unless ``ignore_eos``, or one of
-``stop_token_ids``) counts only after ``min_tokens`` other tokens: the sampler is expected to
-mask those tokens until then, and this check keeps the rule even if it does not. A stop token
-wins over a length limit reached by the same token.
+``stop_token_ids``) counts only after ``min_tokens`` other tokens (none under a grammar): the
+sampler is expected to mask those tokens until then, and this check keeps the rule even if it
+does not. A stop token wins over a length limit reached by the same token.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def check_stop(request: Request, max_model_len: int) -> StopDecision | None:
     """Whether the request's last output token ends it (``None``: keep going)."""
     params = request.sampling_params
     last_token_id = request.output_token_ids[-1]
-    if request.num_output_tokens > params.min_tokens:
+    if request.num_output_tokens > params.held_open_for:
         if last_token_id in params.stop_token_ids:
             return StopDecision(RequestStatus.FINISHED_STOPPED, stop_reason=last_token_id)
         if not params.ignore_eos and last_token_id in request.eos_token_ids:

@@ -96,3 +96,14 @@ def test_bad_constraints_name_their_field(llm: LLM, spec: StructuredOutput, para
         generate(llm, spec, seed=0)
     assert err.value.param == param
     assert generate(llm, StructuredOutput("json_object"), seed=0).finish_reason == "stop"
+
+
+def test_the_grammar_decides_where_output_ends(llm: LLM) -> None:
+    spec = StructuredOutput("choice", '["ab", "cd"]', "guided_choice")
+    held = SamplingParams(temperature=0.0, max_tokens=20, min_tokens=10, structured_output=spec)
+    out = llm.generate("x", sampling_params=held, use_tqdm=False)[0].outputs[0]
+    assert out.text in ("ab", "cd") and out.finish_reason == "stop"
+    free_after = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
+                                structured_output=spec)  # fmt: skip
+    out = llm.generate("x", sampling_params=free_after, use_tqdm=False)[0].outputs[0]
+    assert out.text[:2] in ("ab", "cd") and len(out.token_ids) == 6
