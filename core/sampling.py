@@ -38,8 +38,10 @@ class SamplingParams:
     ``temperature == 0`` means greedy. ``top_k <= 0`` disables top-k. ``stop`` strings are
     matched on the detokenized text and are not emitted; ``stop_token_ids`` end the request
     (the stop token itself is not part of the text). ``logprobs`` asks for the top-n
-    log-probabilities of each sampled position (``None``: none). ``seed`` (0 .. ``MAX_SEED``)
-    gives the request its own generator, so its samples do not depend on its batch neighbours.
+    log-probabilities of each sampled position (``None``: none); ``prompt_logprobs`` for each
+    prompt token's (such a request computes its whole prompt: no prefix-cache hit).
+    ``seed`` (0 .. ``MAX_SEED``) gives the request its own generator, so its samples do not
+    depend on its batch neighbours.
     ``n`` completions per prompt are produced by ``LLM.generate`` (one engine request each;
     sequence ``i`` of a seeded prompt samples with ``seed + i`` modulo 2**64); an engine request
     itself always has ``n == 1``. ``kv_keep_alive_s`` asks the engine to keep the request's
@@ -59,6 +61,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     n: int = 1
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -126,6 +129,12 @@ class SamplingParams:
             self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
             "logprobs",
             f"logprobs must be an integer between 0 and 20, got {self.logprobs!r}",
+        )
+        _check(
+            self.prompt_logprobs is None
+            or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= 20),
+            "prompt_logprobs",
+            f"prompt_logprobs must be an integer between 0 and 20, got {self.prompt_logprobs!r}",
         )
 
     def _validate_stops(self) -> None:

@@ -204,6 +204,9 @@ class LLMEngine:
 
     def _run(self, plan: SchedulerOutput) -> list[RequestOutput]:
         logits = self.runner.execute(plan.scheduled)
+        for request_id, (start, prompt_rows) in logits.prompt_logits.items():
+            if request_id in self._states:
+                self.outputs.add_prompt_logprobs(self._states[request_id], start, prompt_rows)
         tokens: dict[str, int] = {}
         logprobs: dict[str, TokenLogprob | None] = {}
         if logits.request_ids:

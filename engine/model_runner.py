@@ -12,7 +12,7 @@ decode step that fits a captured bucket, on CUDA — by replaying a CUDA graph
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,9 @@ class StepLogits:
 
     request_ids: list[str]
     logits: torch.Tensor  # [num_sampling, vocab] float32
+    prompt_logits: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
+    """Requests asking for prompt logprobs: (first position, logits [chunk tokens, vocab]) of
+    every position this step computed for them."""
 
 
 class ModelRunner:
@@ -75,6 +78,7 @@ class ModelRunner:
         replayed = self._replay(scheduled)
         if replayed is not None:
             return replayed
+        wanted = [i for i in scheduled if i.sampling_params.prompt_logprobs is not None]
         token_ids: list[int] = []
         positions: list[int] = []
         sample_rows: list[int] = []
@@ -94,17 +98,37 @@ class ModelRunner:
         )
         input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)  # [T]
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)  # [T]
-        if self.compiled is not None:
+        if self.compiled is not None and not wanted:
             # NOTE: always at least one row (the last token), so the graph never sees S == 0.
             rows = torch.tensor(sample_rows or [len(token_ids) - 1], device=self.device)
             logits = self.compiled(input_ids, pos, self.storage.kv, meta, rows)
             return StepLogits(sample_ids, logits if sample_rows else logits[:0])
         hidden = self.model(input_ids, pos, self.storage.kv, meta)  # [T, hidden]
+        prompt_logits = self._prompt_logits(scheduled, wanted, hidden)
         if not sample_rows:
-            return StepLogits([], hidden.new_empty((0, 0), dtype=torch.float32))
+            empty = hidden.new_empty((0, 0), dtype=torch.float32)
+            return StepLogits([], empty, prompt_logits)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [S, vocab]
-        return StepLogits(sample_ids, logits)
+        return StepLogits(sample_ids, logits, prompt_logits)
+
+    def _prompt_logits(
+        self,
+        scheduled: list[ScheduledRequest],
+        wanted: list[ScheduledRequest],
+        hidden: torch.Tensor,
+    ) -> dict[str, tuple[int, torch.Tensor]]:
+        """Every computed position's logits for the requests that asked for prompt logprobs."""
+        out: dict[str, tuple[int, torch.Tensor]] = {}
+        if not wanted:
+            return out
+        offset = 0
+        for item in scheduled:
+            if item.sampling_params.prompt_logprobs is not None:
+                rows = hidden[offset : offset + item.num_new_tokens]
+                out[item.request_id] = (item.start_position, self.model.compute_logits(rows))
+            offset += item.num_new_tokens
+        return out
 
     def _replay(self, scheduled: list[ScheduledRequest]) -> StepLogits | None:
         """The step through a captured graph; None when it is not a decode step of a bucket."""

@@ -5,16 +5,20 @@ The scheduler decides token-level stops (EOS, stop token ids, lengths); this mod
 text-level ones. A stop string ends the request and is never emitted; the text of a finishing
 stop token (EOS or a ``stop_token_ids`` entry) is not emitted either, though its id stays in
 ``token_ids`` as HF ``generate()`` keeps it. Where the request asked for ``logprobs``, each
-sampled position becomes vLLM's ``{token_id: Logprob}`` (the sampled token and the top-n).
+sampled position becomes vLLM's ``{token_id: Logprob}`` (the sampled token and the top-n); with
+``prompt_logprobs``, so does each prompt position after the first (vLLM's ``prompt_logprobs``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from core.sampling import SamplingParams
 from engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput, TokenLogprob
 from engine.sampling import StopStringMatcher
+from engine.sampling.ops import top_logprobs
 from engine.scheduler.output import RequestUpdate
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -32,6 +36,7 @@ class RequestState:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[PositionLogprobs] | None = None  # None unless the request asked for them
     cumulative_logprob: float | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None  # [None, position 1, ...]
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class OutputProcessor:
             stops=StopStringMatcher(params.stop),
             logprobs=None if params.logprobs is None else [],
             cumulative_logprob=None if params.logprobs is None else 0.0,
+            prompt_logprobs=None if params.prompt_logprobs is None else [None],
         )
 
     def process(
@@ -106,19 +112,45 @@ class OutputProcessor:
             outputs=[completion],
             finished=finished,
             num_cached_tokens=update.num_cached_tokens,
+            prompt_logprobs=None if state.prompt_logprobs is None else list(state.prompt_logprobs),
             new_token_ids=tuple(new_ids),
             new_text="".join(pieces),
         )
         return ProcessedUpdate(output, check.stop if check.stopped else None)
 
-    def _add_logprob(self, state: RequestState, logprob: TokenLogprob) -> None:
-        if state.logprobs is None or state.cumulative_logprob is None:
+    def add_prompt_logprobs(self, state: RequestState, start: int, logits: torch.Tensor) -> None:
+        """Record the prompt logprobs that one step's logits [n, vocab] at positions ``start``
+        .. give: row ``i`` scores prompt token ``start + i + 1``. Positions already recorded (a
+        recomputation after preemption) are skipped."""
+        known = state.prompt_logprobs
+        if known is None:
             return
+        prompt = state.prompt_token_ids
+        first = len(known) - 1 - start  # rows before it were recorded already
+        last = min(logits.shape[0], len(prompt) - 1 - start)
+        if first < 0 or first >= last:
+            return
+        rows = logits[first:last].float()
+        targets = torch.tensor(prompt[start + first + 1 : start + last + 1], device=rows.device)
+        num_top = state.params.prompt_logprobs or 0
+        chosen, ranks, top_ids, top_values = top_logprobs(rows, targets, num_top)
+        for j, token_id in enumerate(targets.tolist()):
+            top = (tuple(top_ids[j].tolist()), tuple(top_values[j].tolist()))
+            known.append(
+                self._position(TokenLogprob(token_id, float(chosen[j]), int(ranks[j]), *top))
+            )
+
+    def _position(self, logprob: TokenLogprob) -> PositionLogprobs:
         position = {logprob.token_id: self._entry(logprob.token_id, logprob.logprob, logprob.rank)}
         ranked = zip(logprob.top_token_ids, logprob.top_logprobs, strict=True)
         for rank, (token_id, value) in enumerate(ranked, start=1):
             position.setdefault(token_id, self._entry(token_id, value, rank))
-        state.logprobs.append(position)
+        return position
+
+    def _add_logprob(self, state: RequestState, logprob: TokenLogprob) -> None:
+        if state.logprobs is None or state.cumulative_logprob is None:
+            return
+        state.logprobs.append(self._position(logprob))
         state.cumulative_logprob += logprob.logprob
 
     def _entry(self, token_id: int, value: float, rank: int) -> Logprob:

@@ -75,6 +75,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    """With ``SamplingParams.prompt_logprobs``: None for the first prompt token, then each
+    token's ``{token_id: Logprob}`` given the tokens before it."""
     new_token_ids: tuple[int, ...] = ()
     new_text: str = ""
 

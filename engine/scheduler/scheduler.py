@@ -233,7 +233,9 @@ class Scheduler:
         ):
             request = queues.waiting[0]
             computed: ComputedBlocks = NO_HIT
-            if request.num_computed_tokens == 0:  # holds no blocks: look for a cached prefix
+            # NOTE: a request asking for prompt logprobs computes every prompt position
+            wants_all = request.sampling_params.prompt_logprobs is not None
+            if request.num_computed_tokens == 0 and not wants_all:  # look for a cached prefix
                 computed = self.kv.get_computed_blocks(request, request.num_tokens - 1)
                 num_lower = self._lower_tier_hit(request, computed)
                 computed = recorded_hit(request, computed, self.block_size)
