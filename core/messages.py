@@ -36,6 +36,24 @@ class RoutingKeys:
 
 
 @dataclass(frozen=True)
+class LogprobEntry:
+    """A token, its text and its log-probability."""
+
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One position's log-probabilities: the token there and the top-n alternatives (best
+    first; ``SamplingParams.logprobs`` or ``prompt_logprobs`` of them)."""
+
+    chosen: LogprobEntry
+    top: tuple[LogprobEntry, ...] = ()
+
+
+@dataclass(frozen=True)
 class PrefillRequest:
     """Ingress -> prefill: compute the prompt's KV, sample the first token, export the KV."""
 
@@ -62,6 +80,10 @@ class PrefillResult:
     prompt_chunk_ends: tuple[int, ...] = ()
     """Where the prefill's prompt chunks ended (a prefix-cache hit's end included), so a decode
     that must recompute the prompt chunks it the same way (same output)."""
+    first_logprobs: TokenLogprobs | None = None
+    """The first token's, when the request asked for ``logprobs``."""
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
+    """Each prompt token's (None for the first), when it asked for ``prompt_logprobs``."""
 
 
 @dataclass(frozen=True)
@@ -114,3 +136,7 @@ class TokenChunk:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     error: ErrorReport | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    """One per token of ``token_ids`` when the request asked for ``logprobs``."""
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
+    """On a local prefill's first chunk, when the request asked for ``prompt_logprobs``."""

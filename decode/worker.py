@@ -22,16 +22,16 @@ from contextlib import aclosing
 from typing import Literal
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import ConfigError, ErrorReport, InvalidRequestError, PdserveError, TransferError
+from core.errors import ConfigError, InvalidRequestError, PdserveError, TransferError
 from core.kv_events import KVEventBatch
 from core.kv_handle import TransferFailure, TransferState, TransferStatus
 from core.messages import DecodeRequest, TokenChunk
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
+from decode.chunks import aborted_chunk, error_chunk, token_chunk
 from decode.kv_import import KVImport
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
-from engine.outputs import RequestOutput
 from engine.setup import build_engine_parts
 from transfer import GrpcKVTransport, InMemoryTransferMetrics, KVTransport, TransferSide
 
@@ -98,7 +98,7 @@ class DecodeWorker:
                     yield chunk
         except PdserveError as e:
             logger.warning("request %s failed: %s: %s", request_id, e.error_type, e.message)
-            yield _error_chunk(request, e)
+            yield error_chunk(request, e)
 
     async def _generate_local(
         self, request: DecodeRequest, params: SamplingParams
@@ -110,7 +110,7 @@ class DecodeWorker:
         logger.debug("request %s: local prefill of %d tokens", request.request_id, len(prompt))
         try:
             async for output in stream:
-                yield _chunk(output, len(prompt), output.num_cached_tokens)
+                yield token_chunk(output, params, len(prompt), output.num_cached_tokens, local=True)
         finally:
             stream.close()
 
@@ -144,11 +144,11 @@ class DecodeWorker:
             assert kv.stream is not None
             async for output in kv.stream:
                 cached = output.num_cached_tokens if num_cached is None else num_cached
-                yield _chunk(output, len(request.prompt_token_ids), cached)
+                yield token_chunk(output, params, len(request.prompt_token_ids), cached)
         except PdserveError:
             if not kv.aborted:
                 raise
-            yield _aborted_chunk(request)
+            yield aborted_chunk(request)
         finally:
             with self._lock:
                 self._imports.pop(request_id, None)
@@ -220,34 +220,6 @@ class DecodeWorker:
         await asyncio.to_thread(self._transport.close)
         await asyncio.to_thread(self._engine.shutdown)
         self._releaser.shutdown(wait=True)
-
-
-def _chunk(output: RequestOutput, num_prompt_tokens: int, num_cached_tokens: int) -> TokenChunk:
-    return TokenChunk(
-        request_id=output.request_id,
-        token_ids=list(output.new_token_ids),
-        text=output.new_text,
-        finished=output.finished,
-        finish_reason=output.finish_reason,
-        num_prompt_tokens=num_prompt_tokens,
-        num_cached_tokens=num_cached_tokens,
-    )
-
-
-def _aborted_chunk(request: DecodeRequest) -> TokenChunk:
-    return TokenChunk(request.request_id, [], "", True, "abort", len(request.prompt_token_ids), 0)
-
-
-def _error_chunk(request: DecodeRequest, error: PdserveError) -> TokenChunk:
-    return TokenChunk(
-        request_id=request.request_id,
-        token_ids=[],
-        text="",
-        finished=True,
-        finish_reason="error",
-        num_prompt_tokens=len(request.prompt_token_ids),
-        error=ErrorReport.of(error),
-    )
 
 
 def build_decode_worker(

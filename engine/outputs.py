@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.messages import LogprobEntry, TokenLogprobs
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -95,3 +97,36 @@ class RequestOutput:
     def finish_reason(self) -> str | None:
         """Why the first sequence ended (``stop``, ``length``, ``abort``), None while it runs."""
         return self.outputs[0].finish_reason
+
+
+def message_logprobs(position: PositionLogprobs, token_id: int, num_top: int) -> TokenLogprobs:
+    """One position as the typed message the roles send (``core.messages.TokenLogprobs``):
+    ``token_id``'s entry and the ``num_top`` best, best first."""
+    entries = {t: LogprobEntry(t, p.decoded_token or "", p.logprob) for t, p in position.items()}
+    ranked = sorted(
+        (p.rank, t) for t, p in position.items() if p.rank is not None and p.rank <= num_top
+    )
+    return TokenLogprobs(entries[token_id], tuple(entries[t] for _, t in ranked))
+
+
+def new_logprobs(output: RequestOutput, num_top: int | None) -> tuple[TokenLogprobs, ...]:
+    """The positions of ``output.new_token_ids`` (empty unless the request asked for logprobs)."""
+    positions = output.outputs[0].logprobs
+    new = output.new_token_ids
+    if num_top is None or positions is None or not new or len(positions) < len(new):
+        return ()
+    recent = positions[len(positions) - len(new) :]
+    return tuple(message_logprobs(p, t, num_top) for p, t in zip(recent, new, strict=True))
+
+
+def prompt_message_logprobs(
+    output: RequestOutput, num_top: int | None
+) -> tuple[TokenLogprobs | None, ...]:
+    """``output.prompt_logprobs`` as messages (empty unless the request asked for them)."""
+    if num_top is None or output.prompt_logprobs is None:
+        return ()
+    ids = output.prompt_token_ids
+    return tuple(
+        None if p is None else message_logprobs(p, ids[i], num_top)
+        for i, p in enumerate(output.prompt_logprobs)
+    )

@@ -28,7 +28,7 @@ from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, new_logprobs, prompt_message_logprobs
 from engine.setup import build_engine_parts
 from transfer import GrpcKVTransport, InMemoryTransferMetrics, KVTransport, TransferSide
 from transfer.leases import ReleaseCause
@@ -84,7 +84,7 @@ class PrefillWorker:
                 request_id,
                 first.finish_reason,
             )
-            return _result(first, None)
+            return _result(first, request.sampling, None)
         handle, chunk_ends = await self._export(request_id)
         logger.info(
             "request %s: prefilled %d tokens (%d cached); exported %d blocks as %s",
@@ -94,7 +94,7 @@ class PrefillWorker:
             handle.num_blocks,
             handle.transfer_id,
         )
-        return _result(first, handle, chunk_ends)
+        return _result(first, request.sampling, handle, chunk_ends)
 
     async def _first_token(
         self,
@@ -211,8 +211,12 @@ class PrefillWorker:
 
 
 def _result(
-    first: RequestOutput, handle: KVHandle | None, chunk_ends: tuple[int, ...] = ()
+    first: RequestOutput,
+    params: SamplingParams,
+    handle: KVHandle | None,
+    chunk_ends: tuple[int, ...] = (),
 ) -> PrefillResult:
+    first_logprobs = new_logprobs(first, params.logprobs)
     return PrefillResult(
         request_id=first.request_id,
         first_token_id=first.token_ids[0],
@@ -221,6 +225,8 @@ def _result(
         kv_handle=handle,
         finish_reason=first.finish_reason,
         prompt_chunk_ends=chunk_ends,
+        first_logprobs=first_logprobs[-1] if first_logprobs else None,
+        prompt_logprobs=prompt_message_logprobs(first, params.prompt_logprobs),
     )
 
 

@@ -31,7 +31,13 @@ from cluster.ingress.migration import (
 from cluster.ingress.prompts import PreparedPrompt
 from cluster.ingress.settings import IngressSettings
 from core.errors import InvalidRequestError, OverloadedError, PdserveError, UnavailableError
-from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
+from core.messages import (
+    DecodeRequest,
+    PrefillRequest,
+    PrefillResult,
+    TokenChunk,
+    TokenLogprobs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +54,10 @@ class Delta:
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    """One per token when the request asked for logprobs."""
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
+    """On the first delta, when the request asked for prompt logprobs (``echo``)."""
 
 
 @dataclass
@@ -195,7 +205,11 @@ class RequestRun:
         self.usage.num_cached_tokens = result.num_cached_tokens
         done = result.finish_reason is not None or result.kv_handle is None
         finish_reason = (result.finish_reason or "stop") if done else None
-        yield self._delta([result.first_token_id], result.first_text, finish_reason)
+        first_logprobs = () if result.first_logprobs is None else (result.first_logprobs,)
+        yield self._delta(
+            [result.first_token_id], result.first_text, finish_reason,
+            first_logprobs, result.prompt_logprobs,
+        )  # fmt: skip
         if not done:
             async with aclosing(self._decode_stream(self._decode_request(result))) as deltas:
                 async for delta in deltas:
@@ -268,7 +282,10 @@ class RequestRun:
                 text = chunk.text
                 if self._resumed is not None:
                     text = self._resumed.render(list(chunk.token_ids), chunk.finished)
-                yield self._delta(list(chunk.token_ids), text, finish_reason)
+                yield self._delta(
+                    list(chunk.token_ids), text, finish_reason, chunk.logprobs,
+                    chunk.prompt_logprobs,
+                )  # fmt: skip
                 if chunk.finished:
                     return
         finally:
@@ -290,13 +307,20 @@ class RequestRun:
                 f"request {self.request_id}: the decode pool failed to serve it"
             ) from e
 
-    def _delta(self, token_ids: list[int], text: str, finish_reason: str | None) -> Delta:
+    def _delta(
+        self,
+        token_ids: list[int],
+        text: str,
+        finish_reason: str | None,
+        logprobs: tuple[TokenLogprobs, ...] = (),
+        prompt_logprobs: tuple[TokenLogprobs | None, ...] = (),
+    ) -> Delta:
         self.usage.num_generated_tokens += len(token_ids)
         self._sent.extend(token_ids)
         self._text_sent += text
         if finish_reason is not None:
             self.finish_reason = finish_reason
-        return Delta(token_ids, text, finish_reason)
+        return Delta(token_ids, text, finish_reason, logprobs, prompt_logprobs)
 
     def _count(self, decision: DisaggDecision) -> None:
         self._flow.metrics.count_decision(decision.label, decision.reason)
