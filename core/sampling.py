@@ -49,6 +49,9 @@ class SamplingParams:
     next turn); the engine bounds it by ``engine.kv_tiers.max_keep_alive_s``.
     ``structured_output`` constrains the output to a grammar; the grammar then decides where the
     output may end (``min_tokens`` does not hold a complete one open).
+    ``skip_special_tokens`` leaves special tokens (EOS, BOS, ...) out of the text;
+    ``include_stop_str_in_output`` keeps a matched stop string at the end of the text (vLLM's
+    names and defaults).
     """
 
     max_tokens: int = 16
@@ -70,6 +73,8 @@ class SamplingParams:
     """(token id, bias added to its logit) pairs; a dict ``{id: bias}`` is accepted."""
     structured_output: StructuredOutput | None = None
     kv_keep_alive_s: float | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:

@@ -10,32 +10,37 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import Mapping
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from cluster.ingress.admission import Admission, RequestGate, authenticate, tenant_salt
+from cluster.ingress.choices import best, check_choices, collect_all, interleaved, total_usage
 from cluster.ingress.errors import (
-    error_body,
     error_response,
     from_validation_error,
     rejection_reason,
     timeout_response,
     too_large_response,
 )
-from cluster.ingress.flow import Delta, GenerationFlow, RequestRun
+from cluster.ingress.flow import GenerationFlow, RequestRun
 from cluster.ingress.json_body import parse_json_object
 from cluster.ingress.metrics import IngressMetrics
 from cluster.ingress.prompts import PreparedPrompt, PromptBuilder
 from cluster.ingress.public_errors import for_client
-from cluster.ingress.responses import ResponseRenderer
+from cluster.ingress.responses import Choice, Echo, ResponseRenderer
 from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from cluster.ingress.settings import IngressSettings
-from cluster.ingress.streaming import SSE_DONE, EventStreamResponse, sse_event
+from cluster.ingress.sse_body import SSEStream
+from cluster.ingress.streaming import EventStreamResponse
 from cluster.routing.sessions import extract_session_id
-from core.errors import ModelNotFoundError, PdserveError, UnavailableError
+from core.errors import (
+    ModelNotFoundError,
+    PdserveError,
+    UnavailableError,
+)
 from core.ids import new_request_id
 
 logger = logging.getLogger(__name__)
@@ -86,17 +91,24 @@ class GenerationHandlers:
                 self._metrics.count_rejected("body_too_large")
                 return too_large_response(self._settings.server.max_request_body_bytes, headers)
             try:
-                body, prompt = self._prepare(raw, request.headers, chat=chat)
+                body, prompts = self._prepare(raw, request.headers, chat=chat)
+                check_choices(body, self._settings.server.max_n)
             except PdserveError as e:
                 return self._reject(for_client(e, request_id), headers)
             logger.debug("request %s accepted (client id %s)", request_id, client_id)
-            run = self._flow.start(request_id, prompt, arrival_s)
-            renderer = ResponseRenderer(chat=chat, response_id=request_id, model=self._model(body))
+            runs = self._start(request_id, prompts, body, arrival_s)
+            echoes = [_echo(p) if getattr(body, "echo", False) else None for p in prompts]
+            renderer = ResponseRenderer(
+                chat=chat,
+                response_id=request_id,
+                model=self._model(body),
+                logprobs=body.requested_logprobs(),
+            )
             if body.stream:
-                response = await self._stream(run, renderer, body.include_usage, admission, headers)
+                response = await self._stream(runs, renderer, body, echoes, admission, headers)
                 handed_over = isinstance(response, EventStreamResponse)
                 return response
-            return await self._complete(run, renderer, headers)
+            return await self._complete(runs, renderer, body, echoes, headers)
         except PdserveError as e:  # failed after acceptance: counted by the run, not rejected
             return error_response(for_client(e, request_id), headers)
         finally:
@@ -105,7 +117,7 @@ class GenerationHandlers:
 
     def _prepare(
         self, raw: bytes, headers: Mapping[str, str], *, chat: bool
-    ) -> tuple[GenerationRequest, PreparedPrompt]:
+    ) -> tuple[GenerationRequest, list[PreparedPrompt]]:
         data = parse_json_object(raw)
         session_id = extract_session_id(headers, data)
         salt = None
@@ -115,10 +127,10 @@ class GenerationHandlers:
             if chat:
                 chat_body = ChatCompletionRequest.model_validate(data)
                 self._check_model(chat_body.model)
-                return chat_body, self._builder.chat(chat_body, session_id, salt)
-            completion_body = CompletionRequest.model_validate(data)
-            self._check_model(completion_body.model)
-            return completion_body, self._builder.completion(completion_body, session_id, salt)
+                return chat_body, [self._builder.chat(chat_body, session_id, salt)]
+            body = CompletionRequest.model_validate(data)
+            self._check_model(body.model)
+            return body, self._builder.completion_batch(body, session_id, salt)
         except ValidationError as e:
             raise from_validation_error(e) from e
 
@@ -132,38 +144,62 @@ class GenerationHandlers:
     def _model(self, body: GenerationRequest) -> str:
         return body.model or self._settings.model_name
 
+    def _start(
+        self,
+        request_id: str,
+        prompts: list[PreparedPrompt],
+        body: GenerationRequest,
+        arrival_s: float,
+    ) -> list[tuple[int, RequestRun]]:
+        """A run per sequence: each prompt's ``best_of`` (else ``n``) samples, prompt-major."""
+        samples = body.num_samples
+        runs = []
+        for index, prompt in enumerate(prompts):
+            for j in range(samples):
+                k = index * samples + j
+                run_id = request_id if k == 0 else f"{request_id}-{k}"
+                runs.append((index, self._flow.start(run_id, prompt.sample(j), arrival_s)))
+        return runs
+
     async def _complete(
-        self, run: RequestRun, renderer: ResponseRenderer, headers: dict[str, str]
+        self,
+        runs: list[tuple[int, RequestRun]],
+        renderer: ResponseRenderer,
+        body: GenerationRequest,
+        echoes: list[Echo | None],
+        headers: dict[str, str],
     ) -> Response:
-        texts: list[str] = []
-        events = run.events()
         try:
-            async for delta in events:
-                texts.append(delta.text)
+            samples = await collect_all(runs)
         except TimeoutError:
-            return timeout_response(f"request {run.request_id} timed out", headers)
-        finally:
-            await events.aclose()
-        body = renderer.full("".join(texts), run.finish_reason, run.usage)
-        return JSONResponse(body, headers=headers)
+            return timeout_response(f"request {renderer.response_id} timed out", headers)
+        chosen = best(samples, len(echoes), body.num_choices)
+        choices = [
+            Choice(s.text, s.run.finish_reason, s.logprobs, s.prompt_logprobs,
+                   echoes[s.prompt_index])
+            for s in chosen
+        ]  # fmt: skip
+        usage = total_usage([run for _, run in runs], len(echoes))
+        return JSONResponse(renderer.full_choices(choices, usage), headers=headers)
 
     async def _stream(
         self,
-        run: RequestRun,
+        runs: list[tuple[int, RequestRun]],
         renderer: ResponseRenderer,
-        include_usage: bool,
+        body: GenerationRequest,
+        echoes: list[Echo | None],
         admission: Admission,
         headers: dict[str, str],
     ) -> Response:
-        events = run.events()
+        events = interleaved([run for _, run in runs])
         try:
             first = await anext(events)
         except StopAsyncIteration:
             await events.aclose()
-            raise UnavailableError(f"request {run.request_id} produced no output") from None
+            raise UnavailableError(f"request {renderer.response_id} produced no output") from None
         except TimeoutError:
             await events.aclose()
-            return timeout_response(f"request {run.request_id} timed out", headers)
+            return timeout_response(f"request {renderer.response_id} timed out", headers)
         except BaseException:
             await events.aclose()
             raise
@@ -172,8 +208,8 @@ class GenerationHandlers:
             await events.aclose()
             admission.release()
 
-        body = _sse_body(first, events, renderer, include_usage, run)
-        return EventStreamResponse(body, on_close, headers)
+        stream = SSEStream(renderer, body, echoes, [run for _, run in runs])
+        return EventStreamResponse(stream.body(first, events), on_close, headers)
 
     def _reject(self, e: PdserveError, headers: dict[str, str]) -> JSONResponse:
         reason = "draining" if self._gate.draining and e.status_code == 503 else None
@@ -181,29 +217,8 @@ class GenerationHandlers:
         return error_response(e, headers)
 
 
-async def _sse_body(
-    first: Delta,
-    events: AsyncIterator[Delta],
-    renderer: ResponseRenderer,
-    include_usage: bool,
-    run: RequestRun,
-) -> AsyncGenerator[bytes, None]:
-    """The SSE stream: a chunk per delta, the usage chunk, ``[DONE]`` — never just stopping."""
-    try:
-        yield sse_event(renderer.chunk(first, include_usage=include_usage))
-        async for delta in events:
-            if delta.token_ids or delta.finish_reason is not None:
-                yield sse_event(renderer.chunk(delta, include_usage=include_usage))
-        if include_usage:
-            yield sse_event(renderer.usage_chunk(run.usage))
-    except PdserveError as e:
-        logger.warning("request %s failed mid-stream: %s", run.request_id, e.message)
-        yield sse_event(for_client(e, run.request_id).to_openai())
-    except TimeoutError:
-        logger.warning("request %s timed out mid-stream", run.request_id)
-        message = f"request {run.request_id} timed out"
-        yield sse_event(error_body(message, "timeout_error", 408))
-    yield SSE_DONE
+def _echo(prompt: PreparedPrompt) -> Echo:
+    return Echo(prompt.prompt_text, prompt.first_token_text)
 
 
 async def _read_body(request: Request, limit_bytes: int) -> bytes | None:

@@ -9,16 +9,16 @@ hits) and the session id. Every error names the offending field.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from cluster.ingress.request_sampling import sampling_params
 from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from cluster.ingress.settings import IngressSettings
-from cluster.ingress.structured import structured_output
-from core.errors import InvalidRequestError, PromptTooLongError, SamplingParamsError
+from core.errors import InvalidRequestError, PromptTooLongError
 from core.hashing import BlockHash, hash_prompt_blocks
 from core.messages import RoutingKeys
-from core.sampling import SamplingParams
+from core.sampling import MAX_SEED, SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for a completion request."""
@@ -63,6 +63,19 @@ class PreparedPrompt:
     sampling: SamplingParams
     routing: RoutingKeys
     """Block hashes and session id, carried by the requests to both pools."""
+    prompt_text: str = ""
+    """The prompt as text (what ``echo`` sends back)."""
+    first_token_text: str = ""
+    """With ``echo``: the first prompt token's text (the position without a logprob)."""
+
+    def sample(self, index: int) -> PreparedPrompt:
+        """The prompt for choice ``index`` of ``n``: a seeded request's choice ``i`` samples with
+        ``seed + i`` (as ``LLM.generate`` does), so choices differ and each is reproducible."""
+        seed = self.sampling.seed
+        if index == 0 or seed is None:
+            return self
+        sampling = replace(self.sampling, seed=(seed + index) % (MAX_SEED + 1))
+        return replace(self, sampling=sampling)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -94,6 +107,27 @@ class PromptBuilder:
             prompt_ids, "prompt", body.max_tokens, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS
         )
         return self._prepared(prompt_ids, body, max_tokens, session_id, tenant_salt)
+
+    def completion_batch(
+        self,
+        body: CompletionRequest,
+        session_id: str | None = None,
+        tenant_salt: str | None = None,
+    ) -> list[PreparedPrompt]:
+        """One prepared prompt per prompt of a ``/v1/completions`` body: a string, token ids, a
+        list of strings or a list of token-id lists (at most ``server.max_batch_prompts``)."""
+        items = body.prompt
+        if not _is_batch(items):
+            return [self.completion(body, session_id, tenant_salt)]
+        limit = self._settings.server.max_batch_prompts
+        if len(items) > limit:
+            raise InvalidRequestError(
+                f"at most {limit} prompts per request, got {len(items)}", param="prompt"
+            )
+        return [
+            self.completion(body.model_copy(update={"prompt": item}), session_id, tenant_salt)
+            for item in items
+        ]
 
     def chat(
         self,
@@ -132,10 +166,8 @@ class PromptBuilder:
                 raise InvalidRequestError(
                     f"prompt token ids must be in [0, {vocab})", param="prompt"
                 )
-        elif isinstance(prompt, list) and len(prompt) > 1:
-            raise InvalidRequestError(
-                "batched prompts are not supported; send one prompt per request", param="prompt"
-            )
+        elif _is_batch(prompt):
+            raise InvalidRequestError("a batch of prompts here: one prompt each", param="prompt")
         elif prompt is None:
             raise InvalidRequestError("prompt is required", param="prompt")
         else:
@@ -199,41 +231,26 @@ class PromptBuilder:
         session_id: str | None,
         tenant_salt: str | None,
     ) -> PreparedPrompt:
-        sampling = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0,
-            seed=body.seed,
-            stop=_stop_strings(body.stop),
-            stop_token_ids=tuple(body.stop_token_ids or ()),
-            ignore_eos=bool(body.ignore_eos),
-            min_tokens=body.min_tokens or 0,
-            presence_penalty=body.presence_penalty or 0.0,
-            frequency_penalty=body.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-            logit_bias=body.logit_bias or {},  # type: ignore[arg-type]  # validated there
-            structured_output=structured_output(body),
-            kv_keep_alive_s=body.kv_keep_alive_s,
-        )
+        sampling = sampling_params(body, max_tokens)
         salt = combined_salt(tenant_salt, body.cache_salt)
         hashes = hash_prompt_blocks(
             prompt_ids, self._settings.block_size, seed=self._settings.hash_seed, salt=salt
         )
         routing = RoutingKeys(tuple(hashes), len(prompt_ids), session_id, salt)
-        return PreparedPrompt(prompt_ids, sampling, routing)
+        if not getattr(body, "echo", False):
+            return PreparedPrompt(prompt_ids, sampling, routing)
+        decode = self._tokenizer.decode
+        first = decode(prompt_ids[:1], skip_special_tokens=False)
+        return PreparedPrompt(prompt_ids, sampling, routing, decode(prompt_ids), first)
 
 
-def _stop_strings(stop: Any) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise SamplingParamsError(
-            "stop must be a non-empty string or a list of non-empty strings", param="stop"
-        )
-    return tuple(stop)
+def _is_batch(prompt: Any) -> bool:
+    """A list of prompts (strings or token-id lists), not one prompt of token ids."""
+    return (
+        isinstance(prompt, list)
+        and len(prompt) > 1
+        and all(isinstance(item, str | list) for item in prompt)
+    )
 
 
 def _is_int(value: Any) -> bool:

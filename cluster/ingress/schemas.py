@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` adds a final chunk with the token counts."""
+    """``stream_options``: ``include_usage`` adds a final chunk with the token counts;
+    ``continuous_usage_stats`` (vLLM) puts the counts so far on every chunk."""
 
     model_config = ConfigDict(extra="ignore")
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class GenerationRequest(BaseModel):
@@ -37,7 +39,11 @@ class GenerationRequest(BaseModel):
     stop: Any = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
-    n: int | None = None
+    n: int | None = Field(None, ge=1)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    """vLLM's field: the top-N log-probabilities of every prompt token."""
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
@@ -65,55 +71,69 @@ class GenerationRequest(BaseModel):
             raise ValueError("truncate_prompt_tokens must be >= 1 (or -1 for max_model_len - 1)")
         return value
 
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError(f"only n=1 is supported, got {value}")
-        return value
-
     @property
     def include_usage(self) -> bool:
         """True when a streamed response ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """True when every streamed chunk carries the usage so far."""
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+    @property
+    def num_choices(self) -> int:
+        """``n``: choices per prompt."""
+        return self.n or 1
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences generated per prompt (``best_of`` where given, else ``n``)."""
+        return self.num_choices
+
+    def requested_logprobs(self) -> int | None:
+        """Top-N logprobs per generated token the response shows (None: none)."""
+        return None
+
+    def sampling_logprobs(self) -> int | None:
+        """What the engine computes: the shown top-N, or 0 when ``best_of`` ranks choices by
+        their cumulative logprob without showing them."""
+        shown = self.requested_logprobs()
+        return 0 if shown is None and self.num_samples > self.num_choices else shown
+
+    def sampling_prompt_logprobs(self) -> int | None:
+        """Top-N logprobs of every prompt token the engine computes (None: none)."""
+        return self.prompt_logprobs
 
 
 class CompletionRequest(GenerationRequest):
     """``POST /v1/completions``."""
 
     prompt: Any = None
-    echo: bool | None = None
+    echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
-    logprobs: int | None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError("echo is not supported")
-        return value
+    best_of: int | None = Field(None, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
 
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, value: str | None) -> str | None:
         if value:
-            raise ValueError("suffix is not supported")
+            raise ValueError("suffix is not supported: pdserve serves no fill-in-the-middle model")
         return value
 
-    @field_validator("best_of")
-    @classmethod
-    def _one_best(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError(f"only best_of=1 is supported, got {value}")
-        return value
+    @property
+    def num_samples(self) -> int:
+        return max(self.best_of or 1, self.num_choices)
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value is not None:
-            raise ValueError("logprobs are not supported by this server")
-        return value
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def sampling_prompt_logprobs(self) -> int | None:
+        """With ``echo`` the prompt's logprobs are shown too."""
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -124,21 +144,17 @@ class ChatCompletionRequest(GenerationRequest):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError("logprobs are not supported by this server")
-        return value
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @field_validator("top_logprobs")
     @classmethod
-    def _no_top_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError("top_logprobs are not supported by this server")
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
         return value
+
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -1,4 +1,4 @@
-"""``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes, for clients that size prompts.
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /version`` in vLLM's shapes.
 
 ``/tokenize`` takes ``{"model", "prompt", "add_special_tokens"}`` (completion style: special
 tokens such as BOS are added unless ``add_special_tokens`` is false, exactly as
@@ -8,11 +8,13 @@ special tokens added by default, as ``/v1/chat/completions`` does) and answers `
 "max_model_len", "tokens", "token_strs"}``. ``/detokenize`` takes ``{"model", "tokens"}`` and
 answers ``{"prompt"}``. Neither checks the prompt against ``max_model_len``: a client asks
 precisely to learn whether its prompt fits. API keys, the body-size limit and the model-name
-check are those of the generation routes; nothing reaches a worker.
+check are those of the generation routes; nothing reaches a worker. ``/version`` answers
+``{"version"}``, the installed pdserve package's.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -151,7 +153,17 @@ class _TooLargeError(Exception):
 def add_tokenize_routes(
     app: FastAPI, tokenizer: PromptTokenizer, settings: IngressSettings, metrics: IngressMetrics
 ) -> None:
-    """Mount ``/tokenize`` and ``/detokenize`` on ``app``."""
+    """Mount ``/tokenize``, ``/detokenize`` and ``/version`` on ``app``."""
     routes = TokenizeRoutes(tokenizer, settings, metrics)
     app.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
     app.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
+    app.add_api_route("/version", version, methods=["GET"])
+
+
+async def version() -> JSONResponse:
+    """``GET /version``."""
+    try:
+        installed = importlib.metadata.version("pdserve")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was not installed
+        installed = "0+unknown"
+    return JSONResponse({"version": installed})

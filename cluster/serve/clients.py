@@ -13,11 +13,15 @@ its replicas reports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from ray.exceptions import RayActorError
+from ray.serve import context as serve_context
+from ray.serve._private.utils import generate_request_id
 from ray.serve.exceptions import (
     BackPressureError,
     DeploymentUnavailableError,
@@ -34,6 +38,25 @@ from core.stats import ReplicaReport, ReplicaStats
 logger = logging.getLogger(__name__)
 
 _SERVE_UNAVAILABLE = (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError)
+
+
+@contextlib.contextmanager
+def _own_call_id() -> Iterator[None]:
+    """A handle call made inside this block gets an internal request id of its own.
+
+    NOTE: Serve gives a handle call the internal id of the HTTP request it serves, and its
+    request router indexes the calls it is placing by that id (Ray 2.60,
+    ``RequestRouter._add_pending_request_to_indices``): two calls of one request in flight at
+    once (``n`` > 1, a batch of prompts) collide there, and one of them is never placed. Our
+    own code cancels each call it abandons, so nothing relies on Serve's cascade by parent id.
+    """
+    current = serve_context._get_serve_request_context()
+    fresh = dataclasses.replace(current, _internal_request_id=generate_request_id())
+    token = serve_context._serve_request_context.set(fresh)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        serve_context._serve_request_context.reset(token)
 
 
 class PoolWatch:
@@ -97,7 +120,8 @@ class ServePrefillClient:
         Cancelling this call (an ingress timeout, a client that left) cancels the Serve call, so
         the replica aborts the request and frees its blocks instead of computing and pinning
         the prompt for nobody."""
-        response = self._prefill.remote(to_plain(request))
+        with _own_call_id():
+            response = self._prefill.remote(to_plain(request))
         try:
             plain: dict[str, Any] = await response
         except asyncio.CancelledError:
@@ -137,7 +161,8 @@ class ServeDecodeClient:
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
         """Stream the request's chunks; closing this iterator cancels the replica's stream."""
-        stream = self._generate.remote(to_plain(request))
+        with _own_call_id():
+            stream = self._generate.remote(to_plain(request))
         assert isinstance(stream, DeploymentResponseGenerator)  # stream=True handle
         try:
             async for data in stream:

@@ -7,8 +7,9 @@ planner's inputs through ``record_autoscaling_stats`` (``replica.planner_signals
 look-back window into ``ctx.aggregated_metrics[name][replica]``. The planner turns both pools'
 load into targets in one decision — ``load`` mode by thresholds (``cluster.planner.load_policy``),
 ``slo`` mode from the capacity model, predicted load and learned corrections
-(``cluster.planner.slo_policy``); Serve clamps each to the pool's ``autoscaling`` range and
-applies its delays. Every change is logged with its reason, counted as the Ray metric
+(``cluster.planner.slo_policy``), then clamps each to the pool's ``autoscaling`` range (what
+Serve would apply anyway, so the log never shows a size the pool cannot take); Serve applies its
+delays. Every change is logged with its reason, counted as the Ray metric
 ``pdserve_planner_decisions`` (pool, direction, reason) and written for ``pdserve status``
 (``cluster.planner.decisions``).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from cluster.planner.capacity import CapacityModel
@@ -51,6 +53,8 @@ class PoolMetrics:
 
     def __init__(self, ctx: Any) -> None:
         self.num_replicas = int(ctx.current_num_replicas)
+        self.min_replicas = int(getattr(ctx, "capacity_adjusted_min_replicas", 0))
+        self.max_replicas = int(getattr(ctx, "capacity_adjusted_max_replicas", 1 << 30))
         self._metrics: Mapping[str, Mapping[Any, float]] = ctx.aggregated_metrics or {}
 
     def total(self, name: str) -> float:
@@ -59,6 +63,11 @@ class PoolMetrics:
     def mean(self, name: str, skip_zero: bool = False) -> float:
         values = [v for v in self._metrics.get(name, {}).values() if v or not skip_zero]
         return sum(values) / len(values) if values else 0.0
+
+    def bounded(self, decision: PoolDecision) -> PoolDecision:
+        """``decision`` within the pool's autoscaling range."""
+        target = min(max(decision.target, self.min_replicas), self.max_replicas)
+        return decision if target == decision.target else replace(decision, target=target)
 
     def load(self) -> PoolLoad:
         return PoolLoad(
@@ -104,6 +113,7 @@ class PdservePlanner:
         state: dict[Any, dict] = {}
         for name, (decision, detail) in decisions.items():
             deployment_id, metrics = pools[name]
+            decision = metrics.bounded(decision)
             targets[deployment_id] = decision.target
             state[deployment_id] = {"target": decision.target, "reason": decision.reason.value}
             self._record(deployment_id.app_name, name, metrics.num_replicas, decision, detail)

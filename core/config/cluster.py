@@ -255,6 +255,15 @@ class ServerConfig(StrictModel):
     retry_after_s: float = Field(
         1.0, ge=0.0, description="Retry-After sent with a 429 when the server is overloaded."
     )
+    max_n: int = Field(
+        16,
+        ge=1,
+        description="Largest n and best_of one request may ask for (each is that many "
+        "sequences; unbounded, one request could occupy the cluster).",
+    )
+    max_batch_prompts: int = Field(
+        64, ge=1, description="Most prompts one /v1/completions request may batch."
+    )
     max_request_body_bytes: int = Field(
         8 * MIB, ge=1024, description="Largest accepted request body; more gets 413."
     )

@@ -4,7 +4,8 @@ Text is released only when no stop string can still begin in it: the longest suf
 unreleased text that is a prefix of some stop string is held back until the next delta decides
 it. When a stop string completes, the text before it is released and the stream ends. The match
 is the one that completes first (then the one starting earliest, i.e. the longest), which makes
-the result independent of how the text was split into deltas. Pure Python.
+the result independent of how the text was split into deltas. With ``include_stop`` (vLLM's
+``include_stop_str_in_output``) the matched stop string ends the released text. Pure Python.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ class StopCheck:
 class StopStringMatcher:
     """Filters one request's text deltas against its ``SamplingParams.stop`` strings."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], *, include_stop: bool = False) -> None:
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
+        self._include_stop = include_stop
         self._stops = tuple(dict.fromkeys(stops))
         self._max_hold_chars = max((len(s) for s in self._stops), default=1) - 1
         self._prefixes = frozenset(s[:n] for s in self._stops for n in range(1, len(s)))
@@ -58,7 +60,8 @@ class StopStringMatcher:
         if match is not None:
             index, stop = match
             self._held, self._stop = "", stop
-            return self._release(buffer[:index], stop)
+            end = index + len(stop) if self._include_stop else index
+            return self._release(buffer[:end], stop)
         num_held = self._held_suffix_length(buffer)
         self._held = buffer[len(buffer) - num_held :]
         return self._release(buffer[: len(buffer) - num_held], None)

@@ -134,12 +134,15 @@ def test_sampling_fields_reach_the_workers(make_harness: Callable[..., Harness])
         "ignore_eos": True,
         "min_tokens": 2,
         "kv_keep_alive_s": 120,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
     }
     assert run(post(h, "/v1/completions", body)).status_code == 200
     params = h.prefill.requests[0].sampling
     assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (5, 0.5, 0.9, 7)
     assert (params.seed, params.stop, params.stop_token_ids) == (11, ("\n\n", "END"), (3,))
     assert params.ignore_eos and params.min_tokens == 2 and params.kv_keep_alive_s == 120
+    assert not params.skip_special_tokens and params.include_stop_str_in_output
     assert h.decode.requests[0].sampling == h.prefill.requests[0].sampling
 
 

@@ -1,4 +1,5 @@
-"""``/tokenize`` and ``/detokenize``: vLLM's shapes, the same counts the generation routes use."""
+"""``/tokenize``, ``/detokenize`` and ``/version`` in vLLM's shapes; tokenize counts what the
+generation routes count."""
 
 from __future__ import annotations
 
@@ -85,3 +86,17 @@ def test_tokenize_needs_the_api_key(make_harness: Callable[..., Harness]) -> Non
         assert run(post(h, path, body)).status_code == 401
         ok = run(post(h, path, body, authorization="Bearer sk-good"))
         assert ok.status_code == 200, ok.text
+
+
+def test_version_answers_the_installed_package(make_harness: Callable[..., Harness]) -> None:
+    import importlib.metadata
+
+    h = make_harness()
+
+    async def get() -> Any:
+        async with h.client() as client:
+            return await client.get("/version")
+
+    response = run(get())
+    assert response.status_code == 200
+    assert response.json() == {"version": importlib.metadata.version("pdserve")}

@@ -39,6 +39,8 @@ class FakeContext:
     current_num_replicas: int
     target_num_replicas: int
     aggregated_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    capacity_adjusted_min_replicas: int = 0
+    capacity_adjusted_max_replicas: int = 64
 
 
 def planner(**overrides: Any) -> PdservePlanner:
@@ -165,3 +167,22 @@ def test_pdserve_profile_writes_a_capacity_model_and_its_plots(tmp_path) -> None
     assert (tmp_path / "cap.decode.png").stat().st_size > 0
     bad = CliRunner().invoke(app, ["profile", "local", "--prompt-lens", "a,b"])
     assert bad.exit_code == 2 and "comma-separated" in bad.output
+
+
+def test_targets_and_logged_decisions_stay_within_each_pools_autoscaling_range(
+    monkeypatch,
+) -> None:
+    written: list[bytes] = []
+    monkeypatch.setattr(
+        "ray.experimental.internal_kv._internal_kv_put",
+        lambda key, value, overwrite: written.append(value),
+    )
+    burst = contexts(rate=3000, seqs=1)
+    idle = contexts(rate=0, seqs=0)
+    for ctx in (*burst.values(), *idle.values()):
+        ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas = 1, 2
+    assert by_name(planner(prediction_horizon_s=0)(idle)[0])["Prefill"] == 1  # asks for 0
+    assert not written  # held at the minimum: no decision to log
+    assert by_name(planner(prediction_horizon_s=0)(burst)[0])["Prefill"] == 2  # asks for 4
+    log = PlannerLog.from_json(written[-1])
+    assert [(d.pool, d.previous, d.target) for d in log.decisions] == [("Prefill", 1, 2)]
