@@ -62,7 +62,8 @@ def test_every_metric_the_dashboard_queries_is_exported(serving_app: ServingApp)
     long_prompt = "Dashboards read what the ingress exports, " * 4
     for prompt in ("Hi", long_prompt):  # one local and one remote prefill: histograms have series
         body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 3}
-        assert httpx.post(serving_app.url("/v1/completions"), json=body, timeout=60).status_code == 200
+        response = httpx.post(serving_app.url("/v1/completions"), json=body, timeout=60)
+        assert response.status_code == 200, response.text
     text = httpx.get(serving_app.url("/metrics"), timeout=60).text
     families = list(text_string_to_metric_families(text))
     types = {f.name: f.type for f in families}

@@ -21,7 +21,7 @@ def test_panels_have_unique_ids_and_do_not_overlap() -> None:
     cells: set[tuple[int, int]] = set()
     for panel in panels:
         pos = panel["gridPos"]
-        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, panel["title"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
         mine = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"])
                 for y in range(pos["y"], pos["y"] + pos["h"])}  # fmt: skip
         assert not cells & mine, f"{panel['title']} overlaps another panel"
