@@ -231,7 +231,7 @@ class PromptBuilder:
         session_id: str | None,
         tenant_salt: str | None,
     ) -> PreparedPrompt:
-        sampling = sampling_params(body, max_tokens)
+        sampling = sampling_params(body, max_tokens, self._tokenizer.vocab_size)
         salt = combined_salt(tenant_salt, body.cache_salt)
         hashes = hash_prompt_blocks(
             prompt_ids, self._settings.block_size, seed=self._settings.hash_seed, salt=salt

@@ -16,8 +16,15 @@ from core.errors import SamplingParamsError
 from core.sampling import SamplingParams
 
 
-def sampling_params(body: GenerationRequest, max_tokens: int) -> SamplingParams:
-    """The sampling parameters ``body`` asks for, with its output budget ``max_tokens``."""
+def sampling_params(body: GenerationRequest, max_tokens: int, vocab_size: int) -> SamplingParams:
+    """The sampling parameters ``body`` asks for, with its output budget ``max_tokens``; a
+    ``logit_bias`` id outside the model's ``vocab_size`` is refused here, before any worker."""
+    outside = [t for t in body.logit_bias or {} if t.isdigit() and int(t) >= vocab_size]
+    if outside:
+        raise SamplingParamsError(
+            f"logit_bias names token {outside[0]}, outside the vocabulary (size {vocab_size})",
+            param="logit_bias",
+        )
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,

@@ -62,6 +62,7 @@ BAD_BODIES = [
     (COMPLETIONS, {"prompt": LONG, "repetition_penalty": 0}, "repetition_penalty"),
     (COMPLETIONS, {"prompt": LONG, "logit_bias": {"x": 1}}, "logit_bias"),
     (COMPLETIONS, {"prompt": LONG, "logit_bias": {"5": 500}}, "logit_bias"),
+    (COMPLETIONS, {"prompt": LONG, "logit_bias": {"999999": 1}}, "logit_bias"),
     (COMPLETIONS, {"prompt": LONG, "stream_options": {"include_usage": "x"}},
      "stream_options.include_usage"),
     (COMPLETIONS, {}, "prompt"),
