@@ -54,6 +54,24 @@ class TokenLogprobs:
 
 
 @dataclass(frozen=True)
+class StageTimes:
+    """Where one request's time went on a worker before its first token(s), in seconds.
+
+    A prefill (remote, or local on decode) reports ``queue_s`` (waiting for the first batch)
+    and ``prefill_s`` (first batch to first sampled token); a remote prefill adds ``export_s``
+    (pinning and exporting its KV before it answers). A decode that imports KV reports
+    ``transfer_s`` (reserving blocks and pulling them) and ``first_decode_s`` (KV in place to
+    its first token). The ingress assembles them into the request's TTFT breakdown.
+    """
+
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    export_s: float = 0.0
+    transfer_s: float = 0.0
+    first_decode_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class PrefillRequest:
     """Ingress -> prefill: compute the prompt's KV, sample the first token, export the KV."""
 
@@ -84,6 +102,8 @@ class PrefillResult:
     """The first token's, when the request asked for ``logprobs``."""
     prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
     """Each prompt token's (None for the first), when it asked for ``prompt_logprobs``."""
+    stage_times: StageTimes = StageTimes()
+    """Queue, prefill and export time on the prefill replica."""
 
 
 @dataclass(frozen=True)
@@ -140,3 +160,6 @@ class TokenChunk:
     """One per token of ``token_ids`` when the request asked for ``logprobs``."""
     prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
     """On a local prefill's first chunk, when the request asked for ``prompt_logprobs``."""
+    stage_times: StageTimes | None = None
+    """On a stream's first chunk with tokens: a local prefill's queue and prefill time, or an
+    import's transfer and first-decode time."""

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
@@ -25,7 +26,7 @@ from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.errors import ConfigError, InvalidRequestError, PdserveError, TransferError
 from core.kv_events import KVEventBatch
 from core.kv_handle import TransferFailure, TransferState, TransferStatus
-from core.messages import DecodeRequest, TokenChunk
+from core.messages import DecodeRequest, StageTimes, TokenChunk
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from decode.chunks import aborted_chunk, error_chunk, token_chunk
@@ -119,6 +120,7 @@ class DecodeWorker:
     ) -> AsyncGenerator[TokenChunk, None]:
         request_id, handle = request.request_id, request.kv_handle
         assert handle is not None and request.first_token_id is not None
+        started_s = time.monotonic()
         kv = KVImport(
             self._engine,
             self._transport,
@@ -141,10 +143,17 @@ class DecodeWorker:
             )
             status = await kv.pull()
             num_cached = await self._hand_off(kv, status, len(request.prompt_token_ids))
+            ready_s: float | None = time.monotonic()
             assert kv.stream is not None
             async for output in kv.stream:
                 cached = output.num_cached_tokens if num_cached is None else num_cached
-                yield token_chunk(output, params, len(request.prompt_token_ids), cached)
+                times = None
+                if output.new_token_ids and ready_s is not None:
+                    times = StageTimes(transfer_s=ready_s - started_s,
+                                       first_decode_s=time.monotonic() - ready_s)  # fmt: skip
+                    ready_s = None
+                yield token_chunk(output, params, len(request.prompt_token_ids), cached,
+                                  stage_times=times)  # fmt: skip
         except PdserveError:
             if not kv.aborted:
                 raise

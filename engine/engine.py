@@ -203,6 +203,10 @@ class LLMEngine:
             raise
 
     def _run(self, plan: SchedulerOutput) -> list[RequestOutput]:
+        now = time.monotonic()
+        for item in plan.scheduled:
+            if (state := self._states.get(item.request_id)) is not None:
+                state.scheduled(now)
         logits = self.runner.execute(plan.scheduled)
         for request_id, (start, prompt_rows) in logits.prompt_logits.items():
             if request_id in self._states:

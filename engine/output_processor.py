@@ -11,12 +11,20 @@ sampled position becomes vLLM's ``{token_id: Logprob}`` (the sampled token and t
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from core.sampling import SamplingParams
-from engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput, TokenLogprob
+from engine.outputs import (
+    CompletionOutput,
+    Logprob,
+    PositionLogprobs,
+    RequestMetrics,
+    RequestOutput,
+    TokenLogprob,
+)
 from engine.sampling import StopStringMatcher
 from engine.sampling.ops import top_logprobs
 from engine.scheduler.output import RequestUpdate
@@ -37,6 +45,19 @@ class RequestState:
     logprobs: list[PositionLogprobs] | None = None  # None unless the request asked for them
     cumulative_logprob: float | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # [None, position 1, ...]
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+
+    def scheduled(self, now: float) -> None:
+        """The request is in a batch at ``now`` (only the first time counts)."""
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = now
+
+    @property
+    def metrics(self) -> RequestMetrics:
+        """The request's engine timings so far."""
+        return RequestMetrics(self.arrival_time, self.first_scheduled_time, self.first_token_time)
 
 
 @dataclass(frozen=True)
@@ -83,6 +104,8 @@ class OutputProcessor:
         """Apply one step's update (new token ids and/or an end) to ``state``."""
         new_ids = list(update.new_token_ids)
         state.token_ids.extend(new_ids)
+        if new_ids and state.first_token_time is None:
+            state.first_token_time = time.monotonic()
         if logprob is not None:
             self._add_logprob(state, logprob)
         text_ids = new_ids
@@ -119,6 +142,7 @@ class OutputProcessor:
             prompt_logprobs=None if state.prompt_logprobs is None else list(state.prompt_logprobs),
             new_token_ids=tuple(new_ids),
             new_text="".join(pieces),
+            metrics=state.metrics,
         )
         return ProcessedUpdate(output, check.stop if check.stopped else None)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.messages import LogprobEntry, TokenLogprobs
+from core.messages import LogprobEntry, StageTimes, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,34 @@ class CompletionOutput:
 
 
 @dataclass(frozen=True)
+class RequestMetrics:
+    """When the engine saw a request (``time.monotonic()`` seconds in its process, vLLM's
+    names): added, first put in a batch, first token sampled (None until each happens)."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+
+    @property
+    def time_in_queue(self) -> float:
+        """Seconds from arrival to the first batch (0 until scheduled)."""
+        if self.first_scheduled_time is None:
+            return 0.0
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def prefill_time(self) -> float:
+        """Seconds from the first batch to the first sampled token (0 until both happened)."""
+        if self.first_scheduled_time is None or self.first_token_time is None:
+            return 0.0
+        return self.first_token_time - self.first_scheduled_time
+
+    def stage_times(self) -> StageTimes:
+        """Queue and prefill time as the message a role reports them in."""
+        return StageTimes(queue_s=self.time_in_queue, prefill_s=self.prefill_time)
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """The state of one request: after an engine step, or finished from ``LLM.generate``.
 
@@ -69,6 +97,7 @@ class RequestOutput:
     ``num_cached_tokens`` counts prompt tokens served from the prefix cache.
     ``new_token_ids``/``new_text`` are what the last engine step added to ``outputs[0]`` (what a
     stream sends); ``token_ids``, ``text`` and ``finish_reason`` read ``outputs[0]``.
+    ``metrics`` times the request in the engine (queue and prefill, :class:`RequestMetrics`).
     """
 
     request_id: str
@@ -82,6 +111,7 @@ class RequestOutput:
     token's ``{token_id: Logprob}`` given the tokens before it."""
     new_token_ids: tuple[int, ...] = ()
     new_text: str = ""
+    metrics: RequestMetrics | None = None
 
     @property
     def token_ids(self) -> tuple[int, ...]:

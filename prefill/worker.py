@@ -28,8 +28,9 @@ from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
-from engine.outputs import RequestOutput, new_logprobs, prompt_message_logprobs
+from engine.outputs import RequestOutput
 from engine.setup import build_engine_parts
+from prefill.result import prefill_result
 from transfer import GrpcKVTransport, InMemoryTransferMetrics, KVTransport, TransferSide
 from transfer.leases import ReleaseCause
 
@@ -84,8 +85,10 @@ class PrefillWorker:
                 request_id,
                 first.finish_reason,
             )
-            return _result(first, request.sampling, None)
+            return prefill_result(first, request.sampling, None)
+        started_s = time.monotonic()
         handle, chunk_ends = await self._export(request_id)
+        export_s = time.monotonic() - started_s
         logger.info(
             "request %s: prefilled %d tokens (%d cached); exported %d blocks as %s",
             request_id,
@@ -94,7 +97,7 @@ class PrefillWorker:
             handle.num_blocks,
             handle.transfer_id,
         )
-        return _result(first, request.sampling, handle, chunk_ends)
+        return prefill_result(first, request.sampling, handle, chunk_ends, export_s)
 
     async def _first_token(
         self,
@@ -208,26 +211,6 @@ class PrefillWorker:
         await asyncio.to_thread(self._transport.close)
         await asyncio.to_thread(self._engine.shutdown)
         self._exporter.shutdown(wait=True)
-
-
-def _result(
-    first: RequestOutput,
-    params: SamplingParams,
-    handle: KVHandle | None,
-    chunk_ends: tuple[int, ...] = (),
-) -> PrefillResult:
-    first_logprobs = new_logprobs(first, params.logprobs)
-    return PrefillResult(
-        request_id=first.request_id,
-        first_token_id=first.token_ids[0],
-        first_text=first.text,
-        num_cached_tokens=first.num_cached_tokens,
-        kv_handle=handle,
-        finish_reason=first.finish_reason,
-        prompt_chunk_ends=chunk_ends,
-        first_logprobs=first_logprobs[-1] if first_logprobs else None,
-        prompt_logprobs=prompt_message_logprobs(first, params.prompt_logprobs),
-    )
 
 
 def build_prefill_worker(

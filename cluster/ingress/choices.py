@@ -136,4 +136,5 @@ def total_usage(runs: Sequence[RequestRun], num_prompts: int) -> RequestUsage:
         usage.num_prompt_tokens += mine[0].usage.num_prompt_tokens
         usage.num_cached_tokens += max(r.usage.num_cached_tokens for r in mine)
     usage.num_generated_tokens = sum(r.usage.num_generated_tokens for r in runs)
+    usage.ttft_breakdown = runs[0].ttft_breakdown() if runs else None
     return usage

@@ -30,11 +30,13 @@ from cluster.ingress.migration import (
 )
 from cluster.ingress.prompts import PreparedPrompt
 from cluster.ingress.settings import IngressSettings
+from cluster.ingress.ttft_breakdown import TtftBreakdown, with_import, with_prefill
 from core.errors import InvalidRequestError, OverloadedError, PdserveError, UnavailableError
 from core.messages import (
     DecodeRequest,
     PrefillRequest,
     PrefillResult,
+    StageTimes,
     TokenChunk,
     TokenLogprobs,
 )
@@ -67,6 +69,8 @@ class RequestUsage:
     num_prompt_tokens: int
     num_cached_tokens: int = 0
     num_generated_tokens: int = 0
+    ttft_breakdown: TtftBreakdown | None = None
+    """The first choice's (``usage.ttft_breakdown``)."""
 
 
 class GenerationFlow:
@@ -126,6 +130,14 @@ class RequestRun:
         self._sent: list[int] = []  # tokens handed to the client (what a migration resumes)
         self._text_sent = ""
         self._resumed: ResumedText | None = None  # after a migration: the text from the ids
+        self._ttft_s: float | None = None
+        self._stages = StageTimes()
+
+    def ttft_breakdown(self) -> TtftBreakdown | None:
+        """Where this request's TTFT went (None before its first token)."""
+        if self._ttft_s is None:
+            return None
+        return TtftBreakdown(self.prefill_path, self._ttft_s, self._stages)
 
     async def events(self) -> AsyncGenerator[Delta, None]:
         """The request's deltas; raises ``PdserveError`` or ``TimeoutError`` on failure."""
@@ -203,6 +215,7 @@ class RequestRun:
 
     async def _after_remote_prefill(self, result: PrefillResult) -> AsyncGenerator[Delta, None]:
         self.usage.num_cached_tokens = result.num_cached_tokens
+        self._stages = with_prefill(self._stages, result.stage_times)
         done = result.finish_reason is not None or result.kv_handle is None
         finish_reason = (result.finish_reason or "stop") if done else None
         first_logprobs = () if result.first_logprobs is None else (result.first_logprobs,)
@@ -278,6 +291,10 @@ class RequestRun:
                     )
                 if request.first_token_id is None and not self._sent:
                     self.usage.num_cached_tokens = chunk.num_cached_tokens
+                    if chunk.stage_times is not None:
+                        self._stages = with_prefill(self._stages, chunk.stage_times)
+                elif chunk.stage_times is not None and request.first_token_id is not None:
+                    self._stages = with_import(self._stages, chunk.stage_times)
                 finish_reason = (chunk.finish_reason or "stop") if chunk.finished else None
                 text = chunk.text
                 if self._resumed is not None:
@@ -330,7 +347,8 @@ class RequestRun:
         now_s = time.perf_counter()
         if delta.token_ids:
             if self._last_token_s is None:
-                metrics.observe_ttft(self.prefill_path, now_s - self._arrival_s)
+                self._ttft_s = now_s - self._arrival_s
+                metrics.observe_ttft(self.prefill_path, self._ttft_s)
             else:
                 metrics.observe_itl(self.prefill_path, now_s - self._last_token_s)
             self._last_token_s = now_s

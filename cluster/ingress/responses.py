@@ -22,13 +22,16 @@ from core.messages import TokenLogprobs
 
 
 def usage_body(usage: RequestUsage) -> dict[str, Any]:
-    """The OpenAI ``usage`` object."""
-    return {
+    """The OpenAI ``usage`` object, plus pdserve's ``ttft_breakdown`` once a token is out."""
+    body: dict[str, Any] = {
         "prompt_tokens": usage.num_prompt_tokens,
         "completion_tokens": usage.num_generated_tokens,
         "total_tokens": usage.num_prompt_tokens + usage.num_generated_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.num_cached_tokens},
     }
+    if usage.ttft_breakdown is not None:
+        body["ttft_breakdown"] = usage.ttft_breakdown.body()
+    return body
 
 
 @dataclass(frozen=True)

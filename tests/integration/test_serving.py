@@ -75,6 +75,17 @@ def complete(app: ServingApp, prompt: str | list[int], **extra: Any) -> dict[str
     return result
 
 
+def check_ttft_breakdown(breakdown: dict[str, Any], path: str) -> None:
+    """The server's stage times nest inside the TTFT the ingress measured."""
+    assert breakdown["path"] == path
+    assert breakdown["prefill_ms"] > 0 and breakdown["queue_ms"] >= 0
+    within = breakdown["queue_ms"] + breakdown["prefill_ms"] + breakdown["export_ms"]
+    assert within <= breakdown["ttft_ms"] + 0.01, breakdown
+    remote = path == "remote"
+    assert (breakdown["export_ms"] > 0) == remote and (breakdown["transfer_ms"] > 0) == remote
+    assert (breakdown["first_decode_ms"] > 0) == remote
+
+
 def stream_text(app: ServingApp, prompt: str | list[int]) -> tuple[str, int]:
     """Streamed completion text and the number of content events."""
     body = {
@@ -114,6 +125,7 @@ def test_greedy_http_matches_offline_llm(
         after = decisions(app)
         assert after.get(path, 0) == before.get(path, 0) + 1, (before, after)
         assert body["choices"][0]["text"] == reference.text
+        check_ttft_breakdown(body["usage"]["ttft_breakdown"], path)
         assert body["usage"]["completion_tokens"] == len(reference.token_ids) == MAX_TOKENS
         assert body["usage"]["prompt_tokens"] == len(reference.prompt_token_ids)
         streamed, num_events = stream_text(app, prompt)

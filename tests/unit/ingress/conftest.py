@@ -23,7 +23,14 @@ from core.codec import from_plain, to_plain
 from core.config import SchedulerConfig, ServerConfig
 from core.errors import ErrorReport, PdserveError, TransferError
 from core.kv_handle import KVHandle
-from core.messages import DecodeRequest, PrefillReply, PrefillRequest, PrefillResult, TokenChunk
+from core.messages import (
+    DecodeRequest,
+    PrefillReply,
+    PrefillRequest,
+    PrefillResult,
+    StageTimes,
+    TokenChunk,
+)
 from engine.builtin.specs import BUILTIN_SPECS
 from engine.builtin.writer import write_tokenizer_files
 from engine.tokenizer import Tokenizer
@@ -81,6 +88,7 @@ class FakePrefill:
     error: BaseException | None = None
     is_healthy: bool = True
     delay_s: float = 0.0
+    stage_times: StageTimes = StageTimes()
     requests: list[PrefillRequest] = field(default_factory=list)
 
     async def prefill(self, request: PrefillRequest) -> PrefillResult:
@@ -99,6 +107,7 @@ class FakePrefill:
             self.num_cached_tokens,
             handle,
             self.finish_reason,
+            stage_times=self.stage_times,
         )
         return over_the_wire(PrefillReply(result=result)).unwrap()
 
@@ -129,6 +138,8 @@ class FakeDecode:
     end_early: bool = False
     is_healthy: bool = True
     on_start: Callable[[DecodeRequest], None] | None = None
+    stage_times: StageTimes | None = None
+    """Sent on the first chunk (a worker's queue/prefill or transfer/first-decode times)."""
     requests: list[DecodeRequest] = field(default_factory=list)
     num_closed: int = 0
 
@@ -152,7 +163,8 @@ class FakeDecode:
                 if i == self.hang_after:
                     await asyncio.Event().wait()
                 last = i == len(steps) - 1 and not self.end_early
-                yield self._chunk(request, [token_id], text, finished=last)
+                times = self.stage_times if i == 0 else None
+                yield self._chunk(request, [token_id], text, finished=last, stage_times=times)
         finally:
             self.num_closed += 1
 
@@ -164,6 +176,7 @@ class FakeDecode:
         *,
         finished: bool = False,
         error: PdserveError | None = None,
+        stage_times: StageTimes | None = None,
     ) -> TokenChunk:
         return over_the_wire(
             TokenChunk(
@@ -175,6 +188,7 @@ class FakeDecode:
                 num_prompt_tokens=len(request.prompt_token_ids),
                 num_cached_tokens=self.num_cached_tokens,
                 error=None if error is None else ErrorReport.of(error),
+                stage_times=stage_times,
             )
         )
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from core.hashing import hash_prompt_blocks
+from core.messages import StageTimes
 from engine.tokenizer import Tokenizer
 
 from .conftest import HANDLE, MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads
@@ -22,7 +25,9 @@ async def post(h: Harness, path: str, body: dict[str, Any], **headers: str) -> A
 def test_completion_remote_prefill_then_decode(
     make_harness: Callable[..., Harness], tokenizer: Tokenizer
 ) -> None:
-    h = make_harness()
+    prefill = FakePrefill(delay_s=0.03, stage_times=StageTimes(0.004, 0.010, export_s=0.001))
+    decode = FakeDecode(stage_times=StageTimes(transfer_s=0.02, first_decode_s=0.003))
+    h = make_harness(prefill=prefill, decode=decode)
     r = run(post(h, "/v1/completions", {"prompt": LONG, "max_tokens": 3, "temperature": 0}))
     assert r.status_code == 200, r.text
     body = r.json()
@@ -32,6 +37,13 @@ def test_completion_remote_prefill_then_decode(
         {"index": 0, "text": "hello", "logprobs": None, "finish_reason": "length"}
     ]
     prompt_ids = tokenizer.encode(LONG)
+    breakdown = body["usage"].pop("ttft_breakdown")
+    assert breakdown["ttft_ms"] >= 30.0  # the prefill's delay
+    assert breakdown["dispatch_ms"] == pytest.approx(breakdown["ttft_ms"] - 15.0, abs=0.01)
+    assert {k: v for k, v in breakdown.items() if k not in ("ttft_ms", "dispatch_ms")} == {
+        "path": "remote", "queue_ms": 4.0, "prefill_ms": 10.0, "export_ms": 1.0,
+        "transfer_ms": 20.0, "first_decode_ms": 3.0,
+    }  # fmt: skip
     assert body["usage"] == {
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": 3,
@@ -47,10 +59,14 @@ def test_completion_remote_prefill_then_decode(
 
 
 def test_short_prompt_prefills_locally_on_decode(make_harness: Callable[..., Harness]) -> None:
-    h = make_harness(decode=FakeDecode(num_cached_tokens=2))
+    times = StageTimes(queue_s=0.002, prefill_s=0.005)
+    h = make_harness(decode=FakeDecode(num_cached_tokens=2, stage_times=times))
     r = run(post(h, "/v1/completions", {"prompt": SHORT, "max_tokens": 3}))
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == "hello"
+    breakdown = r.json()["usage"]["ttft_breakdown"]
+    assert breakdown["path"] == "local" and breakdown["transfer_ms"] == 0.0
+    assert (breakdown["queue_ms"], breakdown["prefill_ms"]) == (2.0, 5.0)
     assert r.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
     assert h.prefill.requests == []
     (decode_req,) = h.decode.requests
