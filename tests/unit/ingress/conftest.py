@@ -88,7 +88,7 @@ class FakePrefill:
     error: BaseException | None = None
     is_healthy: bool = True
     delay_s: float = 0.0
-    stage_times: StageTimes = StageTimes()
+    stage_times: StageTimes = field(default_factory=StageTimes)
     requests: list[PrefillRequest] = field(default_factory=list)
 
     async def prefill(self, request: PrefillRequest) -> PrefillResult:
