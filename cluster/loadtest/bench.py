@@ -17,6 +17,7 @@ from cluster.loadtest.client import OpenAIStreamClient, first_model
 from cluster.loadtest.counters import counting_report
 from cluster.loadtest.metrics import DEFAULT_PERCENTILE_METRICS, summarize
 from cluster.loadtest.runner import OnDone, run_sessions
+from cluster.loadtest.server_timing import breakdown_summary
 from cluster.loadtest.text import TextSynthesizer
 from cluster.loadtest.tokens import TokenCounter
 from cluster.loadtest.types import RequestRecord, Session
@@ -115,4 +116,7 @@ async def run_benchmark(
     )
     counting = counting_report(result.records, counter)
     summary = {**run_settings(config, model), **counting, **metrics}
+    timings = [r.server_timing for r in result.records if r.server_timing is not None]
+    if timings:
+        summary["ttft_breakdown"] = breakdown_summary(timings)
     return BenchOutput(config=config, model=model, records=result.records, summary=summary)

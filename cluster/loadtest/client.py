@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from cluster.loadtest.server_timing import ServerTiming
 from cluster.loadtest.sse import SSEEvent, SSEParser
 from cluster.loadtest.types import FailureKind, StreamOutcome
 from core.config import LoadTestTargetConfig
@@ -51,6 +52,7 @@ class _StreamState:
         self.num_chunks = 0
         self.usage_prompt: int | None = None
         self.usage_output: int | None = None
+        self.server_timing: ServerTiming | None = None
         self.done = False
         self.headers_received = False
         self.failure: tuple[FailureKind, str, int | None] | None = None
@@ -98,6 +100,7 @@ class _StreamState:
         if usage:
             self.usage_output = usage.get("completion_tokens")
             self.usage_prompt = usage.get("prompt_tokens")
+            self.server_timing = ServerTiming.parse(usage) or self.server_timing
 
     def outcome(self) -> StreamOutcome:
         if self.failure is None and not self.done:
@@ -118,6 +121,7 @@ class _StreamState:
             failure_kind=kind,
             error=message,
             http_status=status,
+            server_timing=self.server_timing,
         )
 
 

@@ -3,6 +3,8 @@
 - ``ttft_vs_input``: TTFT of each successful request against its prompt length;
 - ``itl_cdf``: the empirical CDF of every inter-token gap;
 - ``timeline``: output tokens per second and requests in flight, per 1-second bucket;
+- ``ttft_breakdown``: the server-reported stages of each request's TTFT, stacked (when the
+  server reports them: ``cluster.loadtest.server_timing``);
 - ``interference`` (long-short mix only): the short requests' TTFT over time with the long
   prompts' prefill windows shaded, and their ITL CDF during those windows against outside them.
 """
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from cluster.loadtest.interference import prefill_windows, split_short_samples
+from cluster.loadtest.server_timing import write_breakdown_plot
 from cluster.loadtest.types import RequestRecord
 
 
@@ -76,7 +79,13 @@ def write_plots(records: Sequence[RequestRecord], stem: Path) -> list[Path]:
     if any(r.label == "long" for r in records) and any(r.label == "short" for r in records):
         interference = stem.with_name(stem.name + ".interference.png")
         paths.append(write_interference_plot(records, interference))
-    return paths
+    timed = [r for r in ok if r.server_timing is not None]
+    breakdown = write_breakdown_plot(
+        [r.start_s for r in timed],
+        [r.server_timing for r in timed if r.server_timing is not None],
+        stem.with_name(stem.name + ".ttft_breakdown.png"),
+    )
+    return paths if breakdown is None else [*paths, breakdown]
 
 
 def write_interference_plot(records: Sequence[RequestRecord], path: Path) -> Path:

@@ -138,6 +138,7 @@ def _record(sent: _Sent, start_s: float, counter: TokenCounter) -> RequestRecord
         max_output_tokens=sent.max_output_tokens,
         output_token_source=source,
         expected_prompt_tokens=expected_prompt_tokens,
+        server_timing=out.server_timing,
         prompt_token_source="usage" if out.usage_prompt_tokens else "bench",
         label=sent.label,
     )

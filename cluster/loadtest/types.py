@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from cluster.loadtest.server_timing import ServerTiming
+
 
 class FailureKind(enum.Enum):
     """Why a request did not count as a success."""
@@ -62,6 +64,7 @@ class StreamOutcome:
     failure_kind: FailureKind | None = None
     error: str = ""
     http_status: int | None = None
+    server_timing: ServerTiming | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class RequestRecord:
     """``usage`` when ``prompt_tokens`` is the server's count, else ``bench`` (planned)."""
     label: str = ""
     """The session's label (``long`` / ``short`` in the long-short mix)."""
+    server_timing: ServerTiming | None = None
+    """The server's TTFT breakdown (``usage.ttft_breakdown``), when it reported one."""
 
     @property
     def tpot_s(self) -> float:

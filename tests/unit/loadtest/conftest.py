@@ -50,6 +50,8 @@ class FakeBehaviour:
     serves_tokenize: bool = False
     tokens_of: Callable[[str], int] = field(default=lambda text: len(text.split()))
     bos_tokens: int = 0
+    ttft_breakdown: dict[str, Any] | None = None
+    """Sent in ``usage`` as pdserve does."""
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,9 @@ class FakeOpenAIServer:
         if self.behaviour.include_usage and fault is None:
             prompt = Received(0, 0.0, "", body).prompt_text
             prompt_tokens = self.behaviour.tokens_of(prompt) + self.behaviour.bos_tokens
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
+            usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": n}
+            if self.behaviour.ttft_breakdown is not None:
+                usage["ttft_breakdown"] = self.behaviour.ttft_breakdown
             self._chunk(writer, f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n")
         if fault != "truncate":
             self._chunk(writer, "data: [DONE]\n\n")
