@@ -69,7 +69,9 @@ class PrefillDeployment(RoleReplica):
         self._num_requests = 0
         self._drain_timeout_s = transfer_cfg.lease_s  # an export unpulled by then has expired
         self._stop_reporting = (
-            stats_reporter("prefill", self.replica_stats) if stats_reporter else None
+            stats_reporter("prefill", self.replica_stats, self._worker.set_faults)
+            if stats_reporter
+            else None
         )
 
     async def prefill(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,13 @@ from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.setup import build_engine_parts
 from prefill.result import prefill_result
-from transfer import GrpcKVTransport, InMemoryTransferMetrics, KVTransport, TransferSide
+from transfer import (
+    FaultInjection,
+    GrpcKVTransport,
+    InMemoryTransferMetrics,
+    KVTransport,
+    TransferSide,
+)
 from transfer.leases import ReleaseCause
 
 logger = logging.getLogger(__name__)
@@ -177,6 +183,11 @@ class PrefillWorker:
             self._pinned.discard(request_id)
         logger.info("request %s: kv export freed (%s)", request_id, cause)
         self._engine.release_soon(request_id)
+
+    def set_faults(self, faults: FaultInjection) -> None:
+        """Inject ``faults`` into every pull of this replica's exports from now on (load tests;
+        ``FaultInjection()`` stops)."""
+        self._transport.set_faults(faults)
 
     async def abort(self, request_id: str) -> bool:
         """Abort a prefill in progress; False when it is unknown or already done."""

@@ -13,9 +13,22 @@ from core.config import EngineConfig, ModelConfig
 from core.kv_events import KVEventBatch
 from core.stats import ReplicaStats
 from engine.async_engine import AsyncEngine
+from transfer import FaultInjection
 
-StatsReporter = Callable[[str, Callable[[], ReplicaStats]], Callable[[], None]]
-"""``reporter(role, stats_fn) -> stop``: publishes the replica's stats while it lives."""
+
+class StatsReporter(Protocol):
+    """``reporter(role, stats_fn, on_faults) -> stop``: publishes the replica's stats while it
+    lives; ``on_faults`` receives the transfer faults the cluster asks this role to inject
+    (``/admin/faults``, off unless configured) and ``FaultInjection()`` when they end."""
+
+    def __call__(
+        self,
+        role: str,
+        stats: Callable[[], ReplicaStats],
+        on_faults: Callable[[FaultInjection], None] | None = None,
+    ) -> Callable[[], None]:
+        """Start reporting; returns ``stop``."""
+        ...
 
 
 class KVEventPublisher(Protocol):

@@ -64,6 +64,10 @@ class KVTransport(Protocol):
         """Free an export that will not be pulled (or no longer needs to be)."""
         ...
 
+    def set_faults(self, faults: FaultInjection) -> None:
+        """Inject ``faults`` into every pull of this side's exports that starts from now on."""
+        ...
+
     def close(self) -> None:
         """Cancel in-flight pulls, free every export and release all resources."""
         ...
@@ -125,6 +129,15 @@ class GrpcKVTransport:
     def release(self, handle: KVHandle) -> None:
         """Free an export on its exporter."""
         self.client.release(handle)
+
+    def set_faults(self, faults: FaultInjection) -> None:
+        """Inject ``faults`` into the export server's pulls; needs ``serve=True``."""
+        if self.server is None:
+            raise TransferError(
+                "this transport does not serve exports (serve=False)",
+                reason=TransferFailure.EXPORTER_UNAVAILABLE,
+            )
+        self.server.set_faults(faults)
 
     def close(self) -> None:
         """Close the client, then stop the server."""

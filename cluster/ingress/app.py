@@ -21,6 +21,7 @@ from cluster.ingress.admission import RequestGate, authenticate
 from cluster.ingress.clients import DecodeClient, PrefillClient, StatsProvider
 from cluster.ingress.disagg import CachedBlocksFn, DisaggPolicy
 from cluster.ingress.errors import error_body, error_response
+from cluster.ingress.fault_routes import FaultAdmin, add_fault_routes
 from cluster.ingress.flow import GenerationFlow
 from cluster.ingress.guards import IngressGuard
 from cluster.ingress.handlers import GenerationHandlers
@@ -43,6 +44,7 @@ def create_app(
     stats_provider: StatsProvider | None = None,
     cached_blocks_fn: CachedBlocksFn | None = None,
     gate: RequestGate | None = None,
+    fault_admin: FaultAdmin | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible ingress app (``app.state.gate`` drains it, ``app.state.metrics``)."""
     gate = gate or RequestGate(
@@ -81,6 +83,7 @@ def create_app(
     app.add_api_route("/v1/completions", handlers.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", handlers.chat_completions, methods=["POST"])
     add_tokenize_routes(app, tokenizer, settings, metrics)
+    add_fault_routes(app, fault_admin)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

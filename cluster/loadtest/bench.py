@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +17,8 @@ import httpx
 
 from cluster.loadtest.client import OpenAIStreamClient, first_model
 from cluster.loadtest.counters import counting_report
+from cluster.loadtest.fault_report import fault_report
+from cluster.loadtest.fault_schedule import FaultSchedule
 from cluster.loadtest.metrics import DEFAULT_PERCENTILE_METRICS, summarize
 from cluster.loadtest.runner import OnDone, run_sessions
 from cluster.loadtest.server_timing import breakdown_summary
@@ -99,14 +103,24 @@ async def run_benchmark(
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
         model = target.model or await first_model(http, target.base_url, api_key)
         client = OpenAIStreamClient(http, target, model, api_key)
-        result = await run_sessions(
-            sessions,
-            config.arrivals,
-            client,
-            counter,
-            request_prefix=f"bench-{uuid.uuid4().hex[:8]}-",
-            on_done=on_done,
-        )
+        schedule = FaultSchedule(http, target.base_url, config.events, config.control, api_key)
+        started_s = time.perf_counter()
+        firing = asyncio.create_task(schedule.run(started_s))
+        try:
+            result = await run_sessions(
+                sessions,
+                config.arrivals,
+                client,
+                counter,
+                request_prefix=f"bench-{uuid.uuid4().hex[:8]}-",
+                on_done=on_done,
+                start_s=started_s,
+            )
+        finally:
+            firing.cancel()  # events planned after the last request never fire
+            await asyncio.gather(firing, return_exceptions=True)
+        if config.events:
+            await schedule.finish()
     metrics = summarize(
         result.records,
         result.duration_s,
@@ -119,4 +133,7 @@ async def run_benchmark(
     timings = [r.server_timing for r in result.records if r.server_timing is not None]
     if timings:
         summary["ttft_breakdown"] = breakdown_summary(timings)
+    if config.events:
+        fired, final = schedule.fired, schedule.final_counters
+        summary |= fault_report(fired, final, result.records, config.slo, config.control)
     return BenchOutput(config=config, model=model, records=result.records, summary=summary)

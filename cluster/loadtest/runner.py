@@ -152,15 +152,17 @@ async def run_sessions(
     *,
     request_prefix: str = "bench-",
     on_done: OnDone | None = None,
+    start_s: float | None = None,
 ) -> RunResult:
-    """Send ``sessions`` at their arrival times (trace times or the arrival process)."""
+    """Send ``sessions`` at their arrival times (trace times or the arrival process), counted
+    from ``start_s`` (a ``perf_counter`` time; default: now)."""
     times = arrival_times(arrivals, np.random.default_rng((arrivals.seed, 1)))
     slots: AbstractAsyncContextManager[object] = (
         asyncio.Semaphore(arrivals.max_concurrency) if arrivals.max_concurrency else nullcontext()
     )
     driver = _SessionDriver(client, slots, request_prefix, on_done)
     tasks: list[asyncio.Task[None]] = []
-    start_s = time.perf_counter()
+    start_s = time.perf_counter() if start_s is None else start_s
     for session in sessions:
         at_s = session.arrival_s if session.arrival_s is not None else next(times)
         if arrivals.duration_s is not None and at_s >= arrivals.duration_s:

@@ -32,6 +32,7 @@ from cluster.routing.index_sync import ActorIndexSource
 from cluster.routing.metrics import RoutingMetrics, routing_metrics
 from cluster.serve.clients import NoPrefillPool, PoolWatch, ServeDecodeClient, ServePrefillClient
 from cluster.serve.config_file import load_cluster_config
+from cluster.serve.fault_admin import ServeFaultAdmin
 from cluster.serve.ingress_settings import build_ingress_settings
 from engine.builtin import resolve_model
 from engine.tokenizer import Tokenizer
@@ -108,6 +109,7 @@ class IngressDeployment:
             stats_provider=self._watch.stats_by_role,
             cached_blocks_fn=cached_blocks,
             gate=self._gate,
+            fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
         )
         self._app.state.metrics.registry.register(RoutingCollector())
 

@@ -9,6 +9,11 @@ Replicas report through a :class:`BoardReporter`, which the app builder hands to
 deployments; they call it once with their role and their ``stats`` function. Reports are
 :class:`~core.stats.ReplicaReport` s, stored and returned as plain data (``core.codec``);
 :func:`decode_reports` gives readers the typed form.
+
+The board is also how a load test's transfer faults reach the replicas (``/admin/faults``,
+off unless ``server.fault_injection``): :meth:`StatsBoard.set_faults` holds a
+:class:`~transfer.FaultInjection` for a role until it expires, and each report's answer carries
+the role's current one, so every replica applies it within one report interval.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from ray import serve
 from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.codec import from_plain, to_plain
 from core.stats import ReplicaReport, ReplicaStats
+from transfer import FaultInjection
 
 logger = logging.getLogger(__name__)
 
 StatsFn = Callable[[], ReplicaStats]
+FaultsFn = Callable[[FaultInjection], None]
 
 
 def decode_reports(snapshot: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[ReplicaReport]]:
@@ -48,10 +55,22 @@ class StatsBoard:
     def __init__(self, stale_after_s: float = 3.0) -> None:
         self._stale_after_s = stale_after_s
         self._reports: dict[str, dict[str, Any]] = {}
+        self._faults: dict[str, tuple[dict[str, Any], float]] = {}  # role -> (plain, until)
 
-    def report(self, replica: dict[str, Any]) -> None:
-        """Store one replica's report (a plain ``ReplicaReport``)."""
-        self._reports[str(replica["replica_id"])] = {**replica, "received_s": time.monotonic()}
+    def report(self, replica: dict[str, Any]) -> dict[str, Any] | None:
+        """Store one replica's report (a plain ``ReplicaReport``); answer the faults its role
+        should inject now (a plain ``FaultInjection``; None: none)."""
+        now = time.monotonic()
+        self._reports[str(replica["replica_id"])] = {**replica, "received_s": now}
+        faults = self._faults.get(str(replica["role"]))
+        if faults is None or faults[1] <= now:
+            return None
+        return faults[0]
+
+    def set_faults(self, role: str, faults: dict[str, Any], duration_s: float) -> None:
+        """Have every replica of ``role`` inject ``faults`` (a plain ``FaultInjection``) for
+        the next ``duration_s``."""
+        self._faults[role] = (faults, time.monotonic() + duration_s)
 
     def forget(self, replica_id: str) -> None:
         """Drop a replica's report at once (it is shutting down)."""
@@ -83,10 +102,15 @@ class BoardReporter:
     app_name: str
     interval_s: float = 0.5
 
-    def __call__(self, role: str, stats: StatsFn) -> Callable[[], None]:
-        """Start reporting ``stats()`` as ``role`` in the background; returns ``stop``."""
+    def __call__(
+        self, role: str, stats: StatsFn, on_faults: FaultsFn | None = None
+    ) -> Callable[[], None]:
+        """Start reporting ``stats()`` as ``role`` in the background; returns ``stop``.
+        ``on_faults`` gets the faults the board answers whenever they change."""
         replica_id = serve.get_replica_context().replica_id.unique_id
-        task = asyncio.get_running_loop().create_task(self._report_forever(role, replica_id, stats))
+        task = asyncio.get_running_loop().create_task(
+            self._report_forever(role, replica_id, stats, on_faults)
+        )
 
         def stop() -> None:
             task.cancel()
@@ -97,7 +121,9 @@ class BoardReporter:
     def _board(self) -> Any:
         return serve.get_deployment_handle(BOARD_DEPLOYMENT, self.app_name)
 
-    async def _report_forever(self, role: str, replica_id: str, stats: StatsFn) -> None:
+    async def _report_forever(
+        self, role: str, replica_id: str, stats: StatsFn, on_faults: FaultsFn | None
+    ) -> None:
         context = ray.get_runtime_context()
         report = ReplicaReport(
             role=role,
@@ -109,10 +135,17 @@ class BoardReporter:
             stats=ReplicaStats(),
         )
         board = self._board()
+        applied: dict[str, Any] | None = None
         while True:
             try:
                 fresh = dataclasses.replace(report, stats=stats())
-                await board.report.remote(to_plain(fresh))
+                faults = await board.report.remote(to_plain(fresh))
+                if on_faults is not None and faults != applied:
+                    on_faults(
+                        FaultInjection() if faults is None else from_plain(FaultInjection, faults)
+                    )
+                    logger.warning("transfer faults of %s now %s", replica_id, faults)
+                    applied = faults
             except Exception as e:  # the board restarting must not stop the reports
                 logger.warning("stats report of %s failed: %s", replica_id, e)
             await asyncio.sleep(self.interval_s)

@@ -19,6 +19,7 @@ from core.config.cluster import (
     ServerConfig,
 )
 from core.config.engine import EngineConfig, ModelConfig
+from core.config.fault_events import FaultControlConfig, FaultEventConfig
 from core.config.kv_tiers import DiskTierConfig, HostTierConfig, KVTiersConfig, WritePolicy
 from core.config.loadtest import (
     ArrivalConfig,
@@ -44,6 +45,8 @@ __all__ = [
     "DecodePoolConfig",
     "DiskTierConfig",
     "EngineConfig",
+    "FaultControlConfig",
+    "FaultEventConfig",
     "HostTierConfig",
     "KVTiersConfig",
     "LengthConfig",

@@ -289,6 +289,12 @@ class ServerConfig(StrictModel):
         description="Routes served without an API key when keys are set (e.g. /metrics for a "
         "scraper). /health and /ready never need one; everything else does.",
     )
+    fault_injection: bool = Field(
+        False,
+        description="Serve POST /admin/faults, which kills a pool's replica or makes KV "
+        "transfers fail or stall for a while (load tests that inject faults). Off: no such "
+        "route. Never on in production; API keys apply to it when set.",
+    )
 
     @model_validator(mode="after")
     def _one_key_source(self) -> ServerConfig:

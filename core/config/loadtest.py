@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from core.config.base import StrictModel
+from core.config.fault_events import FaultControlConfig, FaultEventConfig
 
 
 class LengthConfig(StrictModel):
@@ -234,6 +235,13 @@ class LoadTestConfig(StrictModel):
         default_factory=lambda: SloConfig.model_validate({}), description="Goodput objectives."
     )
     sweep: SweepConfig | None = Field(None, description="Find the throughput knee; None: one run.")
+    events: list[FaultEventConfig] = Field(
+        default_factory=list, description="Faults injected during the run (a schedule)."
+    )
+    control: FaultControlConfig = Field(
+        default_factory=lambda: FaultControlConfig.model_validate({}),
+        description="Where scale events act, and how recovery is judged.",
+    )
 
     @model_validator(mode="after")
     def _trace_owns_its_timing(self) -> LoadTestConfig:
@@ -243,6 +251,8 @@ class LoadTestConfig(StrictModel):
         sweeps_rate = self.sweep is not None and self.sweep.mode == "rate"
         if isinstance(self.workload, TraceWorkloadConfig) and sweeps_rate:
             raise ValueError("a trace replay cannot sweep the request rate")
+        if self.events and self.sweep is not None:
+            raise ValueError("a fault schedule runs once: drop sweep or events")
         return self
 
 

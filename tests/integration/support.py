@@ -119,6 +119,7 @@ def app_config(http_port: int, **overrides: Any) -> dict[str, Any]:
             "retry_after_s": 2.0,
             "prefill_timeout_s": 60.0,
             "chunk_timeout_s": 60.0,
+            "fault_injection": True,
         },
         "cluster": {"address": "auto", "app_name": APP_NAME},
     }

@@ -1,0 +1,78 @@
+"""``POST /admin/faults``: absent unless configured; a kill or a transfer fault reaches the
+cluster's admin; a bad body is a 400 naming its field; the board hands a role its faults with
+its report answers until they expire."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from fastapi import FastAPI
+
+from cluster.ingress.fault_routes import FAULTS_ROUTE, add_fault_routes
+from cluster.serve.stats_board import StatsBoard
+from core.errors import UnavailableError
+
+from .conftest import run
+
+
+class FakeAdmin:
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    async def kill_replica(self, pool: str) -> str:
+        if pool == "prefill":
+            raise UnavailableError("no live prefill replica to kill")
+        self.calls.append(("kill", pool))
+        return f"killed {pool} replica r1"
+
+    async def transfer_faults(self, fail: bool, stall_per_chunk_s: float, duration_s: float) -> str:
+        self.calls.append(("transfer", fail, stall_per_chunk_s, duration_s))
+        return "set"
+
+
+async def post(app: FastAPI, body: object) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        return await client.post(FAULTS_ROUTE, json=body)
+
+
+def test_the_route_is_absent_unless_configured() -> None:
+    app = FastAPI()
+    add_fault_routes(app, None)
+    assert run(post(app, {"action": "kill_replica", "pool": "decode"})).status_code == 404
+
+
+def test_faults_reach_the_admin_and_bad_bodies_are_named() -> None:
+    app, admin = FastAPI(), FakeAdmin()
+    add_fault_routes(app, admin)
+    killed = run(post(app, {"action": "kill_replica", "pool": "decode"}))
+    assert killed.status_code == 200
+    assert killed.json() == {"action": "kill_replica", "detail": "killed decode replica r1"}
+    stall = {"action": "transfer_stall", "duration_s": 3, "stall_per_chunk_s": 0.25}
+    assert run(post(app, stall)).status_code == 200
+    assert admin.calls == [("kill", "decode"), ("transfer", False, 0.25, 3.0)]
+    for body, param in [
+        ({"action": "kill_replica"}, None),
+        ({"action": "explode"}, "action"),
+        ({"action": "transfer_fail", "duration_s": -1}, "duration_s"),
+        ({"action": "transfer_fail", "bogus": 1}, "bogus"),
+    ]:
+        response = run(post(app, body))
+        assert response.status_code == 400, body
+        assert response.json()["error"]["param"] == param, response.json()
+    missing = run(post(app, {"action": "kill_replica", "pool": "prefill"}))
+    assert missing.status_code == 503 and "no live prefill" in missing.json()["error"]["message"]
+
+
+def test_the_board_answers_faults_until_they_expire() -> None:
+    board = StatsBoard()
+    report = {"replica_id": "p1", "role": "prefill"}
+    assert board.report(report) is None
+    board.set_faults("prefill", {"fail_after_chunks": 0}, duration_s=0.2)
+    assert board.report(report) == {"fail_after_chunks": 0}
+    assert board.report({"replica_id": "d1", "role": "decode"}) is None  # another role
+    deadline = time.monotonic() + 5
+    while board.report(report) is not None:
+        assert time.monotonic() < deadline, "the faults never expired"
+        time.sleep(0.05)
