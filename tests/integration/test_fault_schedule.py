@@ -66,3 +66,7 @@ def test_a_fault_schedule_reports_its_faults(app: ServingApp, sim_cluster: SimCl
     assert fail["recovery_s"] is not None, fail
     assert summary["ttft_breakdown"]["remote"]["count"] >= 1
     wait_until(lambda: len(app.running_replicas("Prefill")) == 2, 180, "the scale event took")
+    brief = [
+        {k: e[k] for k in ("action", "fired_s", "requests_failed", "recovery_s")} for e in events
+    ]
+    print(json.dumps({"fault_events": brief, "failed": summary["failed"]}))  # for the docs
