@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# lm-evaluation-harness lives in its own venv: it brings pandas, which Ray Serve imports into
+# every replica process when it can, so the serving venv stays without it.
+EVAL_VENV := .venv-eval
+EVAL_STAMP := $(EVAL_VENV)/.installed-stamp
 CHECKED := core engine transfer replica prefill decode cluster
 
-.PHONY: install serve test lint unit integration proto bench clean
+.PHONY: install install-eval serve test lint unit integration chaos proto bench clean
 
 install: $(STAMP)
 
@@ -15,6 +19,14 @@ $(STAMP): pyproject.toml constraints.txt
 		-c constraints.txt -e '.[dev]'
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
+
+install-eval: $(EVAL_STAMP)
+
+$(EVAL_STAMP): requirements-eval.txt constraints.txt
+	test -x $(EVAL_VENV)/bin/python || $(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-c constraints.txt -r requirements-eval.txt
+	touch $(EVAL_STAMP)
 
 serve: install
 	$(BIN)/pdserve up configs/local.yaml
@@ -28,15 +40,24 @@ lint: install
 unit: install
 	$(BIN)/pytest tests/unit
 
-integration: install
+integration: install install-eval
 	$(BIN)/pytest tests/integration
 
-test: install lint
+test: install install-eval lint
 	$(BIN)/pytest tests
+
+# The full chaos suite (replica kills, stalls, scaling, long fuzzing), then docs/reliability.md
+# rendered from its figures.
+chaos: install
+	rm -f .chaos-results.jsonl
+	PDSERVE_CHAOS=full PDSERVE_CHAOS_RESULTS=.chaos-results.jsonl $(BIN)/pytest tests/chaos; \
+	status=$$?; \
+	PYTHONPATH=. $(BIN)/python benchmarks/reliability_report.py .chaos-results.jsonl docs/reliability.md; \
+	exit $$status
 
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -Itransfer/proto/_generated=transfer/proto \
 		--python_out=. --pyi_out=. transfer/proto/kv_transfer.proto
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(EVAL_VENV) .pytest_cache .mypy_cache .ruff_cache

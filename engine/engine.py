@@ -148,9 +148,11 @@ class LLMEngine:
             cache_salt=cache_salt,
         )
         request.follow_chunk_ends = tuple(prompt_chunk_ends)
-        state = self.outputs.new_state(request_id, [*prompt_token_ids, first_token_id], params)
-        state.prompt_token_ids = tuple(prompt_token_ids)
+        state = self.outputs.new_state(request_id, list(prompt_token_ids), params)
         state.token_ids.append(first_token_id)
+        # the prefill already sent this token's settled text; replaying it here keeps the
+        # bytes of a character it left unfinished, which the next token's text completes
+        state.detokenizer.step([first_token_id])
         # NOTE: a non-greedy first token drew from the request's generator on the prefill side.
         generator = request_generator(params, num_draws=0 if params.greedy else 1)
         with self._admitting(request):

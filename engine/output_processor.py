@@ -27,6 +27,7 @@ from engine.outputs import (
 )
 from engine.sampling import StopStringMatcher
 from engine.sampling.ops import top_logprobs
+from engine.request import RequestStatus
 from engine.scheduler.output import RequestUpdate
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -114,12 +115,17 @@ class OutputProcessor:
         check = state.stops.feed(state.detokenizer.step(text_ids) if text_ids else "")
         pieces = [check.text]
         finished, reason = update.finished, update.finish_reason
-        if not check.stopped and finished:
+        if not check.stopped and finished and update.status is not RequestStatus.FINISHED_PREFILL:
             tail = state.stops.feed(state.detokenizer.finish())
             pieces.append(tail.text)
             check = tail
             if not tail.stopped:
                 pieces.append(state.stops.flush())
+        if update.status is RequestStatus.FINISHED_PREFILL and not check.stopped:
+            # the sequence goes on elsewhere: bytes of an unfinished character stay held back
+            # (the importing decode replays this token through its own detokenizer and emits
+            # them with the next one), text held for a possible stop string goes out
+            pieces.append(state.stops.flush())
         reason_str: str | None = None if reason is None else str(reason)
         if check.stopped:
             finished, reason_str = True, "stop"

@@ -12,8 +12,8 @@ from typing import Protocol
 from core.config import EngineConfig, ModelConfig
 from core.kv_events import KVEventBatch
 from core.stats import ReplicaStats
+from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
-from transfer import FaultInjection
 
 
 class StatsReporter(Protocol):

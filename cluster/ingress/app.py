@@ -15,20 +15,23 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.ingress.admission import RequestGate, authenticate
 from cluster.ingress.clients import DecodeClient, PrefillClient, StatsProvider
 from cluster.ingress.disagg import CachedBlocksFn, DisaggPolicy
 from cluster.ingress.errors import error_body, error_response
-from cluster.ingress.fault_routes import FaultAdmin, add_fault_routes
+from cluster.ingress.fault_routes import FaultAdmin, FaultRequest, add_fault_routes
 from cluster.ingress.flow import GenerationFlow
 from cluster.ingress.guards import IngressGuard
 from cluster.ingress.handlers import GenerationHandlers
 from cluster.ingress.metrics import ROLE, IngressMetrics
+from cluster.ingress.openapi import describe_bodies, json_body
 from cluster.ingress.prompts import PromptBuilder, PromptTokenizer
+from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest
 from cluster.ingress.settings import IngressSettings
-from cluster.ingress.tokenize_routes import add_tokenize_routes
+from cluster.ingress.tokenize_routes import DetokenizeRequest, TokenizeRequest, add_tokenize_routes
 from core.errors import PdserveError
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -80,10 +83,16 @@ def create_app(
         metrics=metrics,
     )
 
-    app.add_api_route("/v1/completions", handlers.completions, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", handlers.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", handlers.completions, methods=["POST"],
+                      openapi_extra=json_body(CompletionRequest))  # fmt: skip
+    app.add_api_route("/v1/chat/completions", handlers.chat_completions, methods=["POST"],
+                      openapi_extra=json_body(ChatCompletionRequest))  # fmt: skip
     add_tokenize_routes(app, tokenizer, settings, metrics)
     add_fault_routes(app, fault_admin)
+    bodies: list[type[BaseModel]] = [
+        CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest
+    ]  # fmt: skip
+    describe_bodies(app, bodies + ([FaultRequest] if fault_admin is not None else []))
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -5,9 +5,9 @@ keys apply as on every other route. Body: ``{"action": "kill_replica", "pool": "
 the pool's busiest live replica (Serve then replaces it; in-flight streams migrate);
 ``{"action": "transfer_fail" | "transfer_stall", "duration_s": 5}`` makes every prefill
 replica's KV exports abort at the first chunk, or wait ``stall_per_chunk_s`` before each chunk,
-for ``duration_s``. The answer names what was done (``{"action", "detail"}``); a bad body is an
-OpenAI-shaped 400 naming the field. The work itself is the :class:`FaultAdmin` the Serve
-deployment provides.
+for ``duration_s``; ``{"action": "transfer_clear"}`` ends them at once. The answer names what
+was done (``{"action", "detail"}``); a bad body is an OpenAI-shaped 400 naming the field. The
+work itself is the :class:`FaultAdmin` the Serve deployment provides.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from cluster.ingress.errors import error_response, from_validation_error
 from cluster.ingress.json_body import parse_json_object
+from cluster.ingress.openapi import json_body
 from core.errors import PdserveError
 
 FAULTS_ROUTE = "/admin/faults"
@@ -36,13 +37,17 @@ class FaultAdmin(Protocol):
         """Make the prefill pool's exports fail (or stall) for ``duration_s``; what was set."""
         ...
 
+    async def clear_transfer_faults(self) -> str:
+        """End the prefill pool's transfer faults now."""
+        ...
+
 
 class FaultRequest(BaseModel):
     """One fault to inject now."""
 
     model_config = ConfigDict(extra="forbid")
 
-    action: Literal["kill_replica", "transfer_fail", "transfer_stall"]
+    action: Literal["kill_replica", "transfer_fail", "transfer_stall", "transfer_clear"]
     pool: Literal["prefill", "decode"] | None = None
     duration_s: float = Field(5.0, gt=0.0, le=3600.0)
     stall_per_chunk_s: float = Field(0.5, gt=0.0, le=60.0)
@@ -65,6 +70,8 @@ def add_fault_routes(app: FastAPI, admin: FaultAdmin | None) -> None:
             if body.action == "kill_replica":
                 assert body.pool is not None
                 detail = await admin.kill_replica(body.pool)
+            elif body.action == "transfer_clear":
+                detail = await admin.clear_transfer_faults()
             else:
                 fail = body.action == "transfer_fail"
                 detail = await admin.transfer_faults(fail, body.stall_per_chunk_s, body.duration_s)
@@ -74,4 +81,4 @@ def add_fault_routes(app: FastAPI, admin: FaultAdmin | None) -> None:
             return error_response(e)
         return JSONResponse({"action": body.action, "detail": detail})
 
-    app.add_api_route(FAULTS_ROUTE, inject, methods=["POST"])
+    app.add_api_route(FAULTS_ROUTE, inject, methods=["POST"], openapi_extra=json_body(FaultRequest))

@@ -30,6 +30,7 @@ from cluster.ingress.errors import (
 )
 from cluster.ingress.json_body import parse_json_object
 from cluster.ingress.metrics import IngressMetrics
+from cluster.ingress.openapi import json_body
 from cluster.ingress.prompts import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
 from core.errors import InvalidRequestError, ModelNotFoundError, PdserveError
@@ -155,8 +156,10 @@ def add_tokenize_routes(
 ) -> None:
     """Mount ``/tokenize``, ``/detokenize`` and ``/version`` on ``app``."""
     routes = TokenizeRoutes(tokenizer, settings, metrics)
-    app.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
-    app.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
+    app.add_api_route("/tokenize", routes.tokenize, methods=["POST"],
+                      openapi_extra=json_body(TokenizeRequest))  # fmt: skip
+    app.add_api_route("/detokenize", routes.detokenize, methods=["POST"],
+                      openapi_extra=json_body(DetokenizeRequest))  # fmt: skip
     app.add_api_route("/version", version, methods=["GET"])
 
 

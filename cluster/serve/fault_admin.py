@@ -12,7 +12,7 @@ from ray.serve.handle import DeploymentHandle
 from cluster.serve.stats_board import decode_reports
 from core.codec import to_plain
 from core.errors import UnavailableError
-from transfer import FaultInjection
+from core.transfer_faults import FaultInjection
 
 logger = logging.getLogger(__name__)
 
@@ -46,3 +46,9 @@ class ServeFaultAdmin:
         await self._board.set_faults.remote("prefill", to_plain(faults), duration_s)
         logger.warning("fault injection: %s on prefill exports for %.1f s", faults, duration_s)
         return f"{'fail' if fail else 'stall'} prefill exports for {duration_s:g} s"
+
+    async def clear_transfer_faults(self) -> str:
+        """The prefill replicas stop injecting with their next report."""
+        await self._board.set_faults.remote("prefill", to_plain(FaultInjection()), 0.0)
+        logger.warning("fault injection: prefill exports back to normal")
+        return "prefill exports back to normal"

@@ -12,8 +12,8 @@ deployments; they call it once with their role and their ``stats`` function. Rep
 
 The board is also how a load test's transfer faults reach the replicas (``/admin/faults``,
 off unless ``server.fault_injection``): :meth:`StatsBoard.set_faults` holds a
-:class:`~transfer.FaultInjection` for a role until it expires, and each report's answer carries
-the role's current one, so every replica applies it within one report interval.
+:class:`~core.transfer_faults.FaultInjection` for a role until it expires, and each report's
+answer carries the role's current one, so every replica applies it within one report interval.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ray import serve
 from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.codec import from_plain, to_plain
 from core.stats import ReplicaReport, ReplicaStats
-from transfer import FaultInjection
+from core.transfer_faults import FaultInjection
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.config import ClusterConfig
 from core.sampling import SamplingParams
 from engine import LLM
-from tests.integration.conftest import ServingApp, SimCluster
+from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import (
     APP_NAME,
     MODEL,

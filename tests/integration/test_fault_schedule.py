@@ -15,7 +15,7 @@ from cluster.loadtest.bench import prepare_sessions, run_benchmark
 from cluster.loadtest.flags import validate
 from cluster.loadtest.tokens import WordCounter
 from cluster.ops.launcher import scale
-from tests.integration.conftest import ServingApp, SimCluster
+from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import APP_NAME, SERVED_NAME, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]

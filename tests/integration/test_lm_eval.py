@@ -1,22 +1,24 @@
 """lm-evaluation-harness against the live cluster: its OpenAI-compatible completions model
 (``local-completions``: token-id prompts, batched, ``echo`` + ``logprobs`` for log-likelihoods,
 ``stop`` for generate-until) runs two small tasks built here and returns scores, and what it
-measured equals the offline engine's prompt log-probabilities and greedy text."""
+measured equals the offline engine's prompt log-probabilities and greedy text. lm-eval runs in
+its own venv (``lm_eval_probe.py``, started as a subprocess)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from core.sampling import SamplingParams
 from engine import LLM
 from engine.builtin import resolve_model
-from tests.integration.conftest import ServingApp
+from tests.conftest import ServingApp
 from tests.integration.support import BATCHED_TOKENS, KV_BYTES, MAX_MODEL_LEN, MODEL, SERVED_NAME
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -33,6 +35,10 @@ GENERATE_DOCS = [
     {"question": "[lm-eval 6] Letters: a b c", "answer": " d"},
 ]
 MAX_GEN_TOKS = 6
+EVAL_PYTHON = Path(__file__).resolve().parents[2] / ".venv-eval" / "bin" / "python"
+"""lm-evaluation-harness's venv (``make install-eval``): lm-eval brings pandas, which Ray Serve
+imports into every replica when it is installed, so the serving venv goes without it."""
+PROBE = Path(__file__).with_name("lm_eval_probe.py")
 
 
 def _task_yaml(name: str, data: Path, body: str) -> str:
@@ -73,53 +79,29 @@ def _offline_loglikelihood(offline: LLM, context: list[int], continuation: list[
 
 
 def test_lm_eval_local_completions_scores_two_tasks(
-    serving_app: ServingApp, offline: LLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    serving_app: ServingApp, offline: LLM, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    import lm_eval
-    from lm_eval.models.openai_completions import LocalCompletionsAPI
-    from lm_eval.tasks import TaskManager
-
+    assert EVAL_PYTHON.exists(), f"{EVAL_PYTHON} is missing: make install-eval creates it"
     _write_tasks(tmp_path)
-    lm = LocalCompletionsAPI(
-        base_url=serving_app.url("/v1/completions"),
-        model=SERVED_NAME,
-        tokenizer_backend="huggingface",
-        tokenizer=str(resolve_model(MODEL)),
-        tokenized_requests=True,
-        batch_size=4,
-        max_length=MAX_MODEL_LEN,
-        max_retries=1,
-        timeout=120,
-    )
-    results: dict[str, Any] = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=["pdserve_choice", "pdserve_generate"],
-        task_manager=TaskManager(include_path=str(tmp_path)),
-        log_samples=True,
-        bootstrap_iters=0,
-    )
-    scores = results["results"]
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
+           "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": ""}  # fmt: skip
+    args = [str(EVAL_PYTHON), str(PROBE), serving_app.url(""), SERVED_NAME,
+            str(resolve_model(MODEL)), str(tmp_path)]  # fmt: skip
+    run = subprocess.run(args, capture_output=True, text=True, env=env, timeout=540)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    scores = report["scores"]
     assert 0.0 <= scores["pdserve_choice"]["acc,none"] <= 1.0
     assert 0.0 <= scores["pdserve_generate"]["exact_match,none"] <= 1.0
 
-    choice_samples = results["samples"]["pdserve_choice"]
-    assert len(choice_samples) == len(CHOICE_DOCS)
-    for sample in choice_samples:
-        doc = sample["doc"]
-        for arguments, response in zip(sample["arguments"], sample["resps"], strict=True):
-            context, continuation = arguments[0], arguments[1]
-            context_ids, continuation_ids = lm._encode_pair(context, continuation)
-            expected = _offline_loglikelihood(offline, context_ids, continuation_ids)
-            served = float(response[0][0])
-            assert math.isclose(served, expected, rel_tol=1e-3, abs_tol=1e-3), (doc, served)
+    assert len(report["choice"]) == sum(len(doc["choices"]) for doc in CHOICE_DOCS)
+    for item in report["choice"]:
+        expected = _offline_loglikelihood(offline, item["context_ids"], item["continuation_ids"])
+        served = item["loglikelihood"]
+        assert math.isclose(served, expected, rel_tol=1e-3, abs_tol=1e-3), (item, expected)
 
-    generate_samples = results["samples"]["pdserve_generate"]
-    assert len(generate_samples) == len(GENERATE_DOCS)
+    assert len(report["generate"]) == len(GENERATE_DOCS)
     params = SamplingParams(max_tokens=MAX_GEN_TOKS, temperature=0.0, stop=["\n"])
-    for sample in generate_samples:
-        context = sample["arguments"][0][0]
-        prompt_ids = lm.tok_encode(context)
-        reference = offline.generate(prompt_token_ids=[prompt_ids], sampling_params=params)[0]
-        assert sample["resps"][0][0] == reference.outputs[0].text, sample["doc"]
+    for item in report["generate"]:
+        reference = offline.generate(prompt_token_ids=[item["prompt_ids"]], sampling_params=params)
+        assert item["text"] == reference[0].outputs[0].text, item

@@ -18,7 +18,7 @@ from cluster.ops.launcher import deploy
 from cluster.ops.status_view import planner_log
 from cluster.planner.capacity import CapacityModel, DecodePoint, PrefillPoint
 from cluster.serve.config_file import load_cluster_config
-from tests.integration.conftest import ServingApp, SimCluster
+from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import SERVED_NAME, app_config, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]

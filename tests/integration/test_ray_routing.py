@@ -29,7 +29,7 @@ from core.kv_events import BlockStored, KVEventBatch
 from core.messages import PrefillRequest, RoutingKeys
 from core.sampling import SamplingParams
 from core.stats import RoutingStats
-from tests.integration.conftest import SimCluster
+from tests.conftest import SimCluster
 from tests.integration.support import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]

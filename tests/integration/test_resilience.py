@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from cluster.ops.launcher import scale
-from tests.integration.conftest import ServingApp, SimCluster
+from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import APP_NAME, SERVED_NAME, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

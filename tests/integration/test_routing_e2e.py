@@ -19,7 +19,7 @@ from cluster.ops.launcher import scale
 from cluster.routing.index_actor import get_or_create_index_actor
 from cluster.serve.pool_options import DECODE_DEPLOYMENT, INGRESS_DEPLOYMENT
 from core.hashing import hash_prompt_blocks
-from tests.integration.conftest import ServingApp, SimCluster
+from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import APP_NAME, SERVED_NAME, THRESHOLD_TOKENS, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from cluster.ingress import IngressSettings, create_app
 from core.config import EngineConfig, ModelConfig, SchedulerConfig
@@ -111,11 +112,7 @@ def reference() -> dict[str, tuple[list[int], str]]:
     }
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_greedy_output_matches_offline_llm(
-    workers: Workers, reference: dict[str, tuple[list[int], str]], stream: bool
-) -> None:
-    prefill, decode = SpyPrefill(workers.prefill), SpyDecode(workers.decode)
+def make_app(workers: Workers, prefill: SpyPrefill, decode: SpyDecode) -> FastAPI:
     settings = IngressSettings(
         served_model_names=("tiny-llama",),
         max_model_len=512,
@@ -123,7 +120,15 @@ def test_greedy_output_matches_offline_llm(
         hash_seed=ENGINE.hash_seed,
         scheduler=SchedulerConfig(local_prefill_threshold_tokens=THRESHOLD_TOKENS),
     )
-    app = create_app(workers.tokenizer, prefill, decode, settings)
+    return create_app(workers.tokenizer, prefill, decode, settings)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_greedy_output_matches_offline_llm(
+    workers: Workers, reference: dict[str, tuple[list[int], str]], stream: bool
+) -> None:
+    prefill, decode = SpyPrefill(workers.prefill), SpyDecode(workers.decode)
+    app = make_app(workers, prefill, decode)
 
     async def ask(prompt: list[int]) -> tuple[str, str, str]:
         body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": MAX_TOKENS,
@@ -157,3 +162,25 @@ def test_greedy_output_matches_offline_llm(
         )
 
     run(wait_until(idle))
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_a_character_split_across_the_first_two_tokens_survives_the_handoff(
+    workers: Workers, name: str
+) -> None:
+    # "é" is two byte tokens: on the remote path the prefill samples the first, decode the
+    # second; the text must come out whole, as one engine would render it
+    prefill, decode = SpyPrefill(workers.prefill), SpyDecode(workers.decode)
+    app = make_app(workers, prefill, decode)
+    body = {"model": "tiny-llama", "prompt": PROMPTS[name], "max_tokens": 8, "temperature": 0,
+            "guided_choice": ["é!"]}  # fmt: skip
+
+    async def ask() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://e2e") as client:
+            return await client.post("/v1/completions", json=body, timeout=30)
+
+    response = run(ask(), timeout_s=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == "é!"
+    assert (name == "remote") == bool(prefill.first_token_ids)

@@ -30,6 +30,10 @@ class FakeAdmin:
         self.calls.append(("transfer", fail, stall_per_chunk_s, duration_s))
         return "set"
 
+    async def clear_transfer_faults(self) -> str:
+        self.calls.append(("clear",))
+        return "cleared"
+
 
 async def post(app: FastAPI, body: object) -> httpx.Response:
     transport = httpx.ASGITransport(app=app)
@@ -51,7 +55,8 @@ def test_faults_reach_the_admin_and_bad_bodies_are_named() -> None:
     assert killed.json() == {"action": "kill_replica", "detail": "killed decode replica r1"}
     stall = {"action": "transfer_stall", "duration_s": 3, "stall_per_chunk_s": 0.25}
     assert run(post(app, stall)).status_code == 200
-    assert admin.calls == [("kill", "decode"), ("transfer", False, 0.25, 3.0)]
+    assert run(post(app, {"action": "transfer_clear"})).json()["detail"] == "cleared"
+    assert admin.calls == [("kill", "decode"), ("transfer", False, 0.25, 3.0), ("clear",)]
     for body, param in [
         ({"action": "kill_replica"}, None),
         ({"action": "explode"}, "action"),

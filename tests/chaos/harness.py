@@ -1,0 +1,198 @@
+"""What every chaos scenario shares: greedy requests with known answers, their outcomes, the
+server's counters, and the four invariants.
+
+1. **KV back to idle**: no KV block in use, no export pinned, no transfer in flight.
+2. **Every request ends**: a 200 with the whole answer (a stream with ``[DONE]``), an
+   OpenAI-shaped error, or an SSE error event followed by ``[DONE]``; a request the client
+   cancelled ends by the client's hand.
+3. **Greedy output under the fault equals the no-fault output** (the offline engine's), unless
+   the request got an explicit error.
+4. **The fault's counter moved by the right amount.**
+
+``PDSERVE_CHAOS=full`` (``make chaos``) scales the traffic up; ``PDSERVE_CHAOS_RESULTS`` names
+a JSONL file each scenario appends its figures to (``docs/reliability.md`` is rendered from it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import ServingApp
+from tests.integration.support import SERVED_NAME, wait_until
+
+FULL = os.environ.get("PDSERVE_CHAOS", "short") == "full"
+SCALE = 4 if FULL else 1
+MAX_TOKENS = 16
+_WORDS = ("pool", "block", "lease", "token", "chunk", "replica", "stream", "cache", "prefix")
+
+
+def prompt(tag: str, index: int, long: bool) -> str:
+    """A prompt no other test shares: long ones (> the local-prefill threshold) go remote."""
+    words = [_WORDS[(index * 7 + k) % len(_WORDS)] for k in range(40 if long else 2)]
+    return f"[{tag} {index}] " + " ".join(words)
+
+
+@dataclass
+class Outcome:
+    """How one request ended, as the client saw it."""
+
+    prompt: str
+    status: int | None = None
+    text: str = ""
+    error_type: str | None = None
+    done: bool = False
+    cancelled: bool = False
+
+    @property
+    def ended(self) -> bool:
+        """Invariant 2 for this request."""
+        if self.cancelled:
+            return True
+        if self.error_type is not None:
+            return self.status != 200 or self.done  # an SSE error still ends with [DONE]
+        return self.status == 200 and self.done
+
+
+async def send(
+    http: httpx.AsyncClient,
+    *,
+    app: ServingApp,
+    text: str,
+    stream: bool = True,
+    cancel_after_tokens: int | None = None,
+) -> Outcome:
+    """One greedy completion; a stream is closed after ``cancel_after_tokens`` chunks."""
+    body = {"model": SERVED_NAME, "prompt": text, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream": stream}  # fmt: skip
+    outcome = Outcome(text)
+    url = app.url("/v1/completions")
+    if not stream:
+        response = await http.post(url, json=body)
+        outcome.status, outcome.done = response.status_code, True
+        if response.status_code == 200:
+            outcome.text = response.json()["choices"][0]["text"]
+        else:
+            outcome.error_type = response.json()["error"]["type"]
+        return outcome
+    async with http.stream("POST", url, json=body) as response:
+        outcome.status = response.status_code
+        if response.status_code != 200:
+            outcome.error_type = json.loads(await response.aread())["error"]["type"]
+            return outcome
+        chunks = 0
+        async for line in response.aiter_lines():
+            if cancel_after_tokens is not None and chunks >= cancel_after_tokens:
+                outcome.cancelled = True
+                return outcome  # leaving the block closes the connection mid-stream
+            if line == "data: [DONE]":
+                outcome.done = True
+            elif line.startswith("data: "):
+                payload = json.loads(line[6:])
+                if "error" in payload:
+                    outcome.error_type = payload["error"]["type"]
+                else:
+                    outcome.text += payload["choices"][0]["text"]
+                    chunks += 1
+    return outcome
+
+
+Request = Callable[[httpx.AsyncClient], Awaitable[Outcome | None]]
+"""One client action: a request (its outcome) or a fault (None)."""
+
+
+def gather(requests: Sequence[Request]) -> list[Outcome]:
+    """Run the requests (and faults) concurrently on one client; the requests' outcomes."""
+
+    async def run() -> list[Outcome | None]:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=30.0)) as http:
+            return list(await asyncio.gather(*(request(http) for request in requests)))
+
+    return [outcome for outcome in asyncio.run(run()) if outcome is not None]
+
+
+def metric(app: ServingApp, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples on ``/metrics`` whose labels include ``labels``."""
+    total = 0.0
+    for line in httpx.get(app.url("/metrics"), timeout=30).text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def kv_idle(app: ServingApp) -> bool:
+    """Invariant 1."""
+    names = ("pdserve:kv_blocks_used", "pdserve:kv_exports_pinned", "pdserve:transfer_in_flight")
+    return all(metric(app, name) == 0 for name in names)
+
+
+@dataclass
+class FaultResult:
+    """One scenario's figures (a row of the fault matrix in ``docs/reliability.md``)."""
+
+    fault: str
+    requests: int
+    completed: int
+    errors: int
+    cancelled: int
+    lost: int
+    identical: int
+    counter: str
+    expected: float
+    moved: float
+    kv_idle: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def judge(
+    app: ServingApp,
+    fault: str,
+    outcomes: Sequence[Outcome],
+    references: dict[str, str],
+    counter: str,
+    expected: float,
+    moved: float,
+) -> FaultResult:
+    """Check the four invariants (asserting each) and record the scenario's figures."""
+    idle = True
+    try:
+        wait_until(lambda: kv_idle(app), 60, f"{fault}: KV back to idle")
+    except AssertionError:
+        idle = False
+    finished = [o for o in outcomes if o.status == 200 and o.done and o.error_type is None]
+    result = FaultResult(
+        fault=fault,
+        requests=len(outcomes),
+        completed=len(finished),
+        errors=sum(o.error_type is not None for o in outcomes),
+        cancelled=sum(o.cancelled for o in outcomes),
+        lost=sum(not o.ended for o in outcomes),
+        identical=sum(o.text == references[o.prompt] for o in finished),
+        counter=counter,
+        expected=expected,
+        moved=moved,
+        kv_idle=idle,
+    )
+    _record(result)
+    assert idle, f"{fault}: KV still in use after the fault"
+    assert result.lost == 0, [o for o in outcomes if not o.ended]
+    assert result.identical == result.completed, [
+        (o.text, references[o.prompt]) for o in finished if o.text != references[o.prompt]
+    ]
+    assert moved == expected, f"{fault}: {counter} moved by {moved}, expected {expected}"
+    return result
+
+
+def _record(result: FaultResult) -> None:
+    path = os.environ.get("PDSERVE_CHAOS_RESULTS")
+    if path:
+        with Path(path).open("a") as f:
+            f.write(json.dumps(asdict(result)) + "\n")

@@ -1,0 +1,207 @@
+"""The chaos suite: scripted faults against the live local cluster, each held to the four
+invariants of ``harness.py``. ``make test`` runs the short form (faults that need no replica
+restart, a few requests each); ``make chaos`` the full form (more traffic, plus replica kills
+through ``/admin/faults``, a transfer stall and live scaling)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from cluster.ops.launcher import scale
+from core.sampling import SamplingParams
+from engine import LLM
+from tests.chaos.harness import (
+    MAX_TOKENS,
+    SCALE,
+    Outcome,
+    Request,
+    gather,
+    judge,
+    metric,
+    prompt,
+    send,
+)
+from tests.conftest import ServingApp, SimCluster
+from tests.integration.support import (
+    APP_NAME,
+    BATCHED_TOKENS,
+    KV_BYTES,
+    MAX_MODEL_LEN,
+    MODEL,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+full_only = pytest.mark.chaos_full
+"""Run by ``make chaos`` only (they restart replicas); ``make test`` deselects them."""
+
+
+@pytest.fixture(scope="module")
+def offline() -> Iterator[LLM]:
+    yield LLM(MODEL, dtype="float32", max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=KV_BYTES,
+              max_num_batched_tokens=BATCHED_TOKENS, max_num_seqs=8)  # fmt: skip
+
+
+def references(offline: LLM, prompts: list[str]) -> dict[str, str]:
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    return {p: out.text for p, out in zip(prompts, offline.generate(prompts, params), strict=True)}
+
+
+def admin(app: ServingApp, **body: object) -> None:
+    response = httpx.post(app.url("/admin/faults"), json=body, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def calls(app: ServingApp, prompts: list[str], **options: Any) -> list[Request]:
+    """One request per prompt, sent with ``options`` (see ``harness.send``)."""
+    return [functools.partial(send, app=app, text=p, **options) for p in prompts]
+
+
+@pytest.fixture(autouse=True)
+def _no_faults_left(app: ServingApp) -> Iterator[None]:
+    yield
+    admin(app, action="transfer_clear")
+
+
+def test_client_disconnects_mid_stream(app: ServingApp, offline: LLM) -> None:
+    prompts = [prompt("disconnect", i, long=i % 2 == 0) for i in range(3 * SCALE)]
+    refs = references(offline, prompts)
+    before = metric(app, "pdserve:requests_failed_total", reason="client_disconnected")
+    outcomes = gather(calls(app, prompts, cancel_after_tokens=2))
+    moved = metric(app, "pdserve:requests_failed_total", reason="client_disconnected") - before
+    judge(app, "client disconnect mid-stream", outcomes, refs,
+          "requests_failed_total{client_disconnected}", len(prompts), moved)  # fmt: skip
+
+
+def test_abort_storm(app: ServingApp, offline: LLM) -> None:
+    rng = random.Random(7)
+    prompts = [prompt("storm", i, long=rng.random() < 0.5) for i in range(12 * SCALE)]
+    refs = references(offline, prompts)
+    before = metric(app, "pdserve:requests_failed_total", reason="client_disconnected")
+    cut = [rng.randint(0, MAX_TOKENS + 2) for _ in prompts]  # past the end: not cancelled
+    outcomes = gather([
+        functools.partial(send, app=app, text=p, cancel_after_tokens=k if k < MAX_TOKENS else None)
+        for p, k in zip(prompts, cut, strict=True)
+    ])  # fmt: skip
+    moved = metric(app, "pdserve:requests_failed_total", reason="client_disconnected") - before
+    cancelled = sum(o.cancelled for o in outcomes)
+    judge(app, "abort storm", outcomes, refs, "requests_failed_total{client_disconnected}",
+          cancelled, moved)  # fmt: skip
+
+
+def _faults_active(app: ServingApp, tag: str) -> bool:
+    before = metric(app, "pdserve:transfer_failures_total", role="decode")
+    probe = prompt(tag, random.randrange(1 << 30), long=True)
+    gather(calls(app, [probe], stream=False))
+    return metric(app, "pdserve:transfer_failures_total", role="decode") > before
+
+
+def test_transfers_fail_and_decode_recomputes(app: ServingApp, offline: LLM) -> None:
+    admin(app, action="transfer_fail", duration_s=300)
+    wait_until(lambda: _faults_active(app, "probe-fail"), 60, "transfer faults in force")
+    prompts = [prompt("transfer-fail", i, long=True) for i in range(4 * SCALE)]
+    refs = references(offline, prompts)
+    failures = metric(app, "pdserve:transfer_failures_total", role="decode")
+    remote = metric(app, "pdserve:disagg_decisions_total", decision="remote")
+    outcomes = gather(calls(app, prompts, stream=False))
+    admin(app, action="transfer_clear")
+    moved = metric(app, "pdserve:transfer_failures_total", role="decode") - failures
+    expected = metric(app, "pdserve:disagg_decisions_total", decision="remote") - remote
+    assert expected >= 1, "no request took the remote path"
+    judge(app, "KV transfers fail (recompute)", outcomes, refs,
+          "transfer_failures_total{decode} = remote requests", expected, moved)  # fmt: skip
+
+
+def test_overload_is_refused_cleanly(app: ServingApp, offline: LLM) -> None:
+    limit = app.config.server.max_in_flight_requests
+    prompts = [prompt("overload", i, long=False) for i in range(3 * limit * SCALE)]
+    refs = references(offline, prompts)
+    before = metric(app, "pdserve:requests_rejected_total", reason="overloaded")
+    outcomes = gather(calls(app, prompts, stream=False))
+    moved = metric(app, "pdserve:requests_rejected_total", reason="overloaded") - before
+    refused = sum(o.status == 429 for o in outcomes)
+    assert refused >= 1 and all(o.status in (200, 429) for o in outcomes)
+    judge(app, "overload (429)", outcomes, refs, "requests_rejected_total{overloaded} = 429s",
+          refused, moved)  # fmt: skip
+
+
+def _kill_under_load(app: ServingApp, prompts: list[str], pool: str) -> list[Outcome]:
+    """Stream ``prompts``; once a ``pool`` replica is running one, kill it (``/admin/faults``)."""
+
+    async def killer(http: httpx.AsyncClient) -> None:
+        async def busy() -> bool:
+            board = await asyncio.to_thread(app.board)
+            return any(d["stats"]["num_running"] > 0 for d in board[pool])
+
+        for _ in range(300):
+            if await busy():
+                break
+            await asyncio.sleep(0.1)
+        body = {"action": "kill_replica", "pool": pool}
+        response = await http.post(app.url("/admin/faults"), json=body)
+        assert response.status_code == 200, response.text
+
+    return gather([*calls(app, prompts), killer])
+
+
+@full_only
+def test_killed_prefill_replica(app: ServingApp, offline: LLM) -> None:
+    prompts = [prompt("kill-prefill", i, long=True) for i in range(3 * SCALE)]
+    refs = references(offline, prompts)
+    before = metric(app, "pdserve:prefill_failovers_total")
+    outcomes = _kill_under_load(app, prompts, "prefill")
+    moved = min(1.0, metric(app, "pdserve:prefill_failovers_total") - before)
+    judge(app, "prefill replica killed", outcomes, refs,
+          "prefill_failovers_total >= 1", 1.0, moved)  # fmt: skip
+
+
+@full_only
+def test_killed_decode_replica(app: ServingApp, sim_cluster: SimCluster, offline: LLM) -> None:
+    scale(APP_NAME, None, 2, dashboard_url=sim_cluster.dashboard_url)
+    wait_until(lambda: len([d for d in app.board()["decode"] if d.get("actor_name")]) == 2, 180,
+               "two decode replicas")  # fmt: skip
+    prompts = [prompt("kill-decode", i, long=True) for i in range(3 * SCALE)]
+    refs = references(offline, prompts)
+    before = metric(app, "pdserve:request_migrations_total")
+    outcomes = _kill_under_load(app, prompts, "decode")
+    moved = min(1.0, metric(app, "pdserve:request_migrations_total") - before)
+    judge(app, "decode replica killed (migration)", outcomes, refs,
+          "request_migrations_total >= 1", 1.0, moved)  # fmt: skip
+
+
+@full_only
+def test_transfer_stall(app: ServingApp, offline: LLM) -> None:
+    admin(app, action="transfer_stall", duration_s=300, stall_per_chunk_s=0.3)
+    prompts = [prompt("transfer-stall", i, long=True) for i in range(4 * SCALE)]
+    refs = references(offline, prompts)
+
+    def pulls() -> float:
+        return metric(app, "pdserve:transfers_total", role="decode") + metric(
+            app, "pdserve:transfer_failures_total", role="decode"
+        )
+
+    before, remote = pulls(), metric(app, "pdserve:disagg_decisions_total", decision="remote")
+    outcomes = gather(calls(app, prompts))
+    admin(app, action="transfer_clear")
+    expected = metric(app, "pdserve:disagg_decisions_total", decision="remote") - remote
+    counter = "transfers + transfer_failures {decode} = remote requests"
+    judge(app, "KV transfers stall", outcomes, refs, counter, expected, pulls() - before)
+
+
+@full_only
+def test_live_scaling_under_load(app: ServingApp, sim_cluster: SimCluster, offline: LLM) -> None:
+    prompts = [prompt("scaling", i, long=i % 2 == 0) for i in range(8 * SCALE)]
+    refs = references(offline, prompts)
+    before = metric(app, "pdserve:replicas")
+    scale(APP_NAME, 2, 2, dashboard_url=sim_cluster.dashboard_url)
+    outcomes = gather(calls(app, prompts))
+    wait_until(lambda: metric(app, "pdserve:replicas") == before + 2, 180, "both pools at 2")
+    judge(app, "live scaling (1+1 -> 2+2)", outcomes, refs, "pdserve:replicas", before + 2,
+          metric(app, "pdserve:replicas"))  # fmt: skip
