@@ -106,10 +106,41 @@ class GenerationRequest(BaseModel):
         return self.prompt_logprobs
 
 
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_PROMPT_SHAPES = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        _TOKEN_IDS,
+        {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+    ]
+}
+_MESSAGE = {
+    "type": "object",
+    "properties": {
+        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array"}, {"type": "null"}]},
+    },
+    "required": ["role"],
+}
+
+
+def _requires(*fields: str) -> Any:
+    """A ``json_schema_extra`` that lists ``fields`` as required in the published schema
+    (the model itself defaults them to None, so a missing one gets pdserve's own 400)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["required"] = [*schema.get("required", []), *fields]
+
+    return extra
+
+
 class CompletionRequest(GenerationRequest):
     """``POST /v1/completions``."""
 
-    prompt: Any = None
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_requires("prompt"))
+
+    prompt: Any = Field(None, json_schema_extra=_PROMPT_SHAPES)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
@@ -139,7 +170,11 @@ class CompletionRequest(GenerationRequest):
 class ChatCompletionRequest(GenerationRequest):
     """``POST /v1/chat/completions``."""
 
-    messages: Any = None
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_requires("messages"))
+
+    messages: Any = Field(
+        None, json_schema_extra={"type": "array", "items": _MESSAGE, "minItems": 1}
+    )
     max_completion_tokens: int | None = Field(None, ge=1)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
