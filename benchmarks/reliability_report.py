@@ -43,7 +43,8 @@ def render(rows: list[dict[str, Any]], fuzz: Counter[str]) -> tuple[str, dict[st
         "requests_lost": sum(r["lost"] for r in faults),
     }
     lines = [
-        f"- Faults survived / tried: **{headline['faults_survived']} / {headline['faults_tried']}**",
+        f"- Faults survived / tried: **{headline['faults_survived']} / "
+        f"{headline['faults_tried']}**",
         f"- Fuzzed requests handled without a 5xx / tried: **{headline['bad_inputs_handled']} / "
         f"{cases}**",
         f"- Requests lost: **{headline['requests_lost']}**",

@@ -25,9 +25,9 @@ from engine.outputs import (
     RequestOutput,
     TokenLogprob,
 )
+from engine.request import RequestStatus
 from engine.sampling import StopStringMatcher
 from engine.sampling.ops import top_logprobs
-from engine.request import RequestStatus
 from engine.scheduler.output import RequestUpdate
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 

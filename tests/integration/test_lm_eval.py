@@ -87,7 +87,7 @@ def test_lm_eval_local_completions_scores_two_tasks(
            "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": ""}  # fmt: skip
     args = [str(EVAL_PYTHON), str(PROBE), serving_app.url(""), SERVED_NAME,
             str(resolve_model(MODEL)), str(tmp_path)]  # fmt: skip
-    run = subprocess.run(args, capture_output=True, text=True, env=env, timeout=540)
+    run = subprocess.run(args, check=False, capture_output=True, text=True, env=env, timeout=540)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     scores = report["scores"]
