@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic.json_schema import JsonDict
 
 
 class StreamOptions(BaseModel):
@@ -106,8 +107,8 @@ class GenerationRequest(BaseModel):
         return self.prompt_logprobs
 
 
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-_PROMPT_SHAPES = {
+_TOKEN_IDS: JsonDict = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_PROMPT_SHAPES: JsonDict = {
     "anyOf": [
         {"type": "string"},
         {"type": "array", "items": {"type": "string"}, "minItems": 1},
@@ -115,7 +116,7 @@ _PROMPT_SHAPES = {
         {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
     ]
 }
-_MESSAGE = {
+_MESSAGE: JsonDict = {
     "type": "object",
     "properties": {
         "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
