@@ -67,9 +67,10 @@ async def send(
     text: str,
     stream: bool = True,
     cancel_after_tokens: int | None = None,
+    max_tokens: int = MAX_TOKENS,
 ) -> Outcome:
     """One greedy completion; a stream is closed after ``cancel_after_tokens`` chunks."""
-    body = {"model": SERVED_NAME, "prompt": text, "max_tokens": MAX_TOKENS, "temperature": 0,
+    body = {"model": SERVED_NAME, "prompt": text, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": stream}  # fmt: skip
     outcome = Outcome(text)
     url = app.url("/v1/completions")
