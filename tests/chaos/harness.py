@@ -16,6 +16,7 @@ a JSONL file each scenario appends its figures to (``docs/reliability.md`` is re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -108,12 +109,19 @@ Request = Callable[[httpx.AsyncClient], Awaitable[Outcome | None]]
 """One client action: a request (its outcome) or a fault (None)."""
 
 
-def gather(requests: Sequence[Request]) -> list[Outcome]:
-    """Run the requests (and faults) concurrently on one client; the requests' outcomes."""
+def gather(requests: Sequence[Request], limit: int | None = None) -> list[Outcome]:
+    """Run the requests (and faults) concurrently on one client, at most ``limit`` at a time
+    (None: all at once); the requests' outcomes."""
 
     async def run() -> list[Outcome | None]:
+        gate = asyncio.Semaphore(limit or len(requests) or 1)
+
+        async def bounded(request: Request, http: httpx.AsyncClient) -> Outcome | None:
+            async with gate:
+                return await request(http)
+
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=30.0)) as http:
-            return list(await asyncio.gather(*(request(http) for request in requests)))
+            return list(await asyncio.gather(*(bounded(r, http) for r in requests)))
 
     return [outcome for outcome in asyncio.run(run()) if outcome is not None]
 
@@ -160,9 +168,14 @@ def judge(
     references: dict[str, str],
     counter: str,
     expected: float,
-    moved: float,
+    moved_fn: Callable[[], float],
 ) -> FaultResult:
-    """Check the four invariants (asserting each) and record the scenario's figures."""
+    """Check the four invariants (asserting each) and record the scenario's figures.
+    ``moved_fn`` reads how far the fault's counter moved; it is polled for a while, since the
+    workers' counters reach ``/metrics`` with their next stats report."""
+    with contextlib.suppress(AssertionError):  # recorded, then asserted below
+        wait_until(lambda: moved_fn() == expected, 30, f"{fault}: {counter} at {expected}")
+    moved = moved_fn()
     idle = True
     try:
         wait_until(lambda: kv_idle(app), 60, f"{fault}: KV back to idle")

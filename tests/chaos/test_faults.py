@@ -70,32 +70,39 @@ def _no_faults_left(app: ServingApp) -> Iterator[None]:
     admin(app, action="transfer_clear")
 
 
+def disconnected(app: ServingApp) -> float:
+    return metric(app, "pdserve:requests_failed_total", reason="client_disconnected")
+
+
+def cap(app: ServingApp) -> int:
+    """The ingress's in-flight limit: scenarios other than overload stay within it."""
+    return app.config.server.max_in_flight_requests
+
+
 def test_client_disconnects_mid_stream(app: ServingApp, offline: LLM) -> None:
     prompts = [prompt("disconnect", i, long=i % 2 == 0) for i in range(3 * SCALE)]
     refs = references(offline, prompts)
-    before = metric(app, "pdserve:requests_failed_total", reason="client_disconnected")
-    outcomes = gather(calls(app, prompts, cancel_after_tokens=2))
-    moved = metric(app, "pdserve:requests_failed_total", reason="client_disconnected") - before
-    cut = sum(o.cancelled for o in outcomes)  # the rest were refused (429) past the in-flight cap
-    assert cut >= 1
-    judge(app, "client disconnect mid-stream", outcomes, refs,
-          "requests_failed_total{client_disconnected}", cut, moved)  # fmt: skip
+    before = disconnected(app)
+    outcomes = gather(calls(app, prompts, cancel_after_tokens=2), cap(app))
+    cut = sum(o.cancelled for o in outcomes)
+    counter = "requests_failed_total{client_disconnected}"
+    judge(app, "client disconnect mid-stream", outcomes, refs, counter, cut,
+          lambda: disconnected(app) - before)  # fmt: skip
 
 
 def test_abort_storm(app: ServingApp, offline: LLM) -> None:
     rng = random.Random(7)
     prompts = [prompt("storm", i, long=rng.random() < 0.5) for i in range(12 * SCALE)]
     refs = references(offline, prompts)
-    before = metric(app, "pdserve:requests_failed_total", reason="client_disconnected")
+    before = disconnected(app)
     cut = [rng.randint(0, MAX_TOKENS + 2) for _ in prompts]  # past the end: not cancelled
     outcomes = gather([
         functools.partial(send, app=app, text=p, cancel_after_tokens=k if k < MAX_TOKENS else None)
         for p, k in zip(prompts, cut, strict=True)
-    ])  # fmt: skip
-    moved = metric(app, "pdserve:requests_failed_total", reason="client_disconnected") - before
+    ], cap(app))  # fmt: skip
     cancelled = sum(o.cancelled for o in outcomes)
     judge(app, "abort storm", outcomes, refs, "requests_failed_total{client_disconnected}",
-          cancelled, moved)  # fmt: skip
+          cancelled, lambda: disconnected(app) - before)  # fmt: skip
 
 
 def _faults_active(app: ServingApp, tag: str) -> bool:
@@ -112,13 +119,20 @@ def test_transfers_fail_and_decode_recomputes(app: ServingApp, offline: LLM) -> 
     refs = references(offline, prompts)
     failures = metric(app, "pdserve:transfer_failures_total", role="decode")
     remote = metric(app, "pdserve:disagg_decisions_total", decision="remote")
-    outcomes = gather(calls(app, prompts, stream=False))
+    outcomes = gather(calls(app, prompts, stream=False), cap(app))
     admin(app, action="transfer_clear")
-    moved = metric(app, "pdserve:transfer_failures_total", role="decode") - failures
     expected = metric(app, "pdserve:disagg_decisions_total", decision="remote") - remote
     assert expected >= 1, "no request took the remote path"
-    judge(app, "KV transfers fail (recompute)", outcomes, refs,
-          "transfer_failures_total{decode} = remote requests", expected, moved)  # fmt: skip
+    counter = "transfer_failures_total{decode} = remote requests"
+    judge(
+        app,
+        "KV transfers fail (recompute)",
+        outcomes,
+        refs,
+        counter,
+        expected,
+        lambda: metric(app, "pdserve:transfer_failures_total", role="decode") - failures,
+    )
 
 
 def test_overload_is_refused_cleanly(app: ServingApp, offline: LLM) -> None:
@@ -127,11 +141,18 @@ def test_overload_is_refused_cleanly(app: ServingApp, offline: LLM) -> None:
     refs = references(offline, prompts)
     before = metric(app, "pdserve:requests_rejected_total", reason="overloaded")
     outcomes = gather(calls(app, prompts, stream=False))
-    moved = metric(app, "pdserve:requests_rejected_total", reason="overloaded") - before
     refused = sum(o.status == 429 for o in outcomes)
     assert refused >= 1 and all(o.status in (200, 429) for o in outcomes)
-    judge(app, "overload (429)", outcomes, refs, "requests_rejected_total{overloaded} = 429s",
-          refused, moved)  # fmt: skip
+    counter = "requests_rejected_total{overloaded} = 429s"
+    judge(
+        app,
+        "overload (429)",
+        outcomes,
+        refs,
+        counter,
+        refused,
+        lambda: metric(app, "pdserve:requests_rejected_total", reason="overloaded") - before,
+    )
 
 
 KILL_TOKENS = 96
@@ -139,8 +160,9 @@ KILL_TOKENS = 96
 
 
 def _kill_under_load(app: ServingApp, prompts: list[str], pool: str) -> list[Outcome]:
-    """Stream the first half of ``prompts``; once a ``pool`` replica is busy, kill it through
-    ``/admin/faults``; then send the second half (they meet the pool without that replica)."""
+    """Stream the first half of ``prompts`` (all of them fit the in-flight cap); once a ``pool``
+    replica is busy, kill it through ``/admin/faults``; then send the second half (they meet
+    the pool without that replica)."""
     half = len(prompts) // 2
     killed: list[asyncio.Event] = []  # made inside the loop gather() runs
 
@@ -171,7 +193,7 @@ def _kill_under_load(app: ServingApp, prompts: list[str], pool: str) -> list[Out
 
 @full_only
 def test_killed_prefill_replica(app: ServingApp, offline: LLM) -> None:
-    prompts = [prompt("kill-prefill", i, long=True) for i in range(4 * SCALE)]
+    prompts = [prompt("kill-prefill", i, long=True) for i in range(cap(app))]
     refs = references(offline, prompts, KILL_TOKENS)
 
     def replicas() -> set[str]:
@@ -180,9 +202,9 @@ def test_killed_prefill_replica(app: ServingApp, offline: LLM) -> None:
     before = replicas()
     outcomes = _kill_under_load(app, prompts, "prefill")
     wait_until(lambda: len(replicas() - before) == 1, 180, "Serve replaced the killed replica")
-    moved = float(len(replicas() - before))  # requests that met no replica waited for this one
     counter = "prefill replicas replaced"
-    judge(app, "prefill replica killed", outcomes, refs, counter, 1.0, moved)
+    judge(app, "prefill replica killed", outcomes, refs, counter, 1.0,
+          lambda: float(len(replicas() - before)))  # fmt: skip
 
 
 @full_only
@@ -190,13 +212,13 @@ def test_killed_decode_replica(app: ServingApp, sim_cluster: SimCluster, offline
     scale(APP_NAME, None, 2, dashboard_url=sim_cluster.dashboard_url)
     wait_until(lambda: len([d for d in app.board()["decode"] if d.get("actor_name")]) == 2, 180,
                "two decode replicas")  # fmt: skip
-    prompts = [prompt("kill-decode", i, long=True) for i in range(4 * SCALE)]
+    prompts = [prompt("kill-decode", i, long=True) for i in range(cap(app))]
     refs = references(offline, prompts, KILL_TOKENS)
     before = metric(app, "pdserve:request_migrations_total")
     outcomes = _kill_under_load(app, prompts, "decode")
-    moved = min(1.0, metric(app, "pdserve:request_migrations_total") - before)
     judge(app, "decode replica killed (migration)", outcomes, refs,
-          "request_migrations_total >= 1", 1.0, moved)  # fmt: skip
+          "request_migrations_total >= 1", 1.0,
+          lambda: min(1.0, metric(app, "pdserve:request_migrations_total") - before))  # fmt: skip
 
 
 @full_only
@@ -211,11 +233,11 @@ def test_transfer_stall(app: ServingApp, offline: LLM) -> None:
         )
 
     before, remote = pulls(), metric(app, "pdserve:disagg_decisions_total", decision="remote")
-    outcomes = gather(calls(app, prompts))
+    outcomes = gather(calls(app, prompts), cap(app))
     admin(app, action="transfer_clear")
     expected = metric(app, "pdserve:disagg_decisions_total", decision="remote") - remote
     counter = "transfers + transfer_failures {decode} = remote requests"
-    judge(app, "KV transfers stall", outcomes, refs, counter, expected, pulls() - before)
+    judge(app, "KV transfers stall", outcomes, refs, counter, expected, lambda: pulls() - before)
 
 
 @full_only
@@ -224,7 +246,7 @@ def test_live_scaling_under_load(app: ServingApp, sim_cluster: SimCluster, offli
     refs = references(offline, prompts)
     before = metric(app, "pdserve:replicas")
     scale(APP_NAME, 2, 2, dashboard_url=sim_cluster.dashboard_url)
-    outcomes = gather(calls(app, prompts))
+    outcomes = gather(calls(app, prompts), cap(app))
     wait_until(lambda: metric(app, "pdserve:replicas") == before + 2, 180, "both pools at 2")
     judge(app, "live scaling (1+1 -> 2+2)", outcomes, refs, "pdserve:replicas", before + 2,
-          metric(app, "pdserve:replicas"))  # fmt: skip
+          lambda: metric(app, "pdserve:replicas"))  # fmt: skip
