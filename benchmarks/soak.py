@@ -83,7 +83,7 @@ class Outcome:
 
 
 def _prompt(rng: random.Random, long: bool) -> str:
-    count = rng.randint(200, 400) if long else rng.randint(3, 12)
+    count = rng.randint(60, 150) if long else rng.randint(2, 5)  # ~5 tokens a word here
     return " ".join(rng.choice(WORDS) for _ in range(count))
 
 
