@@ -19,7 +19,8 @@ from ray import serve
 from core.codec import from_plain, to_plain
 from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.messages import DecodeRequest, TokenChunk
-from decode.worker import DecodeWorker, build_decode_worker
+from decode.build import build_decode_worker
+from decode.worker import DecodeWorker
 from replica import GangEngineFactory, KVEventPublisherFactory, RoleReplica, StatsReporter
 from replica.kv_token import KVToken
 

@@ -17,14 +17,12 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Literal
 
-from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.errors import ConfigError, InvalidRequestError, PdserveError, TransferError
-from core.kv_events import KVEventBatch
 from core.kv_handle import TransferFailure, TransferState, TransferStatus
 from core.messages import DecodeRequest, StageTimes, TokenChunk
 from core.sampling import SamplingParams
@@ -32,9 +30,7 @@ from core.stats import ReplicaStats
 from decode.chunks import aborted_chunk, error_chunk, token_chunk
 from decode.kv_import import KVImport
 from engine.async_engine import AsyncEngine
-from engine.engine import LLMEngine
-from engine.setup import build_engine_parts
-from transfer import GrpcKVTransport, InMemoryTransferMetrics, KVTransport, TransferSide
+from transfer import InMemoryTransferMetrics, KVTransport, TransferSide
 
 logger = logging.getLogger(__name__)
 
@@ -229,42 +225,3 @@ class DecodeWorker:
         await asyncio.to_thread(self._transport.close)
         await asyncio.to_thread(self._engine.shutdown)
         self._releaser.shutdown(wait=True)
-
-
-def build_decode_worker(
-    model: ModelConfig,
-    engine: EngineConfig,
-    transfer: TransferConfig,
-    *,
-    kv_failure_policy: str = "recompute",
-    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
-    async_engine: AsyncEngine | None = None,
-) -> DecodeWorker:
-    """A decode worker on a real engine and an import-only :class:`GrpcKVTransport`.
-
-    ``async_engine``: an engine built elsewhere (an expert-parallel rank's); default: build one.
-    """
-    if kv_failure_policy not in ("recompute", "fail"):
-        raise ConfigError(
-            f"kv_failure_policy must be recompute or fail, got {kv_failure_policy!r}",
-            param="kv_failure_policy",
-        )
-    policy: KVFailurePolicy = "recompute" if kv_failure_policy == "recompute" else "fail"
-    if async_engine is None:
-        parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
-        async_engine = AsyncEngine(LLMEngine(parts))
-    parts = async_engine.engine.parts
-    metrics = InMemoryTransferMetrics()
-    transport = GrpcKVTransport(parts.storage, transfer, serve=False, metrics=metrics)
-    logger.info(
-        "decode worker ready: %d KV blocks, layout %s, kv_failure_policy=%s",
-        parts.storage.num_blocks,
-        parts.layout.fingerprint(),
-        policy,
-    )
-    return DecodeWorker(
-        async_engine,
-        transport,
-        kv_failure_policy=policy,
-        metrics=metrics,
-    )

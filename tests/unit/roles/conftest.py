@@ -18,7 +18,8 @@ import pytest
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.sampling import SamplingParams
-from decode.worker import DecodeWorker, build_decode_worker
+from decode.build import build_decode_worker
+from decode.worker import DecodeWorker
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
 from engine.llm import LLM

@@ -1,0 +1,57 @@
+"""Building a :class:`~decode.worker.DecodeWorker` for a replica: a real engine (or an
+expert-parallel rank's) plus an import-only gRPC transport with its own transfer metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from core.config import EngineConfig, ModelConfig, TransferConfig
+from core.errors import ConfigError
+from core.kv_events import KVEventBatch
+from decode.worker import DecodeWorker, KVFailurePolicy
+from engine.async_engine import AsyncEngine
+from engine.engine import LLMEngine
+from engine.setup import build_engine_parts
+from transfer import GrpcKVTransport, InMemoryTransferMetrics
+
+logger = logging.getLogger(__name__)
+
+
+def build_decode_worker(
+    model: ModelConfig,
+    engine: EngineConfig,
+    transfer: TransferConfig,
+    *,
+    kv_failure_policy: str = "recompute",
+    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    async_engine: AsyncEngine | None = None,
+) -> DecodeWorker:
+    """A decode worker on a real engine and an import-only :class:`GrpcKVTransport`.
+
+    ``async_engine``: an engine built elsewhere (an expert-parallel rank's); default: build one.
+    """
+    if kv_failure_policy not in ("recompute", "fail"):
+        raise ConfigError(
+            f"kv_failure_policy must be recompute or fail, got {kv_failure_policy!r}",
+            param="kv_failure_policy",
+        )
+    policy: KVFailurePolicy = "recompute" if kv_failure_policy == "recompute" else "fail"
+    if async_engine is None:
+        parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
+        async_engine = AsyncEngine(LLMEngine(parts))
+    parts = async_engine.engine.parts
+    metrics = InMemoryTransferMetrics()
+    transport = GrpcKVTransport(parts.storage, transfer, serve=False, metrics=metrics)
+    logger.info(
+        "decode worker ready: %d KV blocks, layout %s, kv_failure_policy=%s",
+        parts.storage.num_blocks,
+        parts.layout.fingerprint(),
+        policy,
+    )
+    return DecodeWorker(
+        async_engine,
+        transport,
+        kv_failure_policy=policy,
+        metrics=metrics,
+    )
