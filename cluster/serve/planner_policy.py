@@ -42,6 +42,13 @@ from core.config import PlannerConfig
 
 logger = logging.getLogger(__name__)
 
+
+def _clock() -> float:
+    """The planner's clock (``time.monotonic``; tests replace this function, not the module's
+    ``time``, which every thread of the process shares)."""
+    return time.monotonic()
+
+
 POLICY_FUNCTION = "cluster.serve.planner_policy:PdservePlanner"
 """The import path Serve loads the policy class from."""
 SAMPLE_PERIOD_S = 1.0
@@ -106,9 +113,7 @@ class PdservePlanner:
         pools = {d.name: (d, PoolMetrics(ctx)) for d, ctx in contexts.items()}
         targets = {d: int(ctx.target_num_replicas) for d, ctx in contexts.items()}
         decisions = (
-            self._plan_slo(pools, time.monotonic())
-            if self.config.mode == "slo"
-            else self._plan_load(pools)
+            self._plan_slo(pools, _clock()) if self.config.mode == "slo" else self._plan_load(pools)
         )
         state: dict[Any, dict] = {}
         for name, (decision, detail) in decisions.items():

@@ -172,9 +172,13 @@ def _kill_under_load(app: ServingApp, prompts: list[str], pool: str) -> list[Out
         return killed[0]
 
     async def killer(http: httpx.AsyncClient) -> None:
+        # /metrics over HTTP, not a Serve handle: a handle made inside this short-lived loop
+        # would be left bound to it, and Serve's shutdown waits on it forever
         for _ in range(300):
-            board = await asyncio.to_thread(app.board)
-            if any(d["stats"]["num_running"] > 0 for d in board[pool]):
+            running = await asyncio.to_thread(
+                metric, app, "pdserve:num_requests_running", role=pool
+            )
+            if running > 0:
                 break
             await asyncio.sleep(0.1)
         body = {"action": "kill_replica", "pool": pool}

@@ -77,7 +77,7 @@ def test_the_policy_sizes_both_pools_from_replica_and_ingress_metrics() -> None:
 
 def test_a_ramp_is_met_ahead_and_observed_latency_corrects_the_model(monkeypatch) -> None:
     clock = iter(float(t) for t in range(100))
-    monkeypatch.setattr("cluster.serve.planner_policy.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("cluster.serve.planner_policy._clock", lambda: next(clock))
     ahead, now = planner(prediction_horizon_s=10), planner(prediction_horizon_s=0)
     for rate in (400, 800, 1200, 1600):
         ramp = contexts(rate=rate, seqs=1)
