@@ -1,4 +1,11 @@
-"""The serving cluster (`pdserve up CONFIG`, configs/local.yaml): pools, scheduler, server."""
+"""The serving cluster (`pdserve up CONFIG`, configs/local.yaml): pools, scheduler, server.
+
+Past 400 lines on purpose: these sections are validated against each other (prefill and decode
+agreeing on block size and hash seed, autoscaling ranges against replica counts, the server's
+limits against the engine's), and the cross-section checks read best next to the fields they
+tie together. Sections with no such ties live in their own modules (engine, transfer, planner,
+KV tiers, load tests).
+"""
 
 from __future__ import annotations
 
