@@ -141,3 +141,5 @@ class ReplicaReport:
     node_ip: str
     pid: int
     stats: ReplicaStats
+    model: str = ""
+    """The scope of the model this replica serves (``ServedModel.scope``; empty: the only one)."""

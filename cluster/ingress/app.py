@@ -1,6 +1,7 @@
 """The FastAPI app factory: OpenAI routes, health and readiness, Prometheus metrics.
 
-``create_app`` wires a tokenizer, the two pool clients and the settings into an app. Under Ray
+``create_app`` wires each served model's tokenizer, pool clients and settings (a
+:class:`ModelEndpoint`), and the virtual model names of the YAML, into one app. Under Ray
 Serve, the deploy helper builds it inside the ingress replica and returns it from
 ``__serve_build_asgi_app__`` of a class decorated with ``@serve.ingress()`` (Ray's late-bound
 ingress), adapting Serve handles to :class:`PrefillClient` / :class:`DecodeClient`.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,61 +22,52 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.ingress.admission import RequestGate, authenticate
-from cluster.ingress.clients import DecodeClient, PrefillClient, StatsProvider
-from cluster.ingress.disagg import CachedBlocksFn, DisaggPolicy
+from cluster.ingress.clients import StatsProvider
 from cluster.ingress.errors import error_body, error_response
 from cluster.ingress.fault_routes import FaultAdmin, FaultRequest, add_fault_routes
-from cluster.ingress.flow import GenerationFlow
 from cluster.ingress.guards import IngressGuard
 from cluster.ingress.handlers import GenerationHandlers
 from cluster.ingress.metrics import ROLE, IngressMetrics
+from cluster.ingress.model_routing.router import ModelRouter
+from cluster.ingress.model_table import ModelEndpoint, ModelTable, ServedRoute, build_route
 from cluster.ingress.openapi import describe_bodies, json_body
-from cluster.ingress.prompts import PromptBuilder, PromptTokenizer
 from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest
-from cluster.ingress.settings import IngressSettings
 from cluster.ingress.tokenize_routes import DetokenizeRequest, TokenizeRequest, add_tokenize_routes
+from core.config import VirtualModelConfig
 from core.errors import PdserveError
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
 
 
 def create_app(
-    tokenizer: PromptTokenizer,
-    prefill: PrefillClient,
-    decode: DecodeClient,
-    settings: IngressSettings,
+    models: Sequence[ModelEndpoint],
     *,
+    virtual_models: Sequence[VirtualModelConfig] = (),
     stats_provider: StatsProvider | None = None,
-    cached_blocks_fn: CachedBlocksFn | None = None,
     gate: RequestGate | None = None,
     fault_admin: FaultAdmin | None = None,
 ) -> FastAPI:
-    """The OpenAI-compatible ingress app (``app.state.gate`` drains it, ``app.state.metrics``)."""
+    """The OpenAI-compatible ingress app over ``models`` (the first answers requests naming
+    no model); ``app.state.gate`` drains it, ``app.state.metrics`` and ``app.state.table``."""
+    settings = models[0].settings  # server, scheduler and API keys are the cluster's, shared
     gate = gate or RequestGate(
         settings.server.max_in_flight_requests, settings.server.retry_after_s
     )
     metrics = IngressMetrics(settings.model_name)
     metrics.in_flight.labels(ROLE).set_function(lambda: float(gate.num_in_flight))
-    policy = DisaggPolicy(
-        settings.scheduler.local_prefill_threshold_tokens, settings.block_size, cached_blocks_fn
-    )
-    detokenizer = None
-    if isinstance(tokenizer, Tokenizer):
+    table = ModelTable([build_route(m, metrics) for m in models], virtual_models)
 
-        def detokenizer(prompt_ids: list[int]) -> IncrementalDetokenizer:
-            return IncrementalDetokenizer(tokenizer, prompt_token_ids=prompt_ids)
+    def degraded_now() -> float:
+        return float(any(not route_ready(r)[0] for r in table.routes))
 
-    flow = GenerationFlow(prefill, decode, policy, settings, metrics, detokenizer)
-    metrics.degraded.labels("prefill_unavailable").set_function(
-        lambda: float(settings.prefill_required and not flow.prefill_available())
-    )
-    handlers = GenerationHandlers(settings, PromptBuilder(tokenizer, settings), flow, gate, metrics)
+    metrics.degraded.labels("prefill_unavailable").set_function(degraded_now)
+    handlers = GenerationHandlers(table, ModelRouter(table, metrics), gate, metrics)
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
     created = int(time.time())
     app.state.gate = gate
     app.state.metrics = metrics
-    app.state.flow = flow
+    app.state.table = table
+    app.state.flow = table.default.flow
     _add_error_handlers(app)
     app.add_middleware(
         IngressGuard,
@@ -87,7 +81,7 @@ def create_app(
                       openapi_extra=json_body(CompletionRequest))  # fmt: skip
     app.add_api_route("/v1/chat/completions", handlers.chat_completions, methods=["POST"],
                       openapi_extra=json_body(ChatCompletionRequest))  # fmt: skip
-    add_tokenize_routes(app, tokenizer, settings, metrics)
+    add_tokenize_routes(app, table, metrics)
     add_fault_routes(app, fault_admin)
     bodies: list[type[BaseModel]] = [
         CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest
@@ -95,7 +89,7 @@ def create_app(
     describe_bodies(app, bodies + ([FaultRequest] if fault_admin is not None else []))
 
     @app.get("/v1/models")
-    async def models(request: Request) -> Response:
+    async def list_models(request: Request) -> Response:
         try:
             authenticate(request.headers.get("authorization"), settings.api_keys)
         except PdserveError as e:
@@ -107,45 +101,44 @@ def create_app(
                 "object": "model",
                 "created": created,
                 "owned_by": settings.owned_by,
-                "max_model_len": settings.max_model_len,
+                "max_model_len": table.max_model_len(name),
             }
-            for name in settings.served_model_names
+            for name in table.names()
         ]
         return JSONResponse({"object": "list", "data": data})
 
-    def parts() -> dict[str, bool]:
-        return {
+    def parts() -> dict[str, Any]:
+        states = {r.name: route_ready(r) for r in table.routes}
+        status: dict[str, Any] = {
             "draining": gate.draining,
-            "prefill": flow.prefill_available(),
-            "decode": decode.healthy(),
+            "prefill": all(r.flow.prefill_available() for r in table.routes),
+            "decode": all(r.flow.decode.healthy() for r in table.routes),
         }
-
-    def degraded(status: dict[str, bool]) -> list[str]:
-        return (
-            ["prefill_unavailable"] if settings.prefill_required and not status["prefill"] else []
+        if len(table.routes) > 1:
+            status["models"] = {
+                r.name: {"prefill": r.flow.prefill_available(), "decode": r.flow.decode.healthy()}
+                for r in table.routes
+            }
+        status["degraded"] = sorted(
+            {"prefill_unavailable"} if any(not ok for ok, _ in states.values()) else set()
         )
+        status["ready"] = not gate.draining and all(ready for _, ready in states.values())
+        return status
 
     @app.get("/health")
     async def health() -> Response:
         status = parts()
-        return JSONResponse({"status": "ok", **status, "degraded": degraded(status)})
+        status.pop("ready")
+        return JSONResponse({"status": "ok", **status})
 
     @app.get("/ready")
     async def ready() -> Response:
-        # NOTE: ready means "a request sent now is served": with local fallback, decode alone
-        # serves every prompt, so a missing prefill pool only shows as degraded.
+        # NOTE: ready means "a request sent now is served" for every model: with local
+        # fallback, decode alone serves every prompt, so a missing prefill pool only shows as
+        # degraded.
         status = parts()
-        prefill_ok = (
-            status["prefill"]
-            or not settings.prefill_required
-            or settings.scheduler.fallback_to_local_prefill
-        )
-        is_ready = not status["draining"] and prefill_ok and status["decode"]
-        body = {
-            "status": "ready" if is_ready else "not_ready",
-            **status,
-            "degraded": degraded(status),
-        }
+        is_ready = status.pop("ready")
+        body = {"status": "ready" if is_ready else "not_ready", **status}
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/metrics")
@@ -159,6 +152,16 @@ def create_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def route_ready(route: ServedRoute) -> tuple[bool, bool]:
+    """``(prefill_ok, ready)`` of one model: prefill_ok is False while its prefill pool is
+    required and unavailable (degraded); ready while a request sent now would be served."""
+    settings = route.settings
+    prefill = route.flow.prefill_available()
+    prefill_ok = prefill or not settings.prefill_required
+    serves = prefill_ok or settings.scheduler.fallback_to_local_prefill
+    return prefill_ok, serves and route.flow.decode.healthy()
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -25,22 +26,20 @@ from cluster.ingress.errors import (
     timeout_response,
     too_large_response,
 )
-from cluster.ingress.flow import GenerationFlow, RequestRun
+from cluster.ingress.flow import RequestRun
 from cluster.ingress.json_body import parse_json_object
 from cluster.ingress.metrics import IngressMetrics
-from cluster.ingress.prompts import PreparedPrompt, PromptBuilder
+from cluster.ingress.model_routing.cascade_run import CascadeRunner, Job
+from cluster.ingress.model_routing.router import ModelPick, ModelRouter
+from cluster.ingress.model_table import ModelTable, ServedRoute
+from cluster.ingress.prompts import PreparedPrompt
 from cluster.ingress.public_errors import for_client
 from cluster.ingress.responses import Choice, Echo, ResponseRenderer
 from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from cluster.ingress.settings import IngressSettings
 from cluster.ingress.sse_body import SSEStream
 from cluster.ingress.streaming import EventStreamResponse
 from cluster.routing.sessions import extract_session_id
-from core.errors import (
-    ModelNotFoundError,
-    PdserveError,
-    UnavailableError,
-)
+from core.errors import PdserveError, UnavailableError
 from core.ids import new_request_id
 
 logger = logging.getLogger(__name__)
@@ -50,21 +49,20 @@ _MAX_CLIENT_ID_CHARS = 128
 
 
 class GenerationHandlers:
-    """``/v1/completions`` and ``/v1/chat/completions`` for one served model."""
+    """``/v1/completions`` and ``/v1/chat/completions`` over every served model."""
 
     def __init__(
         self,
-        settings: IngressSettings,
-        builder: PromptBuilder,
-        flow: GenerationFlow,
+        table: ModelTable,
+        router: ModelRouter,
         gate: RequestGate,
         metrics: IngressMetrics,
     ) -> None:
-        self._settings = settings
-        self._builder = builder
-        self._flow = flow
+        self._settings = table.default.settings  # the server section all models share
+        self._router = router
         self._gate = gate
         self._metrics = metrics
+        self._cascade = CascadeRunner(router, self._generate)
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``."""
@@ -91,34 +89,48 @@ class GenerationHandlers:
                 self._metrics.count_rejected("body_too_large")
                 return too_large_response(self._settings.server.max_request_body_bytes, headers)
             try:
-                body, prompts = self._prepare(raw, request.headers, chat=chat)
-                check_choices(body, self._settings.server.max_n)
+                pick = self._router.pick(parse_json_object(raw), request.headers, chat=chat)
             except PdserveError as e:
                 return self._reject(for_client(e, request_id), headers)
             logger.debug("request %s accepted (client id %s)", request_id, client_id)
-            runs = self._start(request_id, prompts, body, arrival_s)
-            echoes = [_echo(p) if getattr(body, "echo", False) else None for p in prompts]
-            renderer = ResponseRenderer(
-                chat=chat,
-                response_id=request_id,
-                model=self._model(body),
-                logprobs=body.requested_logprobs(),
-            )
-            if body.stream:
-                response = await self._stream(runs, renderer, body, echoes, admission, headers)
-                handed_over = isinstance(response, EventStreamResponse)
-                return response
-            return await self._complete(runs, renderer, body, echoes, headers)
+            job = Job(request_id, chat, request.headers, arrival_s, admission, headers)
+            if pick.cascade is not None:
+                response = await self._cascade.run(pick, job)
+            else:
+                headers.update(pick.headers())
+                response = await self._generate(pick, job)
+                self._router.count(pick)
+            handed_over = isinstance(response, EventStreamResponse)
+            return response
         except PdserveError as e:  # failed after acceptance: counted by the run, not rejected
             return error_response(for_client(e, request_id), headers)
         finally:
             if not handed_over:
                 admission.release()
 
+    async def _generate(self, pick: ModelPick, job: Job) -> Response:
+        """Run ``pick.data`` on ``pick.route`` and render it, whole or streamed."""
+        route = pick.route
+        try:
+            body, prompts = self._prepare(route, pick.data, job.request_headers, chat=job.chat)
+            check_choices(body, route.settings.server.max_n)
+        except PdserveError as e:
+            return self._reject(for_client(e, job.request_id), job.headers)
+        runs = self._start(route, job.request_id, prompts, body, job.arrival_s)
+        echoes = [_echo(p) if getattr(body, "echo", False) else None for p in prompts]
+        renderer = ResponseRenderer(
+            chat=job.chat,
+            response_id=job.request_id,
+            model=body.model or route.name,
+            logprobs=body.requested_logprobs(),
+        )
+        if body.stream:
+            return await self._stream(runs, renderer, body, echoes, job.admission, job.headers)
+        return await self._complete(runs, renderer, body, echoes, job.headers)
+
     def _prepare(
-        self, raw: bytes, headers: Mapping[str, str], *, chat: bool
+        self, route: ServedRoute, data: dict[str, Any], headers: Mapping[str, str], *, chat: bool
     ) -> tuple[GenerationRequest, list[PreparedPrompt]]:
-        data = parse_json_object(raw)
         session_id = extract_session_id(headers, data)
         salt = None
         if self._settings.server.cache_salt_per_api_key:
@@ -126,26 +138,15 @@ class GenerationHandlers:
         try:
             if chat:
                 chat_body = ChatCompletionRequest.model_validate(data)
-                self._check_model(chat_body.model)
-                return chat_body, [self._builder.chat(chat_body, session_id, salt)]
+                return chat_body, [route.builder.chat(chat_body, session_id, salt)]
             body = CompletionRequest.model_validate(data)
-            self._check_model(body.model)
-            return body, self._builder.completion_batch(body, session_id, salt)
+            return body, route.builder.completion_batch(body, session_id, salt)
         except ValidationError as e:
             raise from_validation_error(e) from e
 
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model not in self._settings.served_model_names:
-            served = ", ".join(self._settings.served_model_names)
-            raise ModelNotFoundError(
-                f"the model {model!r} does not exist; this server serves: {served}", param="model"
-            )
-
-    def _model(self, body: GenerationRequest) -> str:
-        return body.model or self._settings.model_name
-
     def _start(
         self,
+        route: ServedRoute,
         request_id: str,
         prompts: list[PreparedPrompt],
         body: GenerationRequest,
@@ -158,7 +159,7 @@ class GenerationHandlers:
             for j in range(samples):
                 k = index * samples + j
                 run_id = request_id if k == 0 else f"{request_id}-{k}"
-                runs.append((index, self._flow.start(run_id, prompt.sample(j), arrival_s)))
+                runs.append((index, route.flow.start(run_id, prompt.sample(j), arrival_s)))
         return runs
 
     async def _complete(

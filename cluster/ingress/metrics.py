@@ -7,6 +7,8 @@ transfer gauges come from :class:`~cluster.ingress.worker_stats.WorkerStatsColle
 
 from __future__ import annotations
 
+import copy
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from cluster.ingress.recent_latency import RecentLatency
@@ -35,7 +37,7 @@ class IngressMetrics:
         self.recent_ttft = RecentLatency()
         self.recent_itl = RecentLatency()
         self.registry = CollectorRegistry()
-        self.worker_stats = WorkerStatsCollector()
+        self.worker_stats = WorkerStatsCollector(model_name)
         self.registry.register(self.worker_stats)
         r = self.registry
         request_labels = ["model_name", "role", "prefill"]
@@ -98,11 +100,23 @@ class IngressMetrics:
             "stream (replica_failed, timeout).",
             ["reason"], registry=r,
         )  # fmt: skip
+        self.model_routes = Counter(
+            "pdserve:model_routing_decisions",
+            "Requests to a virtual model (e.g. auto), by the served model that answered and "
+            "why (a rule's reason, default, cascade_accepted, escalated_<check>).",
+            ["virtual_model", "model_name", "reason"], registry=r,
+        )  # fmt: skip
         self.prefill_failovers = Counter(
             "pdserve:prefill_failovers",
             "Times a failed remote prefill switched the ingress to local prefill for a cooldown.",
             registry=r,
         )  # fmt: skip
+
+    def for_model(self, model_name: str) -> IngressMetrics:
+        """These metrics (same registry and series) labelling requests with ``model_name``."""
+        view = copy.copy(self)
+        view.model_name = model_name
+        return view
 
     def observe_ttft(self, prefill: str, seconds: float) -> None:
         """One request's time to first token."""

@@ -1,8 +1,8 @@
-"""Prometheus families of the KV tiers, per role and tier (``device``, ``host``, ``disk``).
+"""Prometheus families of the KV tiers, per model, role and tier (``device``, ``host``, ``disk``).
 
 Read from each replica's ``ReplicaStats.kv_tiers``: occupancy as gauges over the live replicas,
 hits, copies and expiries as counters over every replica ever seen (so a restart never lowers
-them), summed per (role, tier).
+them), summed per (model, role, tier).
 """
 
 from __future__ import annotations
@@ -56,26 +56,33 @@ _COUNTERS: tuple[tuple[str, str, _Read], ...] = (
 )
 
 
+PoolLabels = tuple[str, str]
+"""``(model_name, role)`` of a pool's series."""
+
+
 def tier_families(
-    live: Mapping[str, Sequence[ReplicaStats]], ever: Mapping[str, Sequence[ReplicaStats]]
+    live: Mapping[PoolLabels, Sequence[ReplicaStats]],
+    ever: Mapping[PoolLabels, Sequence[ReplicaStats]],
 ) -> Iterator[Metric]:
-    """Gauges over ``live`` replicas, counters over ``ever`` (live and gone), by role and tier."""
+    """Gauges over ``live`` replicas, counters over ``ever`` (live and gone), by model, role
+    and tier."""
+    labels = ["model_name", "role", "tier"]
     for name, doc, read in _GAUGES:
-        yield _sum(GaugeMetricFamily(name, doc, labels=["role", "tier"]), read, live)
+        yield _sum(GaugeMetricFamily(name, doc, labels=labels), read, live)
     for name, doc, read in _COUNTERS:
-        yield _sum(CounterMetricFamily(name, doc, labels=["role", "tier"]), read, ever)
+        yield _sum(CounterMetricFamily(name, doc, labels=labels), read, ever)
 
 
 def _sum(
     family: GaugeMetricFamily | CounterMetricFamily,
     read: _Read,
-    by_role: Mapping[str, Sequence[ReplicaStats]],
+    by_pool: Mapping[PoolLabels, Sequence[ReplicaStats]],
 ) -> GaugeMetricFamily | CounterMetricFamily:
-    for role, replicas in sorted(by_role.items()):
+    for pool, replicas in sorted(by_pool.items()):
         totals: dict[str, float] = defaultdict(float)
         for replica in replicas:
             for tier in replica.kv_tiers:
                 totals[tier.medium] += float(read(tier))
         for medium, value in sorted(totals.items()):
-            family.add_metric([role, medium], value)
+            family.add_metric([*pool, medium], value)
     return family

@@ -30,10 +30,10 @@ from cluster.ingress.errors import (
 )
 from cluster.ingress.json_body import parse_json_object
 from cluster.ingress.metrics import IngressMetrics
+from cluster.ingress.model_table import ModelTable
 from cluster.ingress.openapi import json_body
 from cluster.ingress.prompts import PromptTokenizer
-from cluster.ingress.settings import IngressSettings
-from core.errors import InvalidRequestError, ModelNotFoundError, PdserveError
+from core.errors import InvalidRequestError, PdserveError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -62,29 +62,29 @@ class DetokenizeRequest(BaseModel):
 
 
 class TokenizeRoutes:
-    """The two handlers for one served model and its tokenizer."""
+    """The two handlers, with the tokenizer of the model a request names (the first model's
+    when it names none; a virtual name's default model's)."""
 
-    def __init__(
-        self, tokenizer: PromptTokenizer, settings: IngressSettings, metrics: IngressMetrics
-    ) -> None:
-        self._tokenizer = tokenizer
-        self._settings = settings
+    def __init__(self, table: ModelTable, metrics: IngressMetrics) -> None:
+        self._table = table
+        self._settings = table.default.settings  # the server section all models share
         self._metrics = metrics
 
     async def tokenize(self, request: Request) -> Response:
         """``POST /tokenize``."""
         try:
             body = await self._parse(request, TokenizeRequest)
-            ids = self._token_ids(body)
+            route = self._table.find(body.model)
+            ids = self._token_ids(route.tokenizer, body)
         except PdserveError as e:
             return self._reject(e)
         except _TooLargeError:
             return self._too_large()
-        token_strs = [self._tokenizer.id_to_token(t) or "" for t in ids]
+        token_strs = [route.tokenizer.id_to_token(t) or "" for t in ids]
         return JSONResponse(
             {
                 "count": len(ids),
-                "max_model_len": self._settings.max_model_len,
+                "max_model_len": route.settings.max_model_len,
                 "tokens": ids,
                 "token_strs": token_strs if body.return_token_strs else None,
             }
@@ -94,28 +94,29 @@ class TokenizeRoutes:
         """``POST /detokenize``."""
         try:
             body = await self._parse(request, DetokenizeRequest)
-            vocab = self._tokenizer.vocab_size
+            tokenizer = self._table.find(body.model).tokenizer
+            vocab = tokenizer.vocab_size
             if any(not 0 <= t < vocab for t in body.tokens):
                 raise InvalidRequestError(f"tokens must be in [0, {vocab})", param="tokens")
         except PdserveError as e:
             return self._reject(e)
         except _TooLargeError:
             return self._too_large()
-        return JSONResponse({"prompt": self._tokenizer.decode(body.tokens)})
+        return JSONResponse({"prompt": tokenizer.decode(body.tokens)})
 
-    def _token_ids(self, body: TokenizeRequest) -> list[int]:
+    def _token_ids(self, tokenizer: PromptTokenizer, body: TokenizeRequest) -> list[int]:
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequestError("give exactly one of prompt and messages", param="prompt")
         if body.prompt is not None:
             special = True if body.add_special_tokens is None else body.add_special_tokens
-            return self._tokenizer.encode(body.prompt, add_special_tokens=special)
+            return tokenizer.encode(body.prompt, add_special_tokens=special)
         assert body.messages is not None
-        text = self._tokenizer.apply_chat_template(
+        text = tokenizer.apply_chat_template(
             body.messages,
             add_generation_prompt=body.add_generation_prompt,
             template_kwargs=body.chat_template_kwargs,
         )
-        return self._tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))
+        return tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))
 
     async def _parse(self, request: Request, model: type[M]) -> M:
         authenticate(request.headers.get("authorization"), self._settings.api_keys)
@@ -130,12 +131,6 @@ class TokenizeRoutes:
             body = model.model_validate(parse_json_object(raw))
         except ValidationError as e:
             raise from_validation_error(e) from e
-        name = getattr(body, "model", None)
-        if name is not None and name not in self._settings.served_model_names:
-            served = ", ".join(self._settings.served_model_names)
-            raise ModelNotFoundError(
-                f"the model {name!r} does not exist; this server serves: {served}", param="model"
-            )
         return body
 
     def _reject(self, e: PdserveError) -> JSONResponse:
@@ -151,11 +146,9 @@ class _TooLargeError(Exception):
     """The body is over ``max_request_body_bytes`` (answered with a 413)."""
 
 
-def add_tokenize_routes(
-    app: FastAPI, tokenizer: PromptTokenizer, settings: IngressSettings, metrics: IngressMetrics
-) -> None:
+def add_tokenize_routes(app: FastAPI, table: ModelTable, metrics: IngressMetrics) -> None:
     """Mount ``/tokenize``, ``/detokenize`` and ``/version`` on ``app``."""
-    routes = TokenizeRoutes(tokenizer, settings, metrics)
+    routes = TokenizeRoutes(table, metrics)
     app.add_api_route("/tokenize", routes.tokenize, methods=["POST"],
                       openapi_extra=json_body(TokenizeRequest))  # fmt: skip
     app.add_api_route("/detokenize", routes.detokenize, methods=["POST"],

@@ -1,8 +1,8 @@
-"""Prometheus view of the replicas' :class:`~core.stats.ReplicaStats`, per role.
+"""Prometheus view of the replicas' :class:`~core.stats.ReplicaStats`, per model and role.
 
-The ``/metrics`` handler fetches fresh stats from the app's ``stats_provider`` (role -> replica
+The ``/metrics`` handler fetches fresh stats from the app's ``stats_provider`` (pool -> replica
 id -> stats) and hands them to :meth:`WorkerStatsCollector.update`; gauges sum each field over
-the live replicas of a role. Transfer failures are labelled by reason.
+the live replicas of a pool. Transfer failures are labelled by reason.
 
 Counters never go down. A replica's counters start at zero in its process, so a sum over live
 replicas alone drops when one dies or is replaced. The collector therefore keeps the last stats
@@ -22,10 +22,12 @@ from typing import TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cluster.ingress.tier_metrics import tier_families
+from cluster.ingress.tier_metrics import PoolLabels, tier_families
+from core.config import split_pool_key
 from core.stats import ReplicaStats
 
 _MetricT = TypeVar("_MetricT", GaugeMetricFamily, CounterMetricFamily)
+_LABELS = ["model_name", "role"]
 
 
 @dataclass(frozen=True)
@@ -82,67 +84,72 @@ _COUNTERS: tuple[_Family, ...] = (
 
 
 class WorkerStatsCollector(Collector):
-    """Holds the latest per-role replica stats and exposes their sums at each scrape."""
+    """Holds the latest per-pool replica stats and exposes their sums at each scrape, labelled
+    ``model_name`` and ``role``."""
 
-    def __init__(self) -> None:
-        self._by_role: dict[str, dict[str, ReplicaStats]] = {}
-        self._gone: dict[str, dict[str, ReplicaStats]] = {}
-        """role -> replica id -> last stats of a replica that stopped reporting."""
+    def __init__(self, model_name: str = "") -> None:
+        self._model_name = model_name  # the label of a one-model cluster's pools
+        self._by_pool: dict[PoolLabels, dict[str, ReplicaStats]] = {}
+        self._gone: dict[PoolLabels, dict[str, ReplicaStats]] = {}
+        """pool -> replica id -> last stats of a replica that stopped reporting."""
 
-    def update(self, stats_by_role: Mapping[str, Mapping[str, ReplicaStats]]) -> None:
-        """Replace the snapshot with ``role -> replica id -> stats`` of the live replicas; the
-        replicas missing from it keep counting in the counters."""
-        for role, previous in self._by_role.items():
-            live = stats_by_role.get(role, {})
-            gone = self._gone.setdefault(role, {})
+    def update(self, stats_by_pool: Mapping[str, Mapping[str, ReplicaStats]]) -> None:
+        """Replace the snapshot with ``pool -> replica id -> stats`` of the live replicas (pools
+        named by ``core.config.pool_key``); the replicas missing from it keep counting in the
+        counters."""
+        fresh = {self._labels(key): dict(stats) for key, stats in stats_by_pool.items()}
+        for pool, previous in self._by_pool.items():
+            live = fresh.get(pool, {})
+            gone = self._gone.setdefault(pool, {})
             gone.update((rid, stats) for rid, stats in previous.items() if rid not in live)
-        self._by_role = {role: dict(replicas) for role, replicas in stats_by_role.items()}
-        for role, live in self._by_role.items():
+        self._by_pool = fresh
+        for pool, live in self._by_pool.items():
             for replica_id in live:
-                self._gone.get(role, {}).pop(replica_id, None)
+                self._gone.get(pool, {}).pop(replica_id, None)
+
+    def _labels(self, key: str) -> PoolLabels:
+        role, scope = split_pool_key(key)
+        return scope or self._model_name, role
 
     def collect(self) -> Iterator[Metric]:
         """The metric families of the current snapshot."""
         replicas = GaugeMetricFamily(
-            "pdserve:replicas", "Replicas that reported stats.", labels=["role"]
+            "pdserve:replicas", "Replicas that reported stats.", labels=_LABELS
         )
-        for role, stats in sorted(self._by_role.items()):
-            replicas.add_metric([role], len(stats))
+        for pool, stats in sorted(self._by_pool.items()):
+            replicas.add_metric(list(pool), len(stats))
         yield replicas
-        live = {role: list(stats.values()) for role, stats in self._by_role.items()}
+        live = {pool: list(stats.values()) for pool, stats in self._by_pool.items()}
         ever = {
-            role: [*live.get(role, []), *self._gone.get(role, {}).values()]
-            for role in self._roles()
+            pool: [*live.get(pool, []), *self._gone.get(pool, {}).values()]
+            for pool in set(self._by_pool) | set(self._gone)
         }
         for family in _GAUGES:
-            yield _fill(GaugeMetricFamily(family.name, family.doc, labels=["role"]), family, live)
+            yield _fill(GaugeMetricFamily(family.name, family.doc, labels=_LABELS), family, live)
         for family in _COUNTERS:
-            metric = CounterMetricFamily(family.name, family.doc, labels=["role"])
+            metric = CounterMetricFamily(family.name, family.doc, labels=_LABELS)
             yield _fill(metric, family, ever)
         yield _failures(ever)
         yield from tier_families(live, ever)
 
-    def _roles(self) -> set[str]:
-        return set(self._by_role) | set(self._gone)
-
 
 def _fill(
-    metric: _MetricT, family: _Family, by_role: Mapping[str, Sequence[ReplicaStats]]
+    metric: _MetricT, family: _Family, by_pool: Mapping[PoolLabels, Sequence[ReplicaStats]]
 ) -> _MetricT:
-    for role, stats in sorted(by_role.items()):
+    for pool, stats in sorted(by_pool.items()):
         if stats:
-            metric.add_metric([role], float(sum(family.read(s) for s in stats)))
+            metric.add_metric(list(pool), float(sum(family.read(s) for s in stats)))
     return metric
 
 
-def _failures(by_role: Mapping[str, Sequence[ReplicaStats]]) -> CounterMetricFamily:
+def _failures(by_pool: Mapping[PoolLabels, Sequence[ReplicaStats]]) -> CounterMetricFamily:
     family = CounterMetricFamily(
-        "pdserve:transfer_failures", "KV transfers that failed.", labels=["role", "reason"]
+        "pdserve:transfer_failures", "KV transfers that failed.", labels=[*_LABELS, "reason"]
     )
-    for role, stats in sorted(by_role.items()):
+    for pool, stats in sorted(by_pool.items()):
         by_reason: Counter[str] = Counter()
         for s in stats:
             by_reason.update(s.transfer.failures_by_reason)
         for reason, value in sorted(by_reason.items()):
-            family.add_metric([role, reason], value)
+            family.add_metric([*pool, reason], value)
     return family

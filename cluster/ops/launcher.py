@@ -19,9 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import httpx
 
@@ -29,7 +30,11 @@ from cluster.ops import process_tree, run_state
 from cluster.ops.ray_session import attach, attached, shutdown, start_local_ray, stop_local_ray
 from cluster.ops.rest import ServeRest
 from cluster.ops.run_state import RunState
-from cluster.serve.pool_options import DECODE_DEPLOYMENT, PREFILL_DEPLOYMENT
+from cluster.serve.pool_options import (
+    DECODE_DEPLOYMENT,
+    pool_deployment_name,
+    pool_of_deployment,
+)
 from core.config import ClusterConfig
 from core.errors import ConfigError, UnavailableError
 
@@ -189,21 +194,48 @@ def scale(
     num_decode: int | None,
     dashboard_url: str | None = None,
     ray_address: str = "auto",
+    model: str | None = None,
 ) -> dict[str, int]:
-    """Set the pools' replica counts in place; returns the counts asked for."""
-    replicas = {
-        name: count
-        for name, count in ((PREFILL_DEPLOYMENT, num_prefill), (DECODE_DEPLOYMENT, num_decode))
-        if count is not None
-    }
-    if not replicas:
+    """Set one model's pools' replica counts in place (``model``: its served name; needed
+    when the app serves several); returns the deployments and counts asked for."""
+    counts = {"prefill": num_prefill, "decode": num_decode}
+    if all(count is None for count in counts.values()):
         raise ConfigError("give --prefill N and/or --decode M", param="scale")
-    if replicas.get(DECODE_DEPLOYMENT) == 0:
+    if counts["decode"] == 0:
         raise ConfigError("decode needs at least one replica", param="decode")
     url, address, auth_mode = _target(app_name, dashboard_url, ray_address)
     with attached(address, auth_mode=auth_mode):
-        ServeRest(url).scale(app_name, replicas)
+        rest = ServeRest(url)
+        deployed = (rest.app_details(app_name) or {}).get("deployments", {})
+        scope = model_scope(app_name, deployed, model)
+        replicas = {
+            pool_deployment_name(role, scope): count
+            for role, count in counts.items()
+            if count is not None
+        }
+        rest.scale(app_name, replicas)
     return replicas
+
+
+def model_scope(app_name: str, deployed: Mapping[str, Any], model: str | None) -> str:
+    """The deployment suffix of ``model``'s pools in the app (empty for a one-model app)."""
+    models = sorted(
+        {parsed[1] for name in deployed if (parsed := pool_of_deployment(name)) and parsed[1]}
+    )
+    if not models:
+        return ""  # a one-model app (--model, if given, is that model: nothing to pick)
+    if model is None:
+        raise ConfigError(
+            f"app {app_name} serves several models ({', '.join(models)}); pass --model NAME",
+            param="model",
+        )
+    suffix = pool_deployment_name("decode", model).removeprefix(DECODE_DEPLOYMENT + "-")
+    if suffix not in models:
+        raise ConfigError(
+            f"app {app_name} serves no model {model!r}; its models: {', '.join(models)}",
+            param="model",
+        )
+    return model
 
 
 def _target(

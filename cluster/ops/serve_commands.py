@@ -35,14 +35,18 @@ def validate_command(
     except PdserveError as e:
         _fail(e)
         return
-    pools = ", ".join(
-        f"{role} x{pool.initial_replicas}"
-        + (f" (autoscale {pool.autoscaling.min_replicas}-{pool.autoscaling.max_replicas})"
-           if pool.autoscaling else "")
-        for role, pool in (("prefill", cfg.prefill), ("decode", cfg.decode))
+    models = "; ".join(
+        f"model {served.name} ({served.model.name}): " + ", ".join(
+            f"{role} x{pool.initial_replicas}"
+            + (f" (autoscale {pool.autoscaling.min_replicas}-{pool.autoscaling.max_replicas})"
+               if pool.autoscaling else "")
+            for role, pool in (("prefill", served.prefill), ("decode", served.decode))
+        )
+        for served in cfg.served_models()
     )  # fmt: skip
+    virtual = "".join(f"; virtual model {v.name}" for v in cfg.virtual_models)
     console.print(
-        f"[green]ok[/] {config}: model {cfg.model.name}, {pools}, "
+        f"[green]ok[/] {config}: {models}{virtual}, "
         f"ray {cfg.cluster.address}, http {cfg.server.host}:{cfg.server.port}",
         highlight=False,
     )
@@ -96,6 +100,9 @@ def down_command(
 def scale_command(
     prefill: int | None = typer.Option(None, "--prefill", min=0, help="Prefill replicas."),
     decode: int | None = typer.Option(None, "--decode", min=1, help="Decode replicas."),
+    model: str | None = typer.Option(
+        None, "--model", help="The served model whose pools to scale (apps serving several)."
+    ),
     app_name: str = typer.Option("pdserve", "--app", help=_APP_HELP),
     dashboard: str | None = typer.Option(None, "--dashboard", help="Ray dashboard URL."),
     address: str = typer.Option("auto", "--address", help="Ray address with --dashboard."),
@@ -104,7 +111,7 @@ def scale_command(
     from cluster.ops import launcher
 
     try:
-        replicas = launcher.scale(app_name, prefill, decode, dashboard, address)
+        replicas = launcher.scale(app_name, prefill, decode, dashboard, address, model)
     except PdserveError as e:
         _fail(e)
         return

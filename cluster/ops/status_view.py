@@ -1,4 +1,4 @@
-"""``pdserve status``: pools, their replicas and nodes, KV usage and transfers in flight.
+"""``pdserve status``: pools (per model), their replicas and nodes, KV use, transfers in flight.
 
 Serve's REST details give each deployment's status, target and replicas (with node ids and
 IPs); the stats board gives each live replica's worker ``stats()``. :func:`collect_status`
@@ -23,12 +23,29 @@ from cluster.serve.pool_options import (
     DECODE_DEPLOYMENT,
     INGRESS_DEPLOYMENT,
     PREFILL_DEPLOYMENT,
+    pool_of_deployment,
 )
 from core.codec import from_plain, to_plain
 from core.errors import UnavailableError
 from core.stats import ReplicaStats
 
-POOLS = ((PREFILL_DEPLOYMENT, "prefill"), (DECODE_DEPLOYMENT, "decode"), (INGRESS_DEPLOYMENT, ""))
+
+def pool_rows(deployments: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    """``(deployment, role, model)`` of every pool, model by model, then the ingress row (a
+    one-model app's pools have no model suffix: model None)."""
+    pools = []
+    for name in deployments:
+        parsed = pool_of_deployment(name)
+        if parsed is not None:
+            role, model = parsed
+            pools.append((model, role != "prefill", name, role))
+    if not pools:  # not deployed yet: the one-model rows, empty
+        pools = [
+            ("", False, PREFILL_DEPLOYMENT, "prefill"),
+            ("", True, DECODE_DEPLOYMENT, "decode"),
+        ]
+    rows = [(name, role, model or None) for model, _, name, role in sorted(pools)]
+    return [*rows, (INGRESS_DEPLOYMENT, "", None)]
 
 
 def board_snapshot(app_name: str) -> dict[str, list[dict[str, Any]]]:
@@ -49,9 +66,10 @@ def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:
         reports = board_snapshot(state.app_name) if with_stats else {}
         planner = planner_log(state.app_name)
     by_replica = {r["replica_id"]: r for role in reports.values() for r in role}
+    deployments: dict[str, Any] = app.get("deployments", {})
     pools = []
-    for deployment, role in POOLS:
-        details = app.get("deployments", {}).get(deployment, {})
+    for deployment, role, model in pool_rows(deployments):
+        details = deployments.get(deployment, {})
         replicas = [
             {
                 "replica_id": r.get("replica_id"),
@@ -66,6 +84,7 @@ def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:
             {
                 "pool": deployment,
                 "role": role,
+                "model": model,
                 "status": details.get("status"),
                 "target_replicas": details.get("target_num_replicas"),
                 "replicas": replicas,

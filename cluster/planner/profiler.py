@@ -108,15 +108,17 @@ def profile(
     same = config.engine_for("prefill") == config.engine_for("decode")
     decode_engine = prefill_engine if same else _engine(config, "decode")
     try:
-        prefill = _prefill_points(_Probe(prefill_engine, config.model.seed), grid, progress)
-        decode = _decode_points(_Probe(decode_engine, config.model.seed + 1), grid, progress)
+        prefill = _prefill_points(_Probe(prefill_engine, config.primary.model.seed), grid, progress)
+        decode = _decode_points(
+            _Probe(decode_engine, config.primary.model.seed + 1), grid, progress
+        )
     finally:
         prefill_engine.close()
         if decode_engine is not prefill_engine:
             decode_engine.close()
     name = torch_device_name(device)
     max_seqs = config.engine_for("decode").max_num_seqs
-    return CapacityModel(config.model.name, name, tuple(prefill), tuple(decode), max_seqs)
+    return CapacityModel(config.primary.model.name, name, tuple(prefill), tuple(decode), max_seqs)
 
 
 def _prefill_points(
@@ -151,7 +153,7 @@ def _decode_points(
 
 
 def _engine(config: ClusterConfig, role: str) -> LLMEngine:
-    return LLMEngine(build_engine_parts(config.model, config.engine_for(role)))  # type: ignore[arg-type]
+    return LLMEngine(build_engine_parts(config.primary.model, config.engine_for(role)))  # type: ignore[arg-type]
 
 
 def _total_blocks(engine: LLMEngine) -> int:

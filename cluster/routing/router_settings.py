@@ -24,6 +24,7 @@ class RouterSettings:
 
     pool: PoolRole
     block_size: int  # the engines' (``engine.block_size``): cached blocks -> tokens
+    model: str = ""  # the served model's scope (``ServedModel.scope``; empty: the only one)
     policy: str = "prefix_aware"
     weights: CostWeights | None = None  # None: the pool role's defaults
     hot_spot: HotSpotConfig = field(default_factory=HotSpotConfig)

@@ -38,6 +38,7 @@ from cluster.routing.request_features import read_routing_keys
 from cluster.routing.router_settings import RouterSettings
 from cluster.routing.sessions import SessionAffinity
 from core.codec import from_plain
+from core.config import pool_key
 from core.errors import MessageError
 from core.messages import RoutingKeys
 from core.stats import RoutingStats
@@ -135,7 +136,7 @@ class PdserveRequestRouter(RequestRouter):
     def _inputs(self, candidates: list[RunningReplica], features: RoutingKeys) -> RoutingInputs:
         now_s = time.monotonic()
         index = self.index_source.view()
-        pool = self.settings.pool.value
+        pool = pool_key(self.settings.pool.value, self.settings.model)
         ids = [r.replica_id.unique_id for r in candidates]
         tier_hits = index.match_tiers(pool, features.block_hashes) if index is not None else {}
         return RoutingInputs(

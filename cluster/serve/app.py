@@ -1,8 +1,9 @@
-"""The Ray Serve application builder: a ``ClusterConfig`` becomes four bound deployments.
+"""The Ray Serve application builder: a ``ClusterConfig`` becomes its bound deployments.
 
-``Prefill`` and ``Decode`` (one per pool, each with its own replica count or autoscaling range,
-resources and node selector), the ``StatsBoard`` they report to, and the HTTP ``Ingress`` that
-holds handles to the other three. Options come from the config through ``.options(...)``;
+Per served model a ``Prefill`` and a ``Decode`` deployment (each with its own replica count or
+autoscaling range, resources and node selector; with several models named ``Decode-<model>``),
+the ``StatsBoard`` they report to, and the HTTP ``Ingress`` that holds handles to all of them
+(``{served name: (prefill, decode)}``). Options come from the config through ``.options(...)``;
 nothing is baked into decorators.
 
 Routing: each pool gets a request router for ``scheduler.policy``
@@ -36,15 +37,14 @@ from cluster.serve.gang import gang_engine_factory, gang_options
 from cluster.serve.ingress import IngressDeployment
 from cluster.serve.pool_options import (
     BOARD_DEPLOYMENT,
-    DECODE_DEPLOYMENT,
     INGRESS_DEPLOYMENT,
-    PREFILL_DEPLOYMENT,
     board_deployment_options,
     ingress_deployment_options,
+    pool_deployment_name,
     pool_deployment_options,
 )
 from cluster.serve.stats_board import BoardReporter, StatsBoard
-from core.config import ClusterConfig, Role
+from core.config import ClusterConfig, Role, ServedModel
 from core.errors import ConfigError
 from decode.deployment import DecodeDeployment
 from prefill.deployment import PrefillDeployment
@@ -53,34 +53,11 @@ from replica.kv_token import KVToken
 
 def build_app_from_config(config: ClusterConfig) -> Application:
     """The pdserve Serve application for ``config`` (deploy with ``serve.run``)."""
-    model = config.model.model_dump(mode="json")
-    transfer = config.transfer.model_dump(mode="json")
     kv_token = KVToken.for_deploy(config.transfer)
-    reporter = BoardReporter(config.cluster.app_name)
     board = _deployment(StatsBoard, BOARD_DEPLOYMENT, board_deployment_options()).bind()
-    prefill = None
-    if config.prefill.deployed:
-        prefill = _deployment(
-            PrefillDeployment, PREFILL_DEPLOYMENT, _pool_options(config, "prefill")
-        ).bind(
-            model,
-            config.engine_for("prefill").model_dump(mode="json"),
-            transfer,
-            reporter,
-            IndexPublisherFactory("prefill"),
-            gang_engine_factory(config.prefill),
-            kv_token,
-        )
-    decode = _deployment(DecodeDeployment, DECODE_DEPLOYMENT, _pool_options(config, "decode")).bind(
-        model,
-        config.engine_for("decode").model_dump(mode="json"),
-        transfer,
-        config.decode.kv_failure_policy,
-        reporter,
-        IndexPublisherFactory("decode"),
-        gang_engine_factory(config.decode),
-        kv_token,
-    )
+    pools = {
+        served.name: _model_pools(config, served, kv_token) for served in config.served_models()
+    }
     ingress = _deployment(
         IngressDeployment,
         INGRESS_DEPLOYMENT,
@@ -88,19 +65,59 @@ def build_app_from_config(config: ClusterConfig) -> Application:
             config.server, reports_latency=config.scheduler.planner.mode == "slo"
         ),
     )
-    return ingress.bind(prefill, decode, board, config_to_mapping(config))
+    return ingress.bind(pools, board, config_to_mapping(config))
 
 
-def _pool_options(config: ClusterConfig, role: Role) -> dict[str, Any]:
+def _model_pools(
+    config: ClusterConfig, served: ServedModel, kv_token: KVToken | None
+) -> tuple[Application | None, Application]:
+    """One model's Prefill (None without a prefill pool) and Decode deployments, bound."""
+    model = served.model.model_dump(mode="json")
+    transfer = config.transfer.model_dump(mode="json")
+    reporter = BoardReporter(config.cluster.app_name, model=served.scope)
+    prefill = None
+    if served.prefill.deployed:
+        prefill = _deployment(
+            PrefillDeployment,
+            pool_deployment_name("prefill", served.scope),
+            _pool_options(config, served, "prefill"),
+        ).bind(
+            model,
+            served.engine_for("prefill").model_dump(mode="json"),
+            transfer,
+            reporter,
+            IndexPublisherFactory(served.pool_key("prefill")),
+            gang_engine_factory(served.prefill),
+            kv_token,
+        )
+    decode = _deployment(
+        DecodeDeployment,
+        pool_deployment_name("decode", served.scope),
+        _pool_options(config, served, "decode"),
+    ).bind(
+        model,
+        served.engine_for("decode").model_dump(mode="json"),
+        transfer,
+        served.decode.kv_failure_policy,
+        reporter,
+        IndexPublisherFactory(served.pool_key("decode")),
+        gang_engine_factory(served.decode),
+        kv_token,
+    )
+    return prefill, decode
+
+
+def _pool_options(config: ClusterConfig, served: ServedModel, role: Role) -> dict[str, Any]:
     """A pool's deployment options plus its request router for the configured policy."""
-    pool = config.pool_for(role)
+    pool = served.pool_for(role)
     return {
         **pool_deployment_options(pool),
         **gang_options(pool),
         "request_router_config": request_router_config(
             role,
             config.scheduler.policy,
-            block_size=config.engine_for(role).block_size,
+            block_size=served.engine_for(role).block_size,
+            options={"model": served.scope},
         ),
     }
 

@@ -60,8 +60,8 @@ def _own_call_id() -> Iterator[None]:
 
 
 class PoolWatch:
-    """How many replicas of each role reported to the stats board lately (refreshed in the
-    background, so ``healthy()`` never blocks)."""
+    """How many replicas of each pool (``core.config.pool_key``) reported to the stats board
+    lately (refreshed in the background, so ``healthy()`` never blocks)."""
 
     def __init__(self, board: DeploymentHandle, refresh_s: float = 0.5) -> None:
         self._board = board
@@ -79,9 +79,9 @@ class PoolWatch:
         if self._task is not None:
             self._task.cancel()
 
-    def num_live(self, role: str) -> int:
-        """Replicas of ``role`` that reported within the board's staleness bound."""
-        return self._num_live.get(role, 0)
+    def num_live(self, pool: str) -> int:
+        """Replicas of ``pool`` that reported within the board's staleness bound."""
+        return self._num_live.get(pool, 0)
 
     async def snapshot(self) -> dict[str, list[ReplicaReport]]:
         """The board's current reports by role (also refreshes the live counts)."""
@@ -110,9 +110,10 @@ class PoolWatch:
 class ServePrefillClient:
     """``PrefillClient`` over the Prefill deployment's handle."""
 
-    def __init__(self, handle: DeploymentHandle, watch: PoolWatch) -> None:
+    def __init__(self, handle: DeploymentHandle, watch: PoolWatch, pool: str = "prefill") -> None:
         self._prefill = handle.options(method_name="prefill")
         self._watch = watch
+        self._pool = pool
 
     async def prefill(self, request: PrefillRequest) -> PrefillResult:
         """Run the prompt on one prefill replica (see the module docstring for errors).
@@ -136,7 +137,7 @@ class ServePrefillClient:
 
     def healthy(self) -> bool:
         """True while at least one prefill replica reports to the board."""
-        return self._watch.num_live("prefill") > 0
+        return self._watch.num_live(self._pool) > 0
 
 
 class NoPrefillPool:
@@ -155,9 +156,10 @@ class NoPrefillPool:
 class ServeDecodeClient:
     """``DecodeClient`` over the Decode deployment's streaming handle."""
 
-    def __init__(self, handle: DeploymentHandle, watch: PoolWatch) -> None:
+    def __init__(self, handle: DeploymentHandle, watch: PoolWatch, pool: str = "decode") -> None:
         self._generate = handle.options(method_name="generate", stream=True)
         self._watch = watch
+        self._pool = pool
 
     async def generate(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
         """Stream the request's chunks; closing this iterator cancels the replica's stream."""
@@ -176,4 +178,4 @@ class ServeDecodeClient:
 
     def healthy(self) -> bool:
         """True while at least one decode replica reports to the board."""
-        return self._watch.num_live("decode") > 0
+        return self._watch.num_live(self._pool) > 0

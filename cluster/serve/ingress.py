@@ -2,9 +2,9 @@
 
 The app itself (routes, SSE, errors, metrics) is ``cluster.ingress.create_app``; this class
 builds it inside the replica (Serve's late-bound ``@serve.ingress()`` calls
-``__serve_build_asgi_app__``) from the cluster config plus handles to Prefill, Decode and the
-stats board (no Prefill handle when the config has no prefill pool). On shutdown it drains:
-new requests get 503 while those in flight finish.
+``__serve_build_asgi_app__``) from the cluster config plus handles to each served model's
+Prefill and Decode (no Prefill handle for a model without a prefill pool) and the stats
+board. On shutdown it drains: new requests get 503 while those in flight finish.
 
 Routing wiring: the ingress computes each request's ``RoutingKeys`` (block hashes, session id)
 once and the pools' request routers read them from the request; the disaggregation decision asks
@@ -27,6 +27,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.ingress import RequestGate, create_app
+from cluster.ingress.clients import PrefillClient
+from cluster.ingress.model_table import ModelEndpoint
 from cluster.routing.index_actor import INDEX_NAMESPACE
 from cluster.routing.index_sync import ActorIndexSource
 from cluster.routing.metrics import RoutingMetrics, routing_metrics
@@ -34,6 +36,7 @@ from cluster.serve.clients import NoPrefillPool, PoolWatch, ServeDecodeClient, S
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.fault_admin import ServeFaultAdmin
 from cluster.serve.ingress_settings import build_ingress_settings
+from core.config import ClusterConfig, ServedModel
 from engine.builtin import resolve_model
 from engine.tokenizer import Tokenizer
 
@@ -78,18 +81,15 @@ class IngressDeployment:
 
     async def __init__(  # type: ignore[misc]  # Serve awaits an async constructor
         self,
-        prefill: DeploymentHandle | None,
-        decode: DeploymentHandle,
+        pools: dict[str, tuple[DeploymentHandle | None, DeploymentHandle]],
         board: DeploymentHandle,
         config: dict[str, Any],
     ) -> None:
         cluster_config = load_cluster_config(config)
-        model_dir = resolve_model(cluster_config.model.name)
-        settings = build_ingress_settings(cluster_config, model_dir)
         self._watch = PoolWatch(board)
         self._watch.start()
         self._gate = RequestGate(
-            settings.server.max_in_flight_requests, settings.server.retry_after_s
+            cluster_config.server.max_in_flight_requests, cluster_config.server.retry_after_s
         )
         self._index = ActorIndexSource(
             serve.get_replica_context().app_name,
@@ -97,21 +97,42 @@ class IngressDeployment:
             metrics=RoutingMetrics(),
         )
         self._index.ensure_started()
-
-        def cached_blocks(block_hashes: Sequence[int]) -> int:
-            return self._index.best_match("decode", block_hashes)
-
         self._app = create_app(
-            Tokenizer.from_dir(model_dir),
-            ServePrefillClient(prefill, self._watch) if prefill else NoPrefillPool(),
-            ServeDecodeClient(decode, self._watch),
-            settings,
+            [
+                self._endpoint(cluster_config, s, *pools[s.name])
+                for s in cluster_config.served_models()
+            ],
+            virtual_models=cluster_config.virtual_models,
             stats_provider=self._watch.stats_by_role,
-            cached_blocks_fn=cached_blocks,
             gate=self._gate,
             fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
         )
         self._app.state.metrics.registry.register(RoutingCollector())
+
+    def _endpoint(
+        self,
+        config: ClusterConfig,
+        served: ServedModel,
+        prefill: DeploymentHandle | None,
+        decode: DeploymentHandle,
+    ) -> ModelEndpoint:
+        """One model's tokenizer, pool clients and settings."""
+        model_dir = resolve_model(served.model.name)
+        decode_pool = served.pool_key("decode")
+
+        def cached_blocks(block_hashes: Sequence[int]) -> int:
+            return self._index.best_match(decode_pool, block_hashes)
+
+        prefill_client: PrefillClient = NoPrefillPool()
+        if prefill is not None:
+            prefill_client = ServePrefillClient(prefill, self._watch, served.pool_key("prefill"))
+        return ModelEndpoint(
+            Tokenizer.from_dir(model_dir),
+            prefill_client,
+            ServeDecodeClient(decode, self._watch, decode_pool),
+            build_ingress_settings(config, served, model_dir),
+            cached_blocks,
+        )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """The ASGI app Serve mounts for this replica."""

@@ -1,10 +1,10 @@
 """``IngressSettings`` and API keys from a ``ClusterConfig`` (the ingress never reads YAML).
 
-The effective ``max_model_len`` is the smaller of the two pools' limits (each the pool's
-``engine.max_model_len`` or the checkpoint's own limit), so the ingress rejects a prompt that
-either pool would refuse. API keys come from the file or environment variable the config
-names, read inside the ingress replica so no key ever travels in the deployment's arguments.
-"""
+Settings are per served model. The effective ``max_model_len`` is the smaller of its two pools'
+limits (each the pool's ``engine.max_model_len`` or the checkpoint's own limit), so the ingress
+rejects a prompt that either pool would refuse. API keys come from the file or environment
+variable the config names, read inside the ingress replica so no key ever travels in the
+deployment's arguments."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cluster.ingress.settings import IngressSettings
-from core.config import ClusterConfig, ServerConfig
+from core.config import ClusterConfig, ServedModel, ServerConfig
+from core.config.models import ROLES, served_names
 from core.errors import ConfigError
 from engine.models import ModelArchConfig
 
@@ -42,29 +43,33 @@ def load_api_keys(server: ServerConfig, environ: Mapping[str, str] | None = None
     return keys
 
 
-def effective_max_model_len(config: ClusterConfig, arch: ModelArchConfig) -> int:
-    """The longest prompt + output both pools accept."""
+def effective_max_model_len(served: ServedModel, arch: ModelArchConfig) -> int:
+    """The longest prompt + output both of the model's pools accept."""
     limits = []
-    for role in ("prefill", "decode"):
-        configured = config.engine_for(role).max_model_len
+    for role in ROLES:
+        configured = served.engine_for(role).max_model_len
         limits.append(arch.max_model_len if configured is None else configured)
     return min(limits)
 
 
 def build_ingress_settings(
-    config: ClusterConfig, model_dir: Path, environ: Mapping[str, str] | None = None
+    config: ClusterConfig,
+    served: ServedModel,
+    model_dir: Path,
+    environ: Mapping[str, str] | None = None,
 ) -> IngressSettings:
-    """The ingress's settings for ``config``, whose checkpoint lives in ``model_dir``."""
+    """The ingress's settings for ``served`` (one of ``config``'s models, its checkpoint in
+    ``model_dir``)."""
     arch = ModelArchConfig.from_dir(model_dir)
-    names = tuple(dict.fromkeys(n for n in (config.model.served_name, config.model.name) if n))
-    decode_engine = config.engine_for("decode")
+    names = tuple(n for n, m in served_names(config.served_models()).items() if m == served)
+    decode_engine = served.engine_for("decode")
     return IngressSettings(
         served_model_names=names,
-        max_model_len=effective_max_model_len(config, arch),
+        max_model_len=effective_max_model_len(served, arch),
         block_size=decode_engine.block_size,
         hash_seed=decode_engine.hash_seed,
         server=config.server,
         scheduler=config.scheduler,
-        prefill_required=config.prefill.min_replicas > 0,
+        prefill_required=served.prefill.min_replicas > 0,
         api_keys=load_api_keys(config.server, environ),
     )

@@ -9,6 +9,7 @@ thresholds the KV data plane needs from process start: ``transfer.process_env``)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,31 @@ PREFILL_DEPLOYMENT = "Prefill"
 DECODE_DEPLOYMENT = "Decode"
 INGRESS_DEPLOYMENT = "Ingress"
 BOARD_DEPLOYMENT = "StatsBoard"
-"""Deployment names inside the pdserve application."""
+"""Deployment names inside the pdserve application (the pools' names of a one-model cluster)."""
+
+_ROLE_DEPLOYMENTS = {"prefill": PREFILL_DEPLOYMENT, "decode": DECODE_DEPLOYMENT}
+
+
+def pool_deployment_name(role: str, scope: str = "") -> str:
+    """The Serve deployment of a model's ``role`` pool: ``Prefill`` / ``Decode`` for the one
+    model of a single-model cluster, ``Decode-tiny-moe`` for one of several (characters Serve
+    or a URL would mind become ``_``)."""
+    base = _ROLE_DEPLOYMENTS[role]
+    if not scope:
+        return base
+    return f"{base}-{re.sub(r'[^A-Za-z0-9._-]', '_', scope)}"
+
+
+def pool_of_deployment(name: str) -> tuple[str, str] | None:
+    """``(role, suffix)`` of a pool deployment name (suffix empty for the one-model names);
+    None for the other deployments."""
+    for role, base in _ROLE_DEPLOYMENTS.items():
+        if name == base:
+            return role, ""
+        if name.startswith(base + "-"):
+            return role, name[len(base) + 1 :]
+    return None
+
 
 INGRESS_HEADROOM = 2
 """Serve lets this many times the ingress's own in-flight limit through, so the app (not

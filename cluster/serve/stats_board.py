@@ -32,6 +32,7 @@ from ray import serve
 
 from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.codec import from_plain, to_plain
+from core.config import pool_key
 from core.stats import ReplicaReport, ReplicaStats
 from core.transfer_faults import FaultInjection
 
@@ -77,14 +78,18 @@ class StatsBoard:
         self._reports.pop(replica_id, None)
 
     def snapshot(self) -> dict[str, list[dict[str, Any]]]:
-        """Fresh reports grouped by role (``{"prefill": [...], "decode": [...]}``)."""
+        """Fresh reports grouped by pool (``{"prefill": [...], "decode": [...]}``; with several
+        models, ``core.config.pool_key`` names: ``decode/tiny-moe``)."""
         now = time.monotonic()
         stale = [k for k, r in self._reports.items() if now - r["received_s"] > self._stale_after_s]
         for replica_id in stale:
             del self._reports[replica_id]
-        grouped: dict[str, list[dict[str, Any]]] = {"prefill": [], "decode": []}
-        for report in sorted(self._reports.values(), key=lambda r: str(r["replica_id"])):
-            grouped.setdefault(str(report["role"]), []).append(
+        reports = sorted(self._reports.values(), key=lambda r: str(r["replica_id"]))
+        scoped = any(r.get("model") for r in reports)  # several models: no unscoped pools
+        grouped: dict[str, list[dict[str, Any]]] = {} if scoped else {"prefill": [], "decode": []}
+        for report in reports:
+            pool = pool_key(str(report["role"]), str(report.get("model", "")))
+            grouped.setdefault(pool, []).append(
                 {k: v for k, v in report.items() if k != "received_s"}
             )
         return grouped
@@ -101,6 +106,8 @@ class BoardReporter:
 
     app_name: str
     interval_s: float = 0.5
+    model: str = ""
+    """The scope of the model whose replicas report through this (empty: the only model)."""
 
     def __call__(
         self, role: str, stats: StatsFn, on_faults: FaultsFn | None = None
@@ -133,6 +140,7 @@ class BoardReporter:
             node_ip=ray.util.get_node_ip_address(),
             pid=os.getpid(),
             stats=ReplicaStats(),
+            model=self.model,
         )
         board = self._board()
         applied: dict[str, Any] | None = None

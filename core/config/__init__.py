@@ -6,18 +6,7 @@ engine), ``transfer`` (the KV data plane), ``cluster`` (pools, scheduler, server
 """
 
 from core.config.base import DType, StrictModel
-from core.config.cluster import (
-    AutoscalingConfig,
-    ClusterConfig,
-    DecodePoolConfig,
-    NodeSelectorConfig,
-    PoolConfig,
-    PrefillPoolConfig,
-    RayClusterConfig,
-    Role,
-    SchedulerConfig,
-    ServerConfig,
-)
+from core.config.cluster import ClusterConfig, RayClusterConfig, SchedulerConfig, ServerConfig
 from core.config.engine import EngineConfig, ModelConfig
 from core.config.fault_events import FaultControlConfig, FaultEventConfig
 from core.config.kv_tiers import DiskTierConfig, HostTierConfig, KVTiersConfig, WritePolicy
@@ -34,12 +23,23 @@ from core.config.loadtest import (
     SweepConfig,
     TraceWorkloadConfig,
 )
+from core.config.models import ServedModel, ServedModelConfig, pool_key, split_pool_key
 from core.config.planner import PlannerConfig
+from core.config.pools import (
+    AutoscalingConfig,
+    DecodePoolConfig,
+    NodeSelectorConfig,
+    PoolConfig,
+    PrefillPoolConfig,
+    Role,
+)
 from core.config.transfer import TransferConfig
+from core.config.virtual_models import CascadeConfig, RouteRuleConfig, VirtualModelConfig
 
 __all__ = [
     "ArrivalConfig",
     "AutoscalingConfig",
+    "CascadeConfig",
     "ClusterConfig",
     "DType",
     "DecodePoolConfig",
@@ -62,7 +62,10 @@ __all__ = [
     "RandomWorkloadConfig",
     "RayClusterConfig",
     "Role",
+    "RouteRuleConfig",
     "SchedulerConfig",
+    "ServedModel",
+    "ServedModelConfig",
     "ServerConfig",
     "SharedPrefixWorkloadConfig",
     "SloConfig",
@@ -70,5 +73,8 @@ __all__ = [
     "SweepConfig",
     "TraceWorkloadConfig",
     "TransferConfig",
+    "VirtualModelConfig",
     "WritePolicy",
+    "pool_key",
+    "split_pool_key",
 ]

@@ -1,10 +1,9 @@
-"""The serving cluster (`pdserve up CONFIG`, configs/local.yaml): pools, scheduler, server.
+"""The serving cluster (`pdserve up CONFIG`, configs/local.yaml): models, scheduler, server.
 
-Past 400 lines on purpose: these sections are validated against each other (prefill and decode
-agreeing on block size and hash seed, autoscaling ranges against replica counts, the server's
-limits against the engine's), and the cross-section checks read best next to the fields they
-tie together. Sections with no such ties live in their own modules (engine, transfer, planner,
-KV tiers, load tests).
+The pools live in ``pools.py``, a model with its two pools (and the checks between them) in
+``models.py``, virtual model names in ``virtual_models.py``; this module ties them together and
+checks what spans sections (served names unique, virtual models naming served ones, the
+planner against the pools' ranges, the transfer and HTTP ports apart).
 """
 
 from __future__ import annotations
@@ -15,184 +14,17 @@ from pydantic import Field, model_validator
 
 from core.config.base import MIB, StrictModel
 from core.config.engine import EngineConfig, ModelConfig
+from core.config.models import (
+    ROLES,
+    ServedModel,
+    ServedModelConfig,
+    merge_engine,
+    served_names,
+)
 from core.config.planner import PlannerConfig
+from core.config.pools import DecodePoolConfig, PoolConfig, PrefillPoolConfig, Role
 from core.config.transfer import TransferConfig
-
-Role = Literal["prefill", "decode"]
-
-
-class AutoscalingConfig(StrictModel):
-    """A replica range that Ray Serve scales within on ongoing requests per replica."""
-
-    min_replicas: int = Field(1, ge=0, description="Fewest replicas (0 lets a pool scale to 0).")
-    max_replicas: int = Field(..., ge=1, description="Most replicas.")
-    initial_replicas: int | None = Field(
-        None, ge=0, description="Replicas at deploy time; None: min_replicas."
-    )
-    target_ongoing_requests: float = Field(
-        2.0, gt=0.0, description="Ongoing requests per replica the autoscaler aims for."
-    )
-    upscale_delay_s: float = Field(
-        30.0, ge=0.0, description="Load must stay high this long before adding replicas."
-    )
-    downscale_delay_s: float = Field(
-        600.0, ge=0.0, description="Load must stay low this long before removing replicas."
-    )
-
-    @model_validator(mode="after")
-    def _range_is_ordered(self) -> AutoscalingConfig:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(
-                f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})"
-            )
-        initial = self.initial_replicas
-        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
-            raise ValueError(
-                f"initial_replicas ({initial}) must lie in [min_replicas, max_replicas] = "
-                f"[{self.min_replicas}, {self.max_replicas}]"
-            )
-        return self
-
-
-class NodeSelectorConfig(StrictModel):
-    """Which Ray nodes a pool's replicas may run on: node labels and/or a custom resource."""
-
-    labels: dict[str, str] = Field(
-        default_factory=dict,
-        description="Ray node labels every replica's node must carry (Serve label_selector).",
-    )
-    resource: str | None = Field(
-        None,
-        min_length=1,
-        description="A custom Ray resource only this pool's nodes advertise (e.g. prefill_node).",
-    )
-    resource_per_replica: float = Field(
-        0.01,
-        gt=0.0,
-        description="Units of `resource` each replica claims; keep it small so it only steers.",
-    )
-
-
-class PoolConfig(StrictModel):
-    """One role's Serve deployment: replica count or range, resources, placement, limits."""
-
-    num_replicas: int | None = Field(
-        None, ge=0, description="Fixed replica count; None: 1, or the autoscaling range."
-    )
-    autoscaling: AutoscalingConfig | None = Field(
-        None, description="Replica range for the Serve autoscaler; exclusive with num_replicas."
-    )
-    num_cpus: float = Field(1.0, ge=0.0, description="Logical CPUs reserved per replica.")
-    num_gpus: float = Field(0.0, ge=0.0, description="GPUs reserved per replica.")
-    memory_bytes: int | None = Field(
-        None, ge=1, description="Ray memory reservation per replica; None: none."
-    )
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="Other custom Ray resources reserved per replica."
-    )
-    node_selector: NodeSelectorConfig = Field(
-        default_factory=lambda: NodeSelectorConfig.model_validate({}),
-        description="Node labels / custom resource that keep this pool on its own nodes.",
-    )
-    engine: EngineConfig | None = Field(
-        None,
-        description="Engine options for this pool only; the keys set here override the "
-        "top-level engine: section, the others keep its values.",
-    )
-    max_ongoing_requests: int = Field(
-        32, ge=1, description="Requests one replica works on at once (Serve backpressure)."
-    )
-    max_queued_requests: int = Field(
-        -1, ge=-1, description="Requests queued per caller before rejecting; -1: unbounded."
-    )
-    graceful_shutdown_timeout_s: float = Field(
-        20.0, gt=0.0, description="How long a replica being removed may finish its requests."
-    )
-    expert_parallel: int = Field(
-        1,
-        ge=1,
-        description="Ranks per expert-parallel gang (MoE models only): the pool runs as gangs "
-        "of this many replicas, each owning its own requests and KV and 1/N of the experts; "
-        "replica counts must be multiples of it. 1: no expert parallelism.",
-    )
-    ep_timeout_s: float = Field(
-        60.0,
-        gt=0.0,
-        description="Expert-parallel gangs only: bound on the rendezvous and on every "
-        "collective, so a stalled rank makes its peers fail (and the gang restart) this fast.",
-    )
-
-    @model_validator(mode="after")
-    def _one_replica_mode(self) -> PoolConfig:
-        if self.num_replicas is not None and self.autoscaling is not None:
-            raise ValueError("set either num_replicas or autoscaling, not both")
-        self._check_gang_multiples()
-        if self.node_selector.resource and self.node_selector.resource in self.resources:
-            raise ValueError(
-                f"resource {self.node_selector.resource!r} is both the node_selector and "
-                "in resources; keep it in node_selector only"
-            )
-        return self
-
-    def _check_gang_multiples(self) -> None:
-        """Serve starts and stops whole gangs: every replica count is a multiple of the gang."""
-        size = self.expert_parallel
-        if size == 1:
-            return
-        counts = {"num_replicas": self.num_replicas}
-        if self.autoscaling is not None:
-            counts = {
-                "autoscaling.min_replicas": self.autoscaling.min_replicas,
-                "autoscaling.max_replicas": self.autoscaling.max_replicas,
-                "autoscaling.initial_replicas": self.autoscaling.initial_replicas,
-            }
-        for name, count in counts.items():
-            if count is not None and count % size != 0:
-                raise ValueError(
-                    f"{name} ({count}) must be a multiple of expert_parallel ({size}): "
-                    "replicas come in whole gangs"
-                )
-        if self.autoscaling is None and self.num_replicas is None:
-            raise ValueError(
-                f"expert_parallel ({size}) needs num_replicas (a multiple of it) or autoscaling"
-            )
-
-    @property
-    def initial_replicas(self) -> int:
-        """Replicas the pool starts with."""
-        if self.autoscaling is not None:
-            scaling = self.autoscaling
-            return (
-                scaling.min_replicas
-                if scaling.initial_replicas is None
-                else (scaling.initial_replicas)
-            )
-        return 1 if self.num_replicas is None else self.num_replicas
-
-    @property
-    def min_replicas(self) -> int:
-        """Fewest replicas the pool runs: ``autoscaling.min_replicas``, else the fixed count."""
-        if self.autoscaling is not None:
-            return self.autoscaling.min_replicas
-        return self.initial_replicas
-
-
-class PrefillPoolConfig(PoolConfig):
-    """The prefill pool: runs prompts, samples the first token, exports the KV."""
-
-    @property
-    def deployed(self) -> bool:
-        """False for ``num_replicas: 0`` (colocated serving: every request prefills on decode)."""
-        return self.autoscaling is not None or self.initial_replicas > 0
-
-
-class DecodePoolConfig(PoolConfig):
-    """The decode pool: pulls the KV, or prefills locally, and streams the tokens."""
-
-    kv_failure_policy: Literal["recompute", "fail"] = Field(
-        "recompute",
-        description="On a failed KV pull: recompute the prompt locally, or fail the request.",
-    )
+from core.config.virtual_models import VirtualModelConfig
 
 
 class SchedulerConfig(StrictModel):
@@ -377,20 +209,36 @@ class RayClusterConfig(StrictModel):
 
 
 class ClusterConfig(StrictModel):
-    """One YAML file for a whole serving cluster (``pdserve up CONFIG``)."""
+    """One YAML file for a whole serving cluster (``pdserve up CONFIG``).
 
-    model: ModelConfig = Field(..., description="The model both pools serve.")
+    One model (``model:`` with ``prefill:`` and ``decode:``) or several (``models:``); the rest
+    of pdserve reads :meth:`served_models`, which resolves both forms."""
+
+    model: ModelConfig | None = Field(
+        None, description="The model both pools serve (one-model form); exclusive with models."
+    )
+    models: tuple[ServedModelConfig, ...] = Field(
+        (),
+        description="Several models behind one endpoint, each with its own engine options and "
+        "pools; a request's model field picks one (the first when it names none). Exclusive "
+        "with model, prefill and decode.",
+    )
+    virtual_models: tuple[VirtualModelConfig, ...] = Field(
+        (),
+        description="Names (e.g. auto) whose requests are routed to one of the served models "
+        "by rules and an optional cascade.",
+    )
     engine: EngineConfig = Field(
         default_factory=lambda: EngineConfig.model_validate({}),
-        description="Engine options of both pools (each pool may override keys).",
+        description="Engine options of every pool (each model and pool may override keys).",
     )
     prefill: PrefillPoolConfig = Field(
         default_factory=lambda: PrefillPoolConfig.model_validate({}),
-        description="The prefill pool.",
+        description="The prefill pool (one-model form).",
     )
     decode: DecodePoolConfig = Field(
         default_factory=lambda: DecodePoolConfig.model_validate({}),
-        description="The decode pool.",
+        description="The decode pool (one-model form).",
     )
     transfer: TransferConfig = Field(
         default_factory=lambda: TransferConfig.model_validate({}),
@@ -408,52 +256,81 @@ class ClusterConfig(StrictModel):
         description="The Ray cluster to run on.",
     )
 
+    def served_models(self) -> tuple[ServedModel, ...]:
+        """Every model served, in YAML order (the first answers requests naming none)."""
+        if self.model is not None:
+            return (ServedModel("", self.model, self.prefill, self.decode, self.engine),)
+        return tuple(
+            ServedModel(
+                scope=entry.model.served_name or entry.model.name,
+                model=entry.model,
+                prefill=entry.prefill,
+                decode=entry.decode,
+                engine=merge_engine(self.engine, entry.engine),
+                field_path=f"models[{i}].",
+            )
+            for i, entry in enumerate(self.models)
+        )
+
+    @property
+    def primary(self) -> ServedModel:
+        """The first model: the one requests without a model name go to."""
+        return self.served_models()[0]
+
     def pool_for(self, role: Role) -> PoolConfig:
-        """The pool config of ``role``."""
-        return self.prefill if role == "prefill" else self.decode
+        """The first model's pool config of ``role``."""
+        return self.primary.pool_for(role)
 
     def engine_for(self, role: Role) -> EngineConfig:
-        """The engine options of ``role``: the top-level ones with the pool's overrides."""
-        pool = self.pool_for(role)
-        if pool.engine is None:
-            return self.engine
-        overrides = pool.engine.model_dump(include=pool.engine.model_fields_set)
-        return EngineConfig.model_validate({**self.engine.model_dump(), **overrides})
+        """The engine options of the first model's ``role`` pool."""
+        return self.primary.engine_for(role)
 
     @model_validator(mode="after")
-    def _pools_agree(self) -> ClusterConfig:
-        roles: tuple[Role, Role] = ("prefill", "decode")
-        engines = {role: self.engine_for(role) for role in roles}
-        for key in ("block_size", "hash_seed"):
-            mine, theirs = getattr(engines["prefill"], key), getattr(engines["decode"], key)
-            if mine != theirs:
-                raise ValueError(
-                    f"prefill.engine.{key} ({mine}) must equal decode.engine.{key} ({theirs}): "
-                    "the KV layouts and block hashes must match"
-                )
-        for role, engine in engines.items():
-            ranks = self.pool_for(role).expert_parallel
-            if engine.compile_model and ranks > 1:
-                raise ValueError(
-                    f"{role}: engine.compile_model cannot be combined with expert_parallel "
-                    f"({ranks})"
-                )
-        if self.decode.autoscaling is None and self.decode.initial_replicas == 0:
-            raise ValueError("decode needs at least one replica (decode.num_replicas >= 1)")
-        if self.decode.autoscaling is not None and self.decode.autoscaling.min_replicas == 0:
-            raise ValueError("decode.autoscaling.min_replicas must be >= 1")
-        selectors = (self.prefill.node_selector, self.decode.node_selector)
-        if selectors[0].resource and selectors[0].resource == selectors[1].resource:
-            raise ValueError(
-                f"prefill and decode select the same node resource {selectors[0].resource!r}"
-            )
+    def _models_agree(self) -> ClusterConfig:
+        self._check_model_form()
+        models = self.served_models()
+        for served in models:
+            served.check()
+        names = served_names(models)
+        self._check_virtual_models(names)
         if self.transfer.port and self.transfer.port == self.server.port:
             raise ValueError(f"transfer.port and server.port are both {self.server.port}")
-        if self.scheduler.planner.mode != "off":
-            unscaled = [r for r in roles if self.pool_for(r).autoscaling is None]
+        planner = self.scheduler.planner.mode
+        if planner != "off" and len(models) > 1:
+            raise ValueError(
+                f"scheduler.planner.mode {planner!r} sizes one model's pools; with several "
+                "models use mode off (Serve's autoscaler per pool)"
+            )
+        if planner != "off":
+            unscaled = [r for r in ROLES if self.pool_for(r).autoscaling is None]
             if unscaled:
                 raise ValueError(
-                    f"scheduler.planner.mode {self.scheduler.planner.mode!r} sizes pools within "
-                    f"their autoscaling ranges; give {' and '.join(unscaled)} an autoscaling range"
+                    f"scheduler.planner.mode {planner!r} sizes pools within their autoscaling "
+                    f"ranges; give {' and '.join(unscaled)} an autoscaling range"
                 )
         return self
+
+    def _check_model_form(self) -> None:
+        if (self.model is None) == (not self.models):
+            raise ValueError("give either model: (one model) or models: (a list), not both")
+        if self.models:
+            stray = sorted({"prefill", "decode"} & self.model_fields_set)
+            if stray:
+                raise ValueError(
+                    f"with models:, each model has its own pools: move {' and '.join(stray)} "
+                    "into its models[i] entry"
+                )
+
+    def _check_virtual_models(self, names: dict[str, ServedModel]) -> None:
+        seen: set[str] = set()
+        for i, virtual in enumerate(self.virtual_models):
+            at = f"virtual_models[{i}]"
+            if virtual.name in names or virtual.name in seen:
+                raise ValueError(f"{at}.name: {virtual.name!r} is already a served model name")
+            seen.add(virtual.name)
+            for field, model in virtual.models():
+                if model not in names:
+                    raise ValueError(
+                        f"{at}.{field}: no served model is named {model!r} "
+                        f"(served: {', '.join(names)})"
+                    )

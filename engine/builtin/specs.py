@@ -3,7 +3,9 @@
 The two tiny ones are small enough to decode on two CPU cores yet keep the traits that matter to
 the engine: four layers, grouped-query attention (8 query heads over 2 KV heads, head_dim 32), a
 64K-token position range with a large RoPE base, and for the MoE 8 routed experts with top-2
-routing plus a sigmoid-gated shared expert. ``llama-1b`` is for GPU measurements: a Llama 3.2
+routing plus a sigmoid-gated shared expert. ``mid-moe`` is the same MoE six times larger per
+token (8 layers, 16 experts, wider experts): the large model beside tiny-llama in the
+tiered-routing benchmark on CPU (not written by tests). ``llama-1b`` is for GPU measurements: a Llama 3.2
 1B-shaped model (hidden 2048, 16 layers, GQA 32:8, head_dim 64, MLP 8192) with a 32000-token
 vocabulary, about 1.1B parameters stored in bf16 (2.2 GB, written in a minute or so on first use;
 never on a CPU test path). The configs use the hub's original key names (``rope_theta``,
@@ -101,6 +103,21 @@ def _tiny_moe() -> BuiltinSpec:
     return BuiltinSpec(name="tiny-moe", config=config, seed=5678)
 
 
+def _mid_moe() -> BuiltinSpec:
+    """tiny-moe's architecture, six times its active parameters per token: the large model
+    of a tiered-routing fleet on CPU (8 layers, 16 experts of which 2 are active)."""
+    tiny = _tiny_moe().config
+    config = {
+        **tiny,
+        "num_hidden_layers": 8,
+        "max_window_layers": 8,
+        "num_experts": 16,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 1024,
+    }
+    return BuiltinSpec(name="mid-moe", config=config, seed=8765, tiny=False)
+
+
 def _llama_1b() -> BuiltinSpec:
     config = {
         "architectures": ["LlamaForCausalLM"],
@@ -123,7 +140,7 @@ def _llama_1b() -> BuiltinSpec:
 
 
 BUILTIN_SPECS: dict[str, BuiltinSpec] = {
-    s.name: s for s in (_tiny_llama(), _tiny_moe(), _llama_1b())
+    s.name: s for s in (_tiny_llama(), _tiny_moe(), _mid_moe(), _llama_1b())
 }
 #: The built-ins CPU tests may write and run.
 TINY_SPECS: dict[str, BuiltinSpec] = {n: s for n, s in BUILTIN_SPECS.items() if s.tiny}

@@ -19,6 +19,7 @@ import pytest
 from fastapi import FastAPI
 
 from cluster.ingress import IngressSettings, create_app
+from cluster.ingress.model_table import ModelEndpoint
 from core.codec import from_plain, to_plain
 from core.config import SchedulerConfig, ServerConfig
 from core.errors import ErrorReport, PdserveError, TransferError
@@ -253,14 +254,10 @@ def make_harness(tokenizer: Tokenizer) -> Callable[..., Harness]:
     ) -> Harness:
         prefill = prefill or FakePrefill()
         decode = decode or FakeDecode()
-        app = create_app(
-            tokenizer,
-            prefill,
-            decode,
-            settings_with(**settings),
-            stats_provider=stats_provider,
-            cached_blocks_fn=cached_blocks_fn,
+        endpoint = ModelEndpoint(
+            tokenizer, prefill, decode, settings_with(**settings), cached_blocks_fn
         )
+        app = create_app([endpoint], stats_provider=stats_provider)
         return Harness(app, prefill, decode)
 
     return make

@@ -16,6 +16,7 @@ import pytest
 from fastapi import FastAPI
 
 from cluster.ingress import IngressSettings, create_app
+from cluster.ingress.model_table import ModelEndpoint
 from core.config import EngineConfig, ModelConfig, SchedulerConfig
 from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
 from core.sampling import SamplingParams
@@ -120,7 +121,7 @@ def make_app(workers: Workers, prefill: SpyPrefill, decode: SpyDecode) -> FastAP
         hash_seed=ENGINE.hash_seed,
         scheduler=SchedulerConfig(local_prefill_threshold_tokens=THRESHOLD_TOKENS),
     )
-    return create_app(workers.tokenizer, prefill, decode, settings)
+    return create_app([ModelEndpoint(workers.tokenizer, prefill, decode, settings)])
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -28,6 +28,11 @@ def value(found: Mapping[Any, float], name: str, **labels: str) -> float | None:
     return found.get((name, frozenset(labels.items())))
 
 
+def worker(found: Mapping[Any, float], name: str, role: str, **labels: str) -> float | None:
+    """A worker family's sample of ``role``'s pool of the test model."""
+    return value(found, name, model_name=MODEL, role=role, **labels)
+
+
 async def scrape_after(h: Harness, bodies: Sequence[tuple[str, dict[str, Any]]]) -> Any:
     async with h.client() as client:
         for path, body in bodies:
@@ -115,24 +120,24 @@ def test_worker_stats_per_role(make_harness: Callable[..., Harness]) -> None:
     h = make_harness(stats_provider=stats)
     found = samples(run(scrape_after(h, [])).text)
     assert calls == [1]
-    assert value(found, "pdserve:kv_blocks_used", role="prefill") == 3.0
-    assert value(found, "pdserve:kv_blocks_free", role="prefill") == 5.0
-    assert value(found, "pdserve:kv_blocks_used", role="decode") == 20.0  # summed over replicas
-    assert value(found, "pdserve:kv_blocks_free", role="decode") == 12.0
-    assert value(found, "pdserve:replicas", role="decode") == 2.0
-    assert value(found, "pdserve:num_requests_running", role="decode") == 4.0
-    assert value(found, "pdserve:kv_exports_pinned", role="prefill") == 1.0
-    assert value(found, "pdserve:transfer_in_flight", role="prefill") == 2.0
-    assert value(found, "pdserve:transfer_bytes_total", role="prefill") == 4096.0
-    assert value(found, "pdserve:transfer_seconds_total", role="decode") == 1.0
+    assert worker(found, "pdserve:kv_blocks_used", "prefill") == 3.0
+    assert worker(found, "pdserve:kv_blocks_free", "prefill") == 5.0
+    assert worker(found, "pdserve:kv_blocks_used", "decode") == 20.0  # summed over replicas
+    assert worker(found, "pdserve:kv_blocks_free", "decode") == 12.0
+    assert worker(found, "pdserve:replicas", "decode") == 2.0
+    assert worker(found, "pdserve:num_requests_running", "decode") == 4.0
+    assert worker(found, "pdserve:kv_exports_pinned", "prefill") == 1.0
+    assert worker(found, "pdserve:transfer_in_flight", "prefill") == 2.0
+    assert worker(found, "pdserve:transfer_bytes_total", "prefill") == 4096.0
+    assert worker(found, "pdserve:transfer_seconds_total", "decode") == 1.0
     failures = "pdserve:transfer_failures_total"
-    assert value(found, failures, role="prefill", reason="lease_expired") == 2.0
-    assert value(found, failures, role="prefill", reason="corrupt_chunk") == 1.0
-    assert value(found, failures, role="decode", reason="deadline_exceeded") == 2.0
+    assert worker(found, failures, "prefill", reason="lease_expired") == 2.0
+    assert worker(found, failures, "prefill", reason="corrupt_chunk") == 1.0
+    assert worker(found, failures, "decode", reason="deadline_exceeded") == 2.0
 
 
 def test_counters_never_go_down_when_a_replica_is_replaced() -> None:
-    collector = WorkerStatsCollector()
+    collector = WorkerStatsCollector(MODEL)
 
     def prefill(expired: int, failures: int, blocks: int) -> ReplicaStats:
         transfer = TransferStats(
@@ -152,13 +157,13 @@ def test_counters_never_go_down_when_a_replica_is_replaced() -> None:
     collector.update({"prefill": {"b": prefill(1, 0, 1), "c": prefill(0, 0, 0)}})  # a died
     after = scrape()
     expired = "pdserve:kv_leases_expired_total"
-    assert value(before, expired, role="prefill") == value(after, expired, role="prefill") == 4.0
+    assert worker(before, expired, "prefill") == worker(after, expired, "prefill") == 4.0
     failures = "pdserve:transfer_failures_total"
-    assert value(after, failures, role="prefill", reason="lease_expired") == 2.0
-    assert value(after, "pdserve:transfer_unauthenticated_calls_total", role="prefill") == 3.0
-    assert value(after, "pdserve:kv_blocks_used", role="prefill") == 1.0  # gauges: live only
+    assert worker(after, failures, "prefill", reason="lease_expired") == 2.0
+    assert worker(after, "pdserve:transfer_unauthenticated_calls_total", "prefill") == 3.0
+    assert worker(after, "pdserve:kv_blocks_used", "prefill") == 1.0  # gauges: live only
     collector.update({"prefill": {"a": prefill(5, 2, 2), "b": prefill(1, 0, 1)}})  # a is back
-    assert value(scrape(), expired, role="prefill") == 6.0  # a counted once, c kept
+    assert worker(scrape(), expired, "prefill") == 6.0  # a counted once, c kept
 
 
 def test_broken_stats_provider_does_not_break_the_scrape(
@@ -182,7 +187,7 @@ def test_each_app_has_its_own_registry(make_harness: Callable[..., Harness]) -> 
 
 
 def test_tier_metrics_per_role_and_tier() -> None:
-    collector = WorkerStatsCollector()
+    collector = WorkerStatsCollector(MODEL)
     registry = CollectorRegistry()
     registry.register(collector)
 
@@ -204,9 +209,9 @@ def test_tier_metrics_per_role_and_tier() -> None:
     collector.update({"decode": {"a": decode(3, 10), "b": decode(4, 20)}})
     collector.update({"decode": {"b": decode(5, 20)}})  # a died: its counters stay
     scraped = samples(generate_latest(registry).decode())
-    assert value(scraped, "pdserve:kv_tier_hits_total", role="decode", tier="host") == 8.0
-    assert value(scraped, "pdserve:kv_tier_hits_total", role="decode", tier="device") == 14.0
-    assert value(scraped, "pdserve:kv_tier_blocks_used", role="decode", tier="host") == 40.0
-    assert value(scraped, "pdserve:kv_tier_blocks_capacity", role="decode", tier="device") == 100
-    assert value(scraped, "pdserve:kv_tier_onload_bytes_total", role="decode", tier="host") == 8192
-    assert value(scraped, "pdserve:kv_tier_ttl_expiries_total", role="decode", tier="host") == 2.0
+    assert worker(scraped, "pdserve:kv_tier_hits_total", "decode", tier="host") == 8.0
+    assert worker(scraped, "pdserve:kv_tier_hits_total", "decode", tier="device") == 14.0
+    assert worker(scraped, "pdserve:kv_tier_blocks_used", "decode", tier="host") == 40.0
+    assert worker(scraped, "pdserve:kv_tier_blocks_capacity", "decode", tier="device") == 100
+    assert worker(scraped, "pdserve:kv_tier_onload_bytes_total", "decode", tier="host") == 8192
+    assert worker(scraped, "pdserve:kv_tier_ttl_expiries_total", "decode", tier="host") == 2.0

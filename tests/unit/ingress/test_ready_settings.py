@@ -28,5 +28,6 @@ def test_ready_waits_for_prefill_only_when_the_pool_keeps_a_replica(
     config = ClusterConfig.model_validate(
         {"model": {"name": "builtin:tiny-llama"}, "prefill": prefill}
     )
-    settings = build_ingress_settings(config, resolve_model(config.model.name), environ={})
+    model_dir = resolve_model(config.primary.model.name)
+    settings = build_ingress_settings(config, config.primary, model_dir, environ={})
     assert settings.prefill_required is required

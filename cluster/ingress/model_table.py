@@ -1,0 +1,123 @@
+"""The models one ingress serves: each one's prompt builder, flow and metrics, found by name.
+
+``create_app`` gets a :class:`ModelEndpoint` per served model (its tokenizer, its two pool
+clients, its settings) and builds a :class:`ServedRoute` for each: the prompt builder, the
+disaggregation policy and the :class:`GenerationFlow` over that model's pools, and the ingress
+metrics labelled with its name. :class:`ModelTable` finds the route a request's ``model`` names
+(the first model when it names none), knows the virtual names (``auto``) the YAML declares, and
+answers a name it does not know with the OpenAI 404 that lists what it serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cluster.ingress.clients import DecodeClient, PrefillClient
+from cluster.ingress.disagg import CachedBlocksFn, DisaggPolicy
+from cluster.ingress.flow import GenerationFlow
+from cluster.ingress.metrics import IngressMetrics
+from cluster.ingress.prompts import PromptBuilder, PromptTokenizer
+from cluster.ingress.settings import IngressSettings
+from core.config import VirtualModelConfig
+from core.errors import ModelNotFoundError
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    """What the ingress is handed for one served model."""
+
+    tokenizer: PromptTokenizer
+    prefill: PrefillClient
+    decode: DecodeClient
+    settings: IngressSettings
+    cached_blocks_fn: CachedBlocksFn | None = None
+    """How many of a prompt's blocks this model's decode pool caches (None: not known)."""
+
+
+@dataclass(frozen=True)
+class ServedRoute:
+    """One served model inside the ingress."""
+
+    settings: IngressSettings
+    tokenizer: PromptTokenizer
+    builder: PromptBuilder
+    flow: GenerationFlow
+    metrics: IngressMetrics
+    """The app's metrics, labelled ``model_name`` = this model."""
+
+    @property
+    def name(self) -> str:
+        """The model's canonical served name."""
+        return self.settings.model_name
+
+
+def build_route(endpoint: ModelEndpoint, metrics: IngressMetrics) -> ServedRoute:
+    """The route of one model over the app's ``metrics``."""
+    settings, tokenizer = endpoint.settings, endpoint.tokenizer
+    labelled = metrics.for_model(settings.model_name)
+    policy = DisaggPolicy(
+        settings.scheduler.local_prefill_threshold_tokens,
+        settings.block_size,
+        endpoint.cached_blocks_fn,
+    )
+    detokenizer = None
+    if isinstance(tokenizer, Tokenizer):
+
+        def detokenizer(prompt_ids: list[int]) -> IncrementalDetokenizer:
+            return IncrementalDetokenizer(tokenizer, prompt_token_ids=prompt_ids)
+
+    flow = GenerationFlow(
+        endpoint.prefill, endpoint.decode, policy, settings, labelled, detokenizer
+    )
+    return ServedRoute(settings, tokenizer, PromptBuilder(tokenizer, settings), flow, labelled)
+
+
+class ModelTable:
+    """Served models by every name a client may send, plus the virtual names."""
+
+    def __init__(
+        self, routes: Sequence[ServedRoute], virtual: Sequence[VirtualModelConfig] = ()
+    ) -> None:
+        if not routes:
+            raise ValueError("an ingress serves at least one model")
+        self.routes = tuple(routes)
+        self._by_name: dict[str, ServedRoute] = {}
+        for route in self.routes:
+            for name in route.settings.served_model_names:
+                self._by_name.setdefault(name, route)
+        self.virtual = {v.name: v for v in virtual}
+
+    @property
+    def default(self) -> ServedRoute:
+        """The first model: what a request that names no model gets."""
+        return self.routes[0]
+
+    def find(self, name: str | None) -> ServedRoute:
+        """The route ``name`` picks (None: the default); a virtual name picks its default
+        model here (the generation endpoints route it by its rules instead)."""
+        if name is None:
+            return self.default
+        route = self._by_name.get(name)
+        if route is not None:
+            return route
+        virtual = self.virtual.get(name)
+        if virtual is not None:
+            return self._by_name[virtual.default]
+        raise ModelNotFoundError(
+            f"the model {name!r} does not exist; this server serves: {', '.join(self.names())}",
+            param="model",
+        )
+
+    def names(self) -> list[str]:
+        """Every served and virtual name, served ones first."""
+        return [*self._by_name, *self.virtual]
+
+    def max_model_len(self, name: str) -> int:
+        """``max_model_len`` of what ``name`` serves (a virtual name: the least of its
+        models', since any of them may answer)."""
+        virtual = self.virtual.get(name)
+        if virtual is None:
+            return self.find(name).settings.max_model_len
+        return min(self._by_name[model].settings.max_model_len for _, model in virtual.models())
