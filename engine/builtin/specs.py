@@ -4,11 +4,11 @@ The two tiny ones are small enough to decode on two CPU cores yet keep the trait
 the engine: four layers, grouped-query attention (8 query heads over 2 KV heads, head_dim 32), a
 64K-token position range with a large RoPE base, and for the MoE 8 routed experts with top-2
 routing plus a sigmoid-gated shared expert. ``mid-moe`` is the same MoE six times larger per
-token (8 layers, 16 experts, wider experts): the large model beside tiny-llama in the
-tiered-routing benchmark on CPU (not written by tests). ``llama-1b`` is for GPU measurements: a Llama 3.2
-1B-shaped model (hidden 2048, 16 layers, GQA 32:8, head_dim 64, MLP 8192) with a 32000-token
-vocabulary, about 1.1B parameters stored in bf16 (2.2 GB, written in a minute or so on first use;
-never on a CPU test path). The configs use the hub's original key names (``rope_theta``,
+token (8 layers, 16 experts, wider experts): the large model beside tiny-llama in the tiered-
+routing benchmark on CPU (not written by tests). ``llama-1b`` is for GPU measurements: a Llama
+3.2 1B-shaped model (hidden 2048, 16 layers, GQA 32:8, head_dim 64, MLP 8192) with a 32000-token
+vocabulary, about 1.1B parameters stored in bf16 (2.2 GB, written in a minute or so on first
+use; never on a CPU test path). The configs use the hub's original key names (``rope_theta``,
 ``torch_dtype``), which every loader understands.
 """
 
