@@ -93,3 +93,32 @@ def test_validate_reports_field_errors(tmp_path: Path) -> None:
     result = pdserve_cli("validate", str(bad), env=env)
     assert result.returncode == 2
     assert "decode.gpus" in result.stderr
+
+
+TWO_MODELS = """
+models:
+  - model: {name: "builtin:tiny-llama", served_name: small}
+  - model: {name: "builtin:tiny-moe", served_name: SECOND}
+virtual_models:
+  - {name: auto, default: small, rules: [{model: TARGET, min_prompt_tokens: 100}]}
+"""
+
+
+@pytest.mark.parametrize(
+    ("second", "target", "field"),
+    [
+        ("small", "small", "models[1].model.served_name: 'small' is already the name"),
+        ("large", "huge", "virtual_models[0].rules[0].model: no served model is named 'huge'"),
+    ],
+)
+def test_validate_names_the_field_of_a_bad_model_list(
+    tmp_path: Path, second: str, target: str, field: str
+) -> None:
+    env = {**os.environ, "PDSERVE_CACHE_DIR": str(tmp_path)}
+    ok = pdserve_cli("validate", str(REPO_CONFIGS / "local-multi-model.yaml"), env=env)
+    assert ok.returncode == 0 and "virtual model auto" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TWO_MODELS.replace("SECOND", second).replace("TARGET", target))
+    result = pdserve_cli("validate", str(bad), env=env)
+    assert result.returncode == 2
+    assert field in " ".join(result.stderr.split()), result.stderr
