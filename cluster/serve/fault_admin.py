@@ -11,6 +11,7 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.serve.stats_board import decode_reports
 from core.codec import to_plain
+from core.config import split_pool_key
 from core.errors import UnavailableError
 from core.transfer_faults import FaultInjection
 
@@ -24,9 +25,10 @@ class ServeFaultAdmin:
         self._board = board
 
     async def kill_replica(self, pool: str) -> str:
-        """Kill the live ``pool`` replica running the most requests (no restart: Serve
-        starts a replacement); its replica id."""
-        reports = decode_reports(await self._board.snapshot.remote()).get(pool, [])
+        """Kill the live ``pool`` replica running the most requests, of any model (no
+        restart: Serve starts a replacement); its replica id."""
+        by_pool = decode_reports(await self._board.snapshot.remote())
+        reports = [r for key, rs in by_pool.items() if split_pool_key(key)[0] == pool for r in rs]
         live = [r for r in reports if r.actor_name]
         if not live:
             raise UnavailableError(f"no live {pool} replica to kill")
