@@ -215,8 +215,25 @@ def test_a_prefill_pool_of_zero_is_left_out_of_the_app() -> None:
     mapping = config_to_mapping(load_cluster_config(REPO_CONFIGS / "local.yaml"))
     colocated = {**mapping, "prefill": {"num_replicas": 0}, "decode": {"num_replicas": 2}}
     app = build_app({"config": colocated})
-    prefill_handle, decode_handle = app._bound_deployment.init_args[:2]
+    pools = app._bound_deployment.init_args[0]
+    assert list(pools) == ["tiny-moe"]
+    prefill_handle, decode_handle = pools["tiny-moe"]
     assert prefill_handle is None and decode_handle is not None
+
+
+def test_each_model_gets_its_own_named_pools() -> None:
+    app = build_app({"config": str(REPO_CONFIGS / "local-multi-model.yaml")})
+    pools = app._bound_deployment.init_args[0]
+    names = {
+        model: tuple(None if p is None else p._bound_deployment.name for p in pair)
+        for model, pair in pools.items()
+    }
+    assert names == {
+        "tiny-llama": (None, "Decode-tiny-llama"),
+        "tiny-moe": ("Prefill-tiny-moe", "Decode-tiny-moe"),
+    }
+    router = pools["tiny-moe"][1]._bound_deployment._deployment_config.request_router_config
+    assert router.request_router_kwargs["model"] == "tiny-moe"
 
 
 def test_api_keys_come_from_the_named_file_or_variable(tmp_path: Path) -> None:
