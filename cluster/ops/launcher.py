@@ -19,10 +19,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import httpx
 
@@ -30,11 +29,6 @@ from cluster.ops import process_tree, run_state
 from cluster.ops.ray_session import attach, attached, shutdown, start_local_ray, stop_local_ray
 from cluster.ops.rest import ServeRest
 from cluster.ops.run_state import RunState
-from cluster.serve.pool_options import (
-    DECODE_DEPLOYMENT,
-    pool_deployment_name,
-    pool_of_deployment,
-)
 from core.config import ClusterConfig
 from core.errors import ConfigError, UnavailableError
 
@@ -178,7 +172,7 @@ def down(
         if not stopped:
             return f"pdserve (pid {state.owner_pid}) was not running; cleared its run state"
         return f"stopped pdserve (pid {state.owner_pid}) and its local Ray"
-    url, address, auth_mode = _target(app_name, dashboard_url, ray_address)
+    url, address, auth_mode = run_state.target(app_name, dashboard_url, ray_address)
     with attached(address, auth_mode=auth_mode):
         ServeRest(url).remove(app_name)
         from cluster.routing.index_actor import kill_index_actor  # imports ray: after attach
@@ -186,68 +180,6 @@ def down(
         kill_index_actor(app_name)
     run_state.clear_state(app_name)
     return f"removed app {app_name} from {url}"
-
-
-def scale(
-    app_name: str,
-    num_prefill: int | None,
-    num_decode: int | None,
-    dashboard_url: str | None = None,
-    ray_address: str = "auto",
-    model: str | None = None,
-) -> dict[str, int]:
-    """Set one model's pools' replica counts in place (``model``: its served name; needed
-    when the app serves several); returns the deployments and counts asked for."""
-    counts = {"prefill": num_prefill, "decode": num_decode}
-    if all(count is None for count in counts.values()):
-        raise ConfigError("give --prefill N and/or --decode M", param="scale")
-    if counts["decode"] == 0:
-        raise ConfigError("decode needs at least one replica", param="decode")
-    url, address, auth_mode = _target(app_name, dashboard_url, ray_address)
-    with attached(address, auth_mode=auth_mode):
-        rest = ServeRest(url)
-        deployed = (rest.app_details(app_name) or {}).get("deployments", {})
-        scope = model_scope(app_name, deployed, model)
-        replicas = {
-            pool_deployment_name(role, scope): count
-            for role, count in counts.items()
-            if count is not None
-        }
-        rest.scale(app_name, replicas)
-    return replicas
-
-
-def model_scope(app_name: str, deployed: Mapping[str, Any], model: str | None) -> str:
-    """The deployment suffix of ``model``'s pools in the app (empty for a one-model app)."""
-    models = sorted(
-        {parsed[1] for name in deployed if (parsed := pool_of_deployment(name)) and parsed[1]}
-    )
-    if not models:
-        return ""  # a one-model app (--model, if given, is that model: nothing to pick)
-    if model is None:
-        raise ConfigError(
-            f"app {app_name} serves several models ({', '.join(models)}); pass --model NAME",
-            param="model",
-        )
-    suffix = pool_deployment_name("decode", model).removeprefix(DECODE_DEPLOYMENT + "-")
-    if suffix not in models:
-        raise ConfigError(
-            f"app {app_name} serves no model {model!r}; its models: {', '.join(models)}",
-            param="model",
-        )
-    return model
-
-
-def _target(
-    app_name: str, dashboard_url: str | None, ray_address: str
-) -> tuple[str, str, str | None]:
-    """Dashboard URL, Ray address and auth mode: explicit ones, else what ``up`` recorded."""
-    if dashboard_url:
-        return dashboard_url, ray_address, None
-    state = run_state.read_state(app_name)
-    if state is None:
-        raise ConfigError(f"no running app {app_name!r} recorded; pass --dashboard", param="app")
-    return state.dashboard_url, state.ray_address, state.ray_auth_mode
 
 
 def _stop_owner(pid: int, start_ticks: int | None, timeout_s: float) -> bool:

@@ -81,3 +81,15 @@ def clear_state(app_name: str, owner_pid: int | None = None) -> None:
     if owner_pid is not None and current.owner_pid != owner_pid:
         return
     state_path(app_name).unlink(missing_ok=True)
+
+
+def target(
+    app_name: str, dashboard_url: str | None, ray_address: str
+) -> tuple[str, str, str | None]:
+    """Dashboard URL, Ray address and auth mode: explicit ones, else what ``up`` recorded."""
+    if dashboard_url:
+        return dashboard_url, ray_address, None
+    state = read_state(app_name)
+    if state is None:
+        raise ConfigError(f"no running app {app_name!r} recorded; pass --dashboard", param="app")
+    return state.dashboard_url, state.ray_address, state.ray_auth_mode

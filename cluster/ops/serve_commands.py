@@ -108,10 +108,10 @@ def scale_command(
     address: str = typer.Option("auto", "--address", help="Ray address with --dashboard."),
 ) -> None:
     """Resize the pools live: replicas are added or drained in place, none restarts."""
-    from cluster.ops import launcher
+    from cluster.ops import scaling
 
     try:
-        replicas = launcher.scale(app_name, prefill, decode, dashboard, address, model)
+        replicas = scaling.scale(app_name, prefill, decode, dashboard, address, model)
     except PdserveError as e:
         _fail(e)
         return

@@ -3,7 +3,9 @@
 The pools live in ``pools.py``, a model with its two pools (and the checks between them) in
 ``models.py``, virtual model names in ``virtual_models.py``; this module ties them together and
 checks what spans sections (served names unique, virtual models naming served ones, the
-planner against the pools' ranges, the transfer and HTTP ports apart).
+planner against the pools' ranges, the transfer and HTTP ports apart). Past 250 lines on
+purpose: the scheduler, server and Ray sections are read by those checks, which read best next
+to the fields they tie together.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster.ops.launcher import scale
+from cluster.ops.scaling import scale
 from core.sampling import SamplingParams
 from engine import LLM
 from tests.chaos.harness import (

@@ -14,7 +14,7 @@ import pytest
 from cluster.loadtest.bench import prepare_sessions, run_benchmark
 from cluster.loadtest.flags import validate
 from cluster.loadtest.tokens import WordCounter
-from cluster.ops.launcher import scale
+from cluster.ops.scaling import scale
 from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import APP_NAME, SERVED_NAME, wait_until
 

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster.ops.launcher import deploy, scale
+from cluster.ops.launcher import deploy
+from cluster.ops.scaling import scale
 from cluster.serve.config_file import load_cluster_config
 from core.sampling import SamplingParams
 from engine import LLM

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import ray
 
-from cluster.ops.launcher import scale
+from cluster.ops.scaling import scale
 from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import APP_NAME, SERVED_NAME, wait_until
 

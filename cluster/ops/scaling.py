@@ -1,0 +1,71 @@
+"""``pdserve scale``: one model's pools resized in place through Serve's REST API.
+
+A one-model app's pools are the deployments ``Prefill`` and ``Decode``; with several models each
+has its own (``Decode-<model>``), and ``--model`` says which to resize (the others' replicas are
+not touched). The counts become fixed ones (an autoscaling pool is pinned to them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cluster.ops import run_state
+from cluster.ops.ray_session import attached
+from cluster.ops.rest import ServeRest
+from cluster.serve.pool_options import (
+    DECODE_DEPLOYMENT,
+    pool_deployment_name,
+    pool_of_deployment,
+)
+from core.errors import ConfigError
+
+
+def scale(
+    app_name: str,
+    num_prefill: int | None,
+    num_decode: int | None,
+    dashboard_url: str | None = None,
+    ray_address: str = "auto",
+    model: str | None = None,
+) -> dict[str, int]:
+    """Set one model's pools' replica counts in place (``model``: its served name; needed
+    when the app serves several); returns the deployments and counts asked for."""
+    counts = {"prefill": num_prefill, "decode": num_decode}
+    if all(count is None for count in counts.values()):
+        raise ConfigError("give --prefill N and/or --decode M", param="scale")
+    if counts["decode"] == 0:
+        raise ConfigError("decode needs at least one replica", param="decode")
+    url, address, auth_mode = run_state.target(app_name, dashboard_url, ray_address)
+    with attached(address, auth_mode=auth_mode):
+        rest = ServeRest(url)
+        deployed = (rest.app_details(app_name) or {}).get("deployments", {})
+        scope = model_scope(app_name, deployed, model)
+        replicas = {
+            pool_deployment_name(role, scope): count
+            for role, count in counts.items()
+            if count is not None
+        }
+        rest.scale(app_name, replicas)
+    return replicas
+
+
+def model_scope(app_name: str, deployed: Mapping[str, Any], model: str | None) -> str:
+    """The deployment suffix of ``model``'s pools in the app (empty for a one-model app)."""
+    models = sorted(
+        {parsed[1] for name in deployed if (parsed := pool_of_deployment(name)) and parsed[1]}
+    )
+    if not models:
+        return ""  # a one-model app (--model, if given, is that model: nothing to pick)
+    if model is None:
+        raise ConfigError(
+            f"app {app_name} serves several models ({', '.join(models)}); pass --model NAME",
+            param="model",
+        )
+    suffix = pool_deployment_name("decode", model).removeprefix(DECODE_DEPLOYMENT + "-")
+    if suffix not in models:
+        raise ConfigError(
+            f"app {app_name} serves no model {model!r}; its models: {', '.join(models)}",
+            param="model",
+        )
+    return model
