@@ -107,7 +107,8 @@ def scale_command(
     dashboard: str | None = typer.Option(None, "--dashboard", help="Ray dashboard URL."),
     address: str = typer.Option("auto", "--address", help="Ray address with --dashboard."),
 ) -> None:
-    """Resize the pools live: replicas are added or drained in place, none restarts."""
+    """Resize the pools live (one model's, with --model): replicas are added or drained in
+    place, none restarts."""
     from cluster.ops import scaling
 
     try:
