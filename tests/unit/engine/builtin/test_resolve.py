@@ -36,7 +36,12 @@ def _leftovers(models_dir: Path) -> list[str]:
 
 
 def test_builtin_names() -> None:
-    assert builtin_model_names() == ("builtin:tiny-llama", "builtin:tiny-moe", "builtin:llama-1b")
+    assert builtin_model_names() == (
+        "builtin:tiny-llama",
+        "builtin:tiny-moe",
+        "builtin:mid-moe",
+        "builtin:llama-1b",
+    )
 
 
 def test_resolve_writes_into_the_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
