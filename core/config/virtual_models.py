@@ -15,8 +15,16 @@ from pydantic import Field, field_validator, model_validator
 
 from core.config.base import StrictModel
 
-RESERVED_REASONS = frozenset({"default", "named", "cascade_accepted"})
-"""Reasons the ingress reports itself (plus ``escalated_<check>``); no rule may be named so."""
+DEFAULT_REASON = "default"
+"""No rule matched: the virtual model's default answered."""
+NAMED_REASON = "named"
+"""The request named a served model (not counted: it is no routing decision)."""
+ACCEPTED_REASON = "cascade_accepted"
+"""A cascade kept the default model's answer."""
+ESCALATED_PREFIX = "escalated_"
+"""A cascade escalated: ``escalated_length``, ``escalated_refusal``, ``escalated_low_logprob``."""
+RESERVED_REASONS = frozenset({DEFAULT_REASON, NAMED_REASON, ACCEPTED_REASON})
+"""Reasons the ingress reports itself (plus the escalations); no rule may be named so."""
 
 
 def _compiles(pattern: str | None) -> str | None:
@@ -88,7 +96,7 @@ class RouteRuleConfig(StrictModel):
             raise ValueError(
                 f"min_prompt_tokens ({low}) > max_prompt_tokens ({high}): never matches"
             )
-        if self.reason in RESERVED_REASONS or self.reason.startswith("escalated_"):
+        if self.reason in RESERVED_REASONS or self.reason.startswith(ESCALATED_PREFIX):
             raise ValueError(f"name {self.reason!r} is one of the reasons pdserve itself reports")
         return self
 

@@ -30,6 +30,7 @@ from cluster.ingress.model_routing.cascade import (
 from cluster.ingress.model_routing.replay import as_stream_chunks
 from cluster.ingress.model_routing.router import CASCADE_USAGE_HEADER, ModelPick, ModelRouter
 from cluster.ingress.streaming import SSE_DONE, EventStreamResponse, sse_event
+from core.config.virtual_models import ACCEPTED_REASON, ESCALATED_PREFIX
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,9 @@ class CascadeRunner:
         reason = escalation_reason(cascade, summarize_answer(body, chat=job.chat))
         if reason is None:
             return self._accept(pick, job, strip_logprobs(body) if forced else body)
-        strong = pick.moved_to(self._router.table.find(cascade.escalate_to), f"escalated_{reason}")
+        strong = pick.moved_to(
+            self._router.table.find(cascade.escalate_to), ESCALATED_PREFIX + reason
+        )
         job.headers.update(strong.headers())
         job.headers[CASCADE_USAGE_HEADER] = _spent(pick.route.name, body)
         escalated = await self._generate(strong, job)
@@ -83,7 +86,7 @@ class CascadeRunner:
         return escalated
 
     def _accept(self, pick: ModelPick, job: Job, body: dict[str, Any]) -> Response:
-        accepted = replace(pick, reason="cascade_accepted", cascade=None)
+        accepted = replace(pick, reason=ACCEPTED_REASON, cascade=None)
         job.headers.update(accepted.headers())
         self._router.count(accepted)
         if not pick.data.get("stream"):

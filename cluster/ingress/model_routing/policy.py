@@ -14,9 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.config.virtual_models import CascadeConfig, RouteRuleConfig, VirtualModelConfig
-
-DEFAULT_REASON = "default"
+from core.config.virtual_models import (
+    DEFAULT_REASON,
+    CascadeConfig,
+    RouteRuleConfig,
+    VirtualModelConfig,
+)
 
 
 @dataclass(frozen=True)

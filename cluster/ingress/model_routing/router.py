@@ -18,6 +18,7 @@ from cluster.ingress.metrics import IngressMetrics
 from cluster.ingress.model_routing.policy import choose_model, route_inputs
 from cluster.ingress.model_table import ModelTable, ServedRoute
 from core.config import CascadeConfig
+from core.config.virtual_models import NAMED_REASON
 from core.errors import InvalidRequestError
 
 ROUTED_MODEL_HEADER = "x-pdserve-routed-model"
@@ -35,7 +36,7 @@ class ModelPick:
     """The request body to run on ``route`` (``model`` set to its served name)."""
     virtual: str | None = None
     """The virtual name the client sent (None: it named a served model)."""
-    reason: str = "named"
+    reason: str = NAMED_REASON
     cascade: CascadeConfig | None = None
     """Run the cascade: answer with ``route`` first, escalate on its checks."""
 
