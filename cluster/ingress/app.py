@@ -29,7 +29,7 @@ from cluster.ingress.guards import IngressGuard
 from cluster.ingress.handlers import GenerationHandlers
 from cluster.ingress.metrics import ROLE, IngressMetrics
 from cluster.ingress.model_routing.router import ModelRouter
-from cluster.ingress.model_table import ModelEndpoint, ModelTable, ServedRoute, build_route
+from cluster.ingress.model_table import ModelEndpoint, ModelTable, build_route
 from cluster.ingress.openapi import describe_bodies, json_body
 from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest
 from cluster.ingress.tokenize_routes import DetokenizeRequest, TokenizeRequest, add_tokenize_routes
@@ -58,7 +58,7 @@ def create_app(
     table = ModelTable([build_route(m, metrics) for m in models], virtual_models)
 
     def degraded_now() -> float:
-        return float(any(not route_ready(r)[0] for r in table.routes))
+        return float(any(r.health().degraded for r in table.routes))
 
     metrics.degraded.labels("prefill_unavailable").set_function(degraded_now)
     handlers = GenerationHandlers(table, ModelRouter(table, metrics), gate, metrics)
@@ -108,21 +108,20 @@ def create_app(
         return JSONResponse({"object": "list", "data": data})
 
     def parts() -> dict[str, Any]:
-        states = {r.name: route_ready(r) for r in table.routes}
+        health = {r.name: r.health() for r in table.routes}
         status: dict[str, Any] = {
             "draining": gate.draining,
-            "prefill": all(r.flow.prefill_available() for r in table.routes),
-            "decode": all(r.flow.decode.healthy() for r in table.routes),
+            "prefill": all(h.prefill for h in health.values()),
+            "decode": all(h.decode for h in health.values()),
+            "degraded": (
+                ["prefill_unavailable"] if any(h.degraded for h in health.values()) else []
+            ),
+            "ready": not gate.draining and all(h.ready for h in health.values()),
         }
-        if len(table.routes) > 1:
+        if len(health) > 1:
             status["models"] = {
-                r.name: {"prefill": r.flow.prefill_available(), "decode": r.flow.decode.healthy()}
-                for r in table.routes
+                name: {"prefill": h.prefill, "decode": h.decode} for name, h in health.items()
             }
-        status["degraded"] = sorted(
-            {"prefill_unavailable"} if any(not ok for ok, _ in states.values()) else set()
-        )
-        status["ready"] = not gate.draining and all(ready for _, ready in states.values())
         return status
 
     @app.get("/health")
@@ -152,16 +151,6 @@ def create_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-def route_ready(route: ServedRoute) -> tuple[bool, bool]:
-    """``(prefill_ok, ready)`` of one model: prefill_ok is False while its prefill pool is
-    required and unavailable (degraded); ready while a request sent now would be served."""
-    settings = route.settings
-    prefill = route.flow.prefill_available()
-    prefill_ok = prefill or not settings.prefill_required
-    serves = prefill_ok or settings.scheduler.fallback_to_local_prefill
-    return prefill_ok, serves and route.flow.decode.healthy()
 
 
 def _add_error_handlers(app: FastAPI) -> None:

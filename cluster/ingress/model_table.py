@@ -37,6 +37,20 @@ class ModelEndpoint:
 
 
 @dataclass(frozen=True)
+class ModelHealth:
+    """What ``/health`` and ``/ready`` report of one model."""
+
+    prefill: bool
+    """A remote prefill may be tried now (see ``GenerationFlow.prefill_available``)."""
+    decode: bool
+    """A decode replica reports to the stats board."""
+    degraded: bool
+    """Its prefill pool is required but unavailable: every prompt prefills on decode."""
+    ready: bool
+    """A request sent now would be served."""
+
+
+@dataclass(frozen=True)
 class ServedRoute:
     """One served model inside the ingress."""
 
@@ -51,6 +65,13 @@ class ServedRoute:
     def name(self) -> str:
         """The model's canonical served name."""
         return self.settings.model_name
+
+    def health(self) -> ModelHealth:
+        """This model's health now (with local fallback, decode alone serves every prompt)."""
+        prefill, decode = self.flow.prefill_available(), self.flow.decode.healthy()
+        degraded = self.settings.prefill_required and not prefill
+        serves = not degraded or self.settings.scheduler.fallback_to_local_prefill
+        return ModelHealth(prefill, decode, degraded, serves and decode)
 
 
 def build_route(endpoint: ModelEndpoint, metrics: IngressMetrics) -> ServedRoute:
