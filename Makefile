@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # every replica process when it can, so the serving venv stays without it.
 EVAL_VENV := .venv-eval
 EVAL_STAMP := $(EVAL_VENV)/.installed-stamp
-CHECKED := core engine transfer replica prefill decode cluster
+CHECKED := core engine transfer replica prefill decode cluster loadtest sizer
 
 .PHONY: install install-eval serve test lint unit integration chaos proto bench clean
 
@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
-		-c constraints.txt -e '.[dev]'
+		-c constraints.txt -e '.[serve,dev]'
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 

@@ -30,17 +30,17 @@ import numpy as np
 import ray
 from ray import serve
 
-from cluster.loadtest.client import OpenAIStreamClient
-from cluster.loadtest.metrics import summarize
-from cluster.loadtest.runner import run_sessions
-from cluster.loadtest.text import TextSynthesizer
-from cluster.loadtest.tokens import load_token_counter
-from cluster.loadtest.types import RequestRecord, Session
-from cluster.loadtest.workloads import build_sessions
-from cluster.serve.app import build_app_from_config
+from cluster.serve.app_builder import build_app_from_config
 from cluster.serve.config_file import load_cluster_config
-from core.config import ArrivalConfig, LoadTestTargetConfig, RandomWorkloadConfig, SloConfig
 from engine.builtin import resolve_model
+from loadtest.client import OpenAIStreamClient
+from loadtest.config import ArrivalConfig, LoadTestTargetConfig, RandomWorkloadConfig, SloConfig
+from loadtest.runner import run_sessions
+from loadtest.summary import summarize
+from loadtest.text import TextSynthesizer
+from loadtest.tokens import load_token_counter
+from loadtest.types import RequestRecord, Session
+from loadtest.workloads import build_sessions
 
 MODEL = "builtin:tiny-moe"
 APP = "bench"
@@ -81,7 +81,7 @@ def cluster_config(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         "prefill": {**pool, "num_replicas": 1 if disagg else 0},
         "decode": {**pool, "num_replicas": 1 if disagg else 2},
         "transfer": {"bind_host": "127.0.0.1"},
-        "scheduler": {"local_prefill_threshold_tokens": args.local_prefill_threshold},
+        "disaggregation": {"local_prefill_threshold_tokens": args.local_prefill_threshold},
         "server": {"port": args.port, "num_cpus": 0.25, "max_in_flight_requests": 1024},
         "cluster": {"address": "auto", "app_name": APP},
     }

@@ -33,18 +33,18 @@ import ray
 from ray import serve
 
 from cluster.app import build_app_from_config
-from cluster.loadtest.bench import prepare_sessions
-from cluster.loadtest.client import OpenAIStreamClient
-from cluster.loadtest.flags import validate
-from cluster.loadtest.interference import interference_summary
-from cluster.loadtest.metrics import summarize
-from cluster.loadtest.runner import RunResult, run_sessions
-from cluster.loadtest.tokens import TokenCounter, load_token_counter
-from cluster.loadtest.types import Session
 from cluster.serve.config_file import REPO_CONFIGS, load_cluster_config
-from core.config import ArrivalConfig, LoadTestTargetConfig, SloConfig
 from core.config.files import read_yaml_mapping
 from engine.builtin import resolve_model
+from loadtest.bench import prepare_sessions
+from loadtest.client import OpenAIStreamClient
+from loadtest.config import ArrivalConfig, LoadTestTargetConfig, SloConfig
+from loadtest.flags import validate
+from loadtest.interference import interference_summary
+from loadtest.runner import RunResult, run_sessions
+from loadtest.summary import summarize
+from loadtest.tokens import TokenCounter, load_token_counter
+from loadtest.types import Session
 
 APP = "long-context-bench"
 MODES = ("disaggregated", "colocated")

@@ -37,20 +37,21 @@ from typing import Any
 import httpx
 import ray
 
-from cluster.loadtest.client import OpenAIStreamClient
-from cluster.loadtest.runner import run_sessions
-from cluster.loadtest.text import TextSynthesizer
-from cluster.loadtest.tokens import load_token_counter
-from cluster.loadtest.types import RequestRecord
-from cluster.loadtest.workloads import build_sessions
 from cluster.ops.launcher import deploy
 from cluster.ops.ray_session import start_local_ray
 from cluster.ops.rest import ServeRest
 from cluster.ops.status_view import board_snapshot
 from cluster.planner.profiler import ProfileGrid, profile
 from cluster.serve.config_file import load_cluster_config
-from core.config import ArrivalConfig, LoadTestTargetConfig, RandomWorkloadConfig, RayClusterConfig
+from core.config import RayClusterConfig
 from engine.builtin import resolve_model
+from loadtest.client import OpenAIStreamClient
+from loadtest.config import ArrivalConfig, LoadTestTargetConfig, RandomWorkloadConfig
+from loadtest.runner import run_sessions
+from loadtest.text import TextSynthesizer
+from loadtest.tokens import load_token_counter
+from loadtest.types import RequestRecord
+from loadtest.workloads import build_sessions
 
 MODEL, SERVED, APP = "builtin:tiny-llama", "tiny-llama", "bench-planner"
 # (seconds, requests/s, prompt tokens, output tokens)
@@ -95,7 +96,8 @@ def config(args: argparse.Namespace, mode: str, profile_path: Path | None) -> di
         "prefill": pool,
         "decode": {**pool, "num_replicas": 2} if mode == "chaos" else pool,
         "transfer": {"bind_host": "127.0.0.1"},
-        "scheduler": {"local_prefill_threshold_tokens": 32, "planner": planner},
+        "disaggregation": {"local_prefill_threshold_tokens": 32},
+        "planner": planner,
         "server": {"port": args.port, "num_cpus": 0.25, "max_in_flight_requests": 1024},
         "cluster": {"address": "auto", "app_name": APP},
     }

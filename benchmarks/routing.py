@@ -1,7 +1,7 @@
 """Prefix-aware routing vs round-robin on a shared-prefix, multi-turn workload.
 
 One run, same machine, same Ray, same engine options: the app (2 prefill replicas, 1 decode) is
-deployed with ``scheduler.policy: prefix_aware``, driven, torn down, then deployed again with
+deployed with ``routing.policy: prefix_aware``, driven, torn down, then deployed again with
 ``round_robin`` and driven with the same requests. The workload: ``--groups`` shared document
 prefixes, each used by ``--sessions-per-group`` conversations of ``--turns`` turns; a turn's
 prompt is the document plus every earlier turn plus a new one. The prefill KV budget is sized
@@ -33,8 +33,8 @@ import numpy as np
 import ray
 from ray import serve
 
-from cluster.routing.index_actor import kill_index_actor
-from cluster.serve.app import build_app_from_config
+from cluster.routing.kv_index.actor import kill_index_actor
+from cluster.serve.app_builder import build_app_from_config
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.pool_options import BOARD_DEPLOYMENT, INGRESS_DEPLOYMENT
 from engine.builtin import resolve_model
@@ -126,7 +126,8 @@ def cluster_config(args: argparse.Namespace, policy: str, app: str) -> dict[str,
         },
         "decode": {**pool, "num_replicas": 1},
         "transfer": {"bind_host": "127.0.0.1"},
-        "scheduler": {"policy": policy, "local_prefill_threshold_tokens": 16},
+        "routing": {"policy": policy},
+        "disaggregation": {"local_prefill_threshold_tokens": 16},
         "server": {"port": args.port, "num_cpus": 0.25, "max_in_flight_requests": 1024},
         "cluster": {"address": "auto", "app_name": app},
     }

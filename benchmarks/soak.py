@@ -68,7 +68,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         "prefill": {"num_replicas": 1, "num_cpus": 0.5},
         "decode": {"num_replicas": 1, "num_cpus": 0.5},
         "transfer": {"bind_host": "127.0.0.1", "lease_s": 10.0},
-        "scheduler": {"local_prefill_threshold_tokens": 32},
+        "disaggregation": {"local_prefill_threshold_tokens": 32},
         "server": {"port": args.port, "num_cpus": 0.25, "max_in_flight_requests": 64},
         "cluster": {"address": "auto", "app_name": APP},
     }

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.routing.kv_index import KVIndex
+from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.policies import choose_prefix_aware, choose_round_robin
 from cluster.routing.policy_types import (
     CostWeights,

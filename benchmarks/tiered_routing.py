@@ -38,14 +38,14 @@ import numpy as np
 import ray
 from ray import serve
 
-from cluster.loadtest.routed_client import RoutedRequest, run_poisson, send_routed
-from cluster.loadtest.text import TextSynthesizer
-from cluster.loadtest.tiered_cost import RoutedOutcome, pass_summary, share_answered_by
-from cluster.loadtest.tokens import load_token_counter
-from cluster.serve.app import build_app_from_config
+from cluster.serve.app_builder import build_app_from_config
 from cluster.serve.config_file import load_cluster_config
-from cluster.sizer.model_dir import load_model_shape
 from engine.builtin import resolve_model
+from loadtest.routed_client import RoutedRequest, run_poisson, send_routed
+from loadtest.text import TextSynthesizer
+from loadtest.tiered_cost import RoutedOutcome, pass_summary, share_answered_by
+from loadtest.tokens import load_token_counter
+from sizer.model_dir import load_model_shape
 
 CHECKPOINTS = {"small": "builtin:tiny-llama", "large": "builtin:mid-moe"}
 APP = "tiered"

@@ -1,6 +1,6 @@
 """The public Serve ``import_path``: ``cluster.app:build_app`` (the builder lives in
-``cluster.serve.app``; this module keeps the documented path stable)."""
+``cluster.serve.app_builder``; this module keeps the documented path stable)."""
 
-from cluster.serve.app import build_app, build_app_from_config
+from cluster.serve.app_builder import build_app, build_app_from_config
 
 __all__ = ["build_app", "build_app_from_config"]

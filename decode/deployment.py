@@ -1,6 +1,6 @@
 """The ``Decode`` Ray Serve deployment: one replica runs one :class:`DecodeWorker`.
 
-Plain class; ``cluster.serve.app`` applies the pool's options with ``.options(...)``.
+Plain class; ``cluster.serve.app_builder`` applies the pool's options with ``.options(...)``.
 ``generate`` is a Serve streaming generator (callers use ``handle.options(stream=True)``): it
 takes a plain ``DecodeRequest`` and yields one plain ``TokenChunk`` per engine step (``core.
 codec``). When the caller goes away Serve cancels the generator; closing the worker's stream then

@@ -1,6 +1,6 @@
 """The ``Prefill`` Ray Serve deployment: one replica runs one :class:`PrefillWorker`.
 
-Plain class; ``cluster.serve.app`` turns it into a deployment with the pool's options
+Plain class; ``cluster.serve.app_builder`` turns it into a deployment with the pool's options
 (``serve.deployment(PrefillDeployment).options(...)``), so no constants are baked in here.
 Across the Serve boundary everything is plain data through ``core.codec``: a request is a
 ``PrefillRequest``; the reply a ``PrefillReply`` holding the ``PrefillResult`` or, on a typed

@@ -9,14 +9,14 @@ from transfer.client import KVImportClient
 from transfer.faults import FaultInjection
 from transfer.inproc import InProcKVHub, InProcKVTransport
 from transfer.leases import ReleaseCause
-from transfer.metrics import (
+from transfer.server import KVExportServer
+from transfer.task import TransferTask
+from transfer.transfer_metrics import (
     InMemoryTransferMetrics,
     TransferMetrics,
     TransferMetricsSnapshot,
     TransferSide,
 )
-from transfer.server import KVExportServer
-from transfer.task import TransferTask
 from transfer.transport import GrpcKVTransport, KVTransport
 
 __all__ = [

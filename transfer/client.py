@@ -26,12 +26,12 @@ from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS, ChecksumAlgorithm
 from transfer.codec import ChunkDecodeError, ChunkView, decode_chunk
 from transfer.importer import ImportRunner
-from transfer.metrics import InMemoryTransferMetrics, TransferMetrics
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import SERVICE_NAME, KVTransferClientMethods, message_options
 from transfer.security import call_metadata, channel_credentials, resolve_auth_token
 from transfer.status_codes import details_of, reason_for
 from transfer.task import TransferTask
+from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
 
 logger = logging.getLogger(__name__)
 

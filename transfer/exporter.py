@@ -28,7 +28,7 @@ from transfer.checksums import ChecksumAlgorithm, checksum_pieces, negotiate
 from transfer.chunks import BlockViews, chunk_pieces, plan_chunks, pull_chunk_bytes
 from transfer.faults import FaultInjection
 from transfer.leases import Lease, LeaseTable, OnRelease, ReleaseCause
-from transfer.metrics import TransferMetrics, TransferSide
+from transfer.transfer_metrics import TransferMetrics, TransferSide
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from core.errors import TransferError
 from core.kv_handle import KVHandle, TransferFailure
 from transfer.block_store import BlockStore, check_block_ids
 from transfer.chunks import ChunkWriter
-from transfer.metrics import TransferMetrics, TransferSide
 from transfer.task import TransferTask
+from transfer.transfer_metrics import TransferMetrics, TransferSide
 
 logger = logging.getLogger(__name__)
 

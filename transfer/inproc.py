@@ -23,8 +23,8 @@ from transfer.exporter import KVExporter
 from transfer.faults import FaultInjection
 from transfer.importer import ImportRunner
 from transfer.leases import OnRelease
-from transfer.metrics import InMemoryTransferMetrics, TransferMetrics
 from transfer.task import TransferTask
+from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
 
 
 class InProcKVHub:

@@ -27,11 +27,11 @@ from transfer.codec import encode_chunk
 from transfer.exporter import KVExporter
 from transfer.faults import FaultInjection
 from transfer.leases import OnRelease
-from transfer.metrics import InMemoryTransferMetrics, TransferMetrics
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import SERVICE_NAME, generic_handler, message_options
 from transfer.security import TokenAuthInterceptor, resolve_auth_token, server_credentials
 from transfer.status_codes import REASON_METADATA_KEY, code_for
+from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from transfer.block_store import BlockStore
 from transfer.client import KVImportClient
 from transfer.faults import FaultInjection
 from transfer.leases import OnRelease
-from transfer.metrics import InMemoryTransferMetrics, TransferMetrics
 from transfer.server import KVExportServer
 from transfer.task import TransferTask
+from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
 
 
 class KVTransport(Protocol):

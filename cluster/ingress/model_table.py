@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cluster.ingress.clients import DecodeClient, PrefillClient
-from cluster.ingress.disagg import CachedBlocksFn, DisaggPolicy
-from cluster.ingress.flow import GenerationFlow
-from cluster.ingress.metrics import IngressMetrics
-from cluster.ingress.prompts import PromptBuilder, PromptTokenizer
+from cluster.ingress.dispatch.clients import DecodeClient, PrefillClient
+from cluster.ingress.dispatch.disagg import CachedBlocksFn, DisaggPolicy
+from cluster.ingress.dispatch.flow import GenerationFlow
+from cluster.ingress.openai.prompts import PromptBuilder, PromptTokenizer
 from cluster.ingress.settings import IngressSettings
+from cluster.ingress.telemetry.request_metrics import IngressMetrics
 from core.config import VirtualModelConfig
 from core.errors import ModelNotFoundError
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -70,7 +70,7 @@ class ServedRoute:
         """This model's health now (with local fallback, decode alone serves every prompt)."""
         prefill, decode = self.flow.prefill_available(), self.flow.decode.healthy()
         degraded = self.settings.prefill_required and not prefill
-        serves = not degraded or self.settings.scheduler.fallback_to_local_prefill
+        serves = not degraded or self.settings.disaggregation.fallback_to_local_prefill
         return ModelHealth(prefill, decode, degraded, serves and decode)
 
 
@@ -79,7 +79,7 @@ def build_route(endpoint: ModelEndpoint, metrics: IngressMetrics) -> ServedRoute
     settings, tokenizer = endpoint.settings, endpoint.tokenizer
     labelled = metrics.for_model(settings.model_name)
     policy = DisaggPolicy(
-        settings.scheduler.local_prefill_threshold_tokens,
+        settings.disaggregation.local_prefill_threshold_tokens,
         settings.block_size,
         endpoint.cached_blocks_fn,
     )

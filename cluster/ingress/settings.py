@@ -1,16 +1,17 @@
 """The ingress's parameters: the config sections it reads plus what is derived from the config.
 
-Built by the Serve application from the one ``ClusterConfig`` (``cluster.serve.ingress_settings``):
-the ``server`` and ``scheduler`` sections are the validated config models themselves, so no range
+Built by the Serve application from the one ``ClusterConfig`` (``cluster.serve.ingress_setup``):
+the ``server``, ``routing`` and ``disaggregation`` sections are the validated config models
+themselves, so no range
 or default is repeated here. Plain values only, no runtime state: draining and the in-flight
-count live on :class:`cluster.ingress.admission.RequestGate`, which the app owns.
+count live on :class:`cluster.ingress.http.admission.RequestGate`, which the app owns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.config import SchedulerConfig, ServerConfig
+from core.config import DisaggregationConfig, RoutingConfig, ServerConfig
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,9 @@ class IngressSettings:
     """The engines' block-hash seed (``engine.hash_seed``), so hashes predict real hits."""
     server: ServerConfig = field(default_factory=ServerConfig)
     """The HTTP endpoint's limits and timeouts."""
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    """The routing policy and the migration limit."""
+    disaggregation: DisaggregationConfig = field(default_factory=DisaggregationConfig)
     """Disaggregation threshold and fallback."""
     prefill_required: bool = True
     """True when the prefill pool always keeps a replica: ``/ready`` then waits for one. False

@@ -7,9 +7,8 @@ import logging
 import sys
 
 import typer
-from rich.console import Console
 
-from cluster.loadtest.cli import bench_app
+from cluster.ops.profile_command import profile_command
 from cluster.ops.serve_commands import (
     down_command,
     scale_command,
@@ -17,9 +16,10 @@ from cluster.ops.serve_commands import (
     up_command,
     validate_command,
 )
-from cluster.planner.cli import profile_command
-from cluster.sizer.cli import size_command
+from core.console import fail, print_error
 from core.errors import PdserveError
+from loadtest.bench_app import bench_app
+from sizer.size_command import size_command
 
 
 class DTypeChoice(enum.StrEnum):
@@ -38,13 +38,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err_console = Console(stderr=True)
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print ``message`` to stderr in red and exit non-zero (no traceback)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
-    raise typer.Exit(code)
 
 
 @app.command()
@@ -70,7 +63,6 @@ def generate(
         outputs = llm.generate(prompt, params, use_tqdm=False)
     except PdserveError as e:
         fail(e.message)
-        return
     for text, out in zip(prompt, outputs, strict=True):
         seq = out.outputs[0]
         typer.echo(f"prompt: {text!r}")
@@ -94,7 +86,15 @@ def main() -> None:
     try:
         app()
     except PdserveError as e:  # pragma: no cover - defensive: commands catch their own
-        err_console.print(f"error: {e.message}")
+        print_error(e.message)
+        sys.exit(2)
+    except ModuleNotFoundError as e:
+        # NOTE: the base install is the client side (bench, size, validate); a command that
+        # loads the serving stack on call says what to install instead of a traceback.
+        print_error(
+            f"{e.name} is not installed: this command needs the serving stack "
+            "(pip install 'pdserve[serve]')"
+        )
         sys.exit(2)
 
 

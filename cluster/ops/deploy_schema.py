@@ -12,7 +12,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from cluster.planner.capacity import CapacityModel
+from cluster.planner.capacity_model import CapacityModel
 from cluster.serve.config_file import config_to_mapping
 from cluster.serve.planner_policy import POLICY_FUNCTION
 from core.codec import to_plain
@@ -25,14 +25,14 @@ IMPORT_PATH = "cluster.app:build_app"
 
 def app_schema(config: ClusterConfig) -> dict[str, Any]:
     """One application entry: the builder plus the whole config as its ``args``, and pdserve's
-    planner as the app's autoscaling policy when ``scheduler.planner.mode`` is not ``off``."""
+    planner as the app's autoscaling policy when ``planner.mode`` is not ``off``."""
     entry: dict[str, Any] = {
         "name": config.cluster.app_name,
         "route_prefix": config.cluster.route_prefix,
         "import_path": IMPORT_PATH,
         "args": {"config": config_to_mapping(config)},
     }
-    planner = config.scheduler.planner
+    planner = config.planner
     if planner.mode != "off":
         entry["autoscaling_policy"] = {
             "policy_function": POLICY_FUNCTION,
@@ -44,7 +44,7 @@ def app_schema(config: ClusterConfig) -> dict[str, Any]:
 def planner_kwargs(config: ClusterConfig) -> dict[str, Any]:
     """The planner policy's ``policy_kwargs``: its config and, for ``slo``, the capacity model
     read here (the controller that runs the policy may not see this machine's files)."""
-    planner = config.scheduler.planner
+    planner = config.planner
     kwargs: dict[str, Any] = {"planner": planner.model_dump(mode="json")}
     if planner.mode == "slo" and planner.profile:
         kwargs["capacity"] = to_plain(CapacityModel.load(planner.profile))

@@ -175,7 +175,7 @@ def down(
     url, address, auth_mode = run_state.target(app_name, dashboard_url, ray_address)
     with attached(address, auth_mode=auth_mode):
         ServeRest(url).remove(app_name)
-        from cluster.routing.index_actor import kill_index_actor  # imports ray: after attach
+        from cluster.routing.kv_index.actor import kill_index_actor  # imports ray: after attach
 
         kill_index_actor(app_name)
     run_state.clear_state(app_name)

@@ -12,16 +12,12 @@ import logging
 import typer
 from rich.console import Console
 
+from core.console import fail
 from core.errors import PdserveError
 
 _APP_HELP = "Serve application name (cluster.app_name of the config)."
 console = Console()
 err_console = Console(stderr=True)
-
-
-def _fail(error: PdserveError) -> None:
-    err_console.print(f"[bold red]error:[/] {error.message}", highlight=False)
-    raise typer.Exit(2)
 
 
 def validate_command(
@@ -33,7 +29,7 @@ def validate_command(
     try:
         cfg = load_cluster_config(config)
     except PdserveError as e:
-        _fail(e)
+        fail(e.message)
         return
     models = "; ".join(
         f"model {served.name} ({served.model.name}): " + ", ".join(
@@ -78,7 +74,7 @@ def up_command(
             ),
         )
     except PdserveError as e:
-        _fail(e)
+        fail(e.message)
 
 
 def down_command(
@@ -94,7 +90,7 @@ def down_command(
     try:
         console.print(launcher.down(app_name, dashboard, address))
     except PdserveError as e:
-        _fail(e)
+        fail(e.message)
 
 
 def scale_command(
@@ -114,7 +110,7 @@ def scale_command(
     try:
         replicas = scaling.scale(app_name, prefill, decode, dashboard, address, model)
     except PdserveError as e:
-        _fail(e)
+        fail(e.message)
         return
     asked = ", ".join(f"{name} -> {count}" for name, count in replicas.items())
     console.print(f"scaling {app_name}: {asked}")
@@ -136,7 +132,7 @@ def status_command(
             raise PdserveError(f"no running app {app_name!r} recorded (start it with pdserve up)")
         status = collect_status(state, with_stats=not no_stats)
     except PdserveError as e:
-        _fail(e)
+        fail(e.message)
         return
     if as_json:
         typer.echo(json.dumps(status, indent=2))

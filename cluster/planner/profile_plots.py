@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cluster.planner.capacity import CapacityModel
+from cluster.planner.capacity_model import CapacityModel
 
 
 def write_profile_plots(model: CapacityModel, stem: Path) -> list[Path]:

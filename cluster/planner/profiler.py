@@ -25,7 +25,7 @@ from itertools import count
 
 import numpy as np
 
-from cluster.planner.capacity import CapacityModel, DecodePoint, PrefillPoint
+from cluster.planner.capacity_model import CapacityModel, DecodePoint, PrefillPoint
 from core.config import ClusterConfig
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cluster.planner.capacity import CapacityModel
+from cluster.planner.capacity_model import CapacityModel
 from cluster.planner.load_policy import PoolDecision, Reason, stepped
 from core.config import PlannerConfig
 

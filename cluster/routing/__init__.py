@@ -1,18 +1,17 @@
 """The prefix-aware scheduler: KV index, routing policies, Serve request routers.
 
 Only the Ray-free parts are re-exported here, so importing them never pulls in Ray. The Ray
-parts are imported from their modules: ``cluster.routing.router_config``
+parts are imported from their modules: ``cluster.routing.pool_router_config``
 (``request_router_config``), ``cluster.routing.serve_router`` (the router classes) and
-``cluster.routing.index_actor`` (the index actor and ``IndexPublisherFactory``).
+``cluster.routing.kv_index.actor`` (the index actor and ``IndexPublisherFactory``).
 """
 
-from cluster.routing.event_relay import IndexSink, KVEventPump, KVEventRelay
-from cluster.routing.index_holders import TierHit
-from cluster.routing.index_log import KVIndexFollower, KVIndexServer
-from cluster.routing.index_ops import compact_events
-from cluster.routing.kv_index import ApplyStatus, IndexStats, KVIndex
+from cluster.routing.kv_index.event_relay import IndexSink, KVEventPump, KVEventRelay
+from cluster.routing.kv_index.holders import TierHit
+from cluster.routing.kv_index.index import ApplyStatus, IndexStats, KVIndex
+from cluster.routing.kv_index.ops import compact_events
+from cluster.routing.kv_index.replication import KVIndexFollower, KVIndexServer
 from cluster.routing.load_tracker import LoadTracker
-from cluster.routing.metrics import RoutingMetrics, routing_metrics
 from cluster.routing.policies import (
     LeastLoadedPolicy,
     PrefixAwarePolicy,
@@ -39,7 +38,8 @@ from cluster.routing.registry import (
     register_policy,
 )
 from cluster.routing.request_features import read_routing_keys
-from cluster.routing.router_settings import RouterSettings
+from cluster.routing.router_kwargs import RouterSettings
+from cluster.routing.routing_metrics import RoutingMetrics, routing_metrics
 from cluster.routing.sessions import SessionAffinity, extract_session_id
 
 __all__ = [

@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
-from cluster.routing.index_holders import TierHit
+from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.policy_types import (
     CostWeights,
     HotSpotConfig,

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cluster.routing.index_holders import TierHit
+from cluster.routing.kv_index.holders import TierHit
 from core.hashing import BlockHash
 
 

@@ -1,6 +1,6 @@
 """The routing-policy contract and the registry of the names YAML may use.
 
-``scheduler.policy`` in a cluster YAML is one of :func:`policy_names` (built in:
+``routing.policy`` in a cluster YAML is one of :func:`policy_names` (built in:
 :data:`BUILTIN_POLICY_NAMES`); :func:`make_policy` turns the name (plus optional weights and
 hot-spot thresholds) into a :class:`RoutingPolicy`. A new policy is a class with
 ``name`` and ``choose``, registered with :func:`register_policy`.
@@ -61,6 +61,6 @@ def make_policy(
     if factory is None:
         raise ConfigError(
             f"unknown routing policy {name!r}; expected one of {', '.join(_REGISTRY)}",
-            param="scheduler.policy",
+            param="routing.policy",
         )
     return factory(weights, hot_spot or HotSpotConfig())

@@ -10,12 +10,12 @@ length, session id — computed once by the ingress), describe each candidate
 (:class:`~cluster.routing.load_tracker.LoadTracker` for what this router sent and has not seen
 finish, the replica's ``routing_stats`` for waiting requests and KV blocks, Serve's queue
 length cache when it has one), match the hashes against the local index follower
-(``index_sync``), run the policy, then record the load, the session pin and the metrics.
+(``kv_index.follower``), run the policy, then record the load, the session pin and the metrics.
 
-Where the index lives, and why: a named Ray actor fed by the workers' KV event batches; each
-router keeps a follower copy that a background task on the router's loop updates from the
-actor's change log every ``poll_interval_s`` (see ``index_sync``). ``record_routing_stats`` is
-used only for load figures: it is periodic (seconds) and would have to carry every hash.
+Where the index lives, and why: a named Ray actor fed by the workers' KV event batches; each router
+keeps a follower copy that a background task on the router's loop updates from the actor's change
+log every ``poll_interval_s`` (see ``kv_index.follower``). ``record_routing_stats`` is used only for
+load figures: it is periodic (seconds) and would have to carry every hash.
 
 The deployments must define ``record_routing_stats()`` returning ``core.stats.RoutingStats`` as
 plain data (``core.codec``); a replica that has not reported yet counts as empty.
@@ -30,12 +30,12 @@ from typing import Any, ClassVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from cluster.routing.index_sync import ActorIndexSource, IndexSource, StaticIndexSource
+from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
 from cluster.routing.load_tracker import LoadTracker
-from cluster.routing.metrics import routing_metrics
 from cluster.routing.policy_types import PoolRole, ReplicaLoad, RoutingDecision, RoutingInputs
 from cluster.routing.request_features import read_routing_keys
-from cluster.routing.router_settings import RouterSettings
+from cluster.routing.router_kwargs import RouterSettings
+from cluster.routing.routing_metrics import routing_metrics
 from cluster.routing.sessions import SessionAffinity
 from core.codec import from_plain
 from core.config import pool_key

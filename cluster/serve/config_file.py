@@ -12,10 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import ClusterConfig
-from core.config.files import read_yaml_mapping, resolve_yaml, validate_mapping
-
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-"""The repository's ``configs/`` directory (bare names like ``local`` resolve here)."""
+from core.config.files import REPO_CONFIGS, read_yaml_mapping, resolve_yaml, validate_mapping
 
 
 def resolve_config_path(name: str | Path) -> Path:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from cluster.planner.capacity import CapacityModel
+from cluster.planner.capacity_model import CapacityModel
 from cluster.planner.decisions import PlannerDecision, PlannerLog, decisions_key
 from cluster.planner.load_policy import PoolDecision, PoolLoad, plan_decode, plan_prefill
 from cluster.planner.prediction import TrendPredictor

@@ -1,28 +1,15 @@
 """The configuration schema: pydantic models, unknown keys rejected, every field described.
 
 One schema for one YAML file, split by section: ``base`` (the strict base), ``engine`` (model and
-engine), ``transfer`` (the KV data plane), ``cluster`` (pools, scheduler, server, Ray) and
-``loadtest`` (``pdserve bench`` workloads). Import from ``core.config``.
+engine), ``transfer`` (the KV data plane), ``cluster`` (the root), ``pools``, ``models``,
+``routing`` (routing and disaggregation), ``planner``, ``server``, ``ray_cluster``. Import
+from ``core.config``; ``files`` reads any YAML into a schema (the load tester's own included).
 """
 
 from core.config.base import DType, StrictModel
-from core.config.cluster import ClusterConfig, RayClusterConfig, SchedulerConfig, ServerConfig
+from core.config.cluster import ClusterConfig
 from core.config.engine import EngineConfig, ModelConfig
-from core.config.fault_events import FaultControlConfig, FaultEventConfig
 from core.config.kv_tiers import DiskTierConfig, HostTierConfig, KVTiersConfig, WritePolicy
-from core.config.loadtest import (
-    ArrivalConfig,
-    LengthConfig,
-    LoadTestConfig,
-    LoadTestTargetConfig,
-    LongShortMixWorkloadConfig,
-    MultiTurnWorkloadConfig,
-    RandomWorkloadConfig,
-    SharedPrefixWorkloadConfig,
-    SloConfig,
-    SweepConfig,
-    TraceWorkloadConfig,
-)
 from core.config.models import ServedModel, ServedModelConfig, pool_key, split_pool_key
 from core.config.planner import PlannerConfig
 from core.config.pools import (
@@ -33,45 +20,36 @@ from core.config.pools import (
     PrefillPoolConfig,
     Role,
 )
+from core.config.ray_cluster import RayClusterConfig
+from core.config.routing import DisaggregationConfig, RoutingConfig
+from core.config.server import ServerConfig
 from core.config.transfer import TransferConfig
 from core.config.virtual_models import CascadeConfig, RouteRuleConfig, VirtualModelConfig
 
 __all__ = [
-    "ArrivalConfig",
     "AutoscalingConfig",
     "CascadeConfig",
     "ClusterConfig",
     "DType",
     "DecodePoolConfig",
+    "DisaggregationConfig",
     "DiskTierConfig",
     "EngineConfig",
-    "FaultControlConfig",
-    "FaultEventConfig",
     "HostTierConfig",
     "KVTiersConfig",
-    "LengthConfig",
-    "LoadTestConfig",
-    "LoadTestTargetConfig",
-    "LongShortMixWorkloadConfig",
     "ModelConfig",
-    "MultiTurnWorkloadConfig",
     "NodeSelectorConfig",
     "PlannerConfig",
     "PoolConfig",
     "PrefillPoolConfig",
-    "RandomWorkloadConfig",
     "RayClusterConfig",
     "Role",
     "RouteRuleConfig",
-    "SchedulerConfig",
+    "RoutingConfig",
     "ServedModel",
     "ServedModelConfig",
     "ServerConfig",
-    "SharedPrefixWorkloadConfig",
-    "SloConfig",
     "StrictModel",
-    "SweepConfig",
-    "TraceWorkloadConfig",
     "TransferConfig",
     "VirtualModelConfig",
     "WritePolicy",

@@ -18,6 +18,10 @@ from core.errors import ConfigError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+"""The repository's ``configs/`` directory: bare names (``local``, ``long-context-32k``) resolve
+here (cluster configs) or in its ``loadtest/`` folder (workloads)."""
+
 
 def resolve_yaml(name: str | Path, directory: Path, *, kind: str, param: str) -> Path:
     """``name`` if it is a file, else ``directory/<name>.yaml`` for a bare name (``local``)."""

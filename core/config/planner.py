@@ -1,4 +1,4 @@
-"""``scheduler.planner``: how the prefill and decode pools are sized together, live.
+"""``planner``: how the prefill and decode pools are sized together, live.
 
 ``off`` keeps Serve's own per-deployment autoscaling (ongoing requests per replica). ``load``
 installs pdserve's planner as the application's Serve autoscaling policy: it reads each
@@ -73,7 +73,6 @@ class PlannerConfig(StrictModel):
     def _slo_needs_a_profile(self) -> PlannerConfig:
         if self.mode == "slo" and not self.profile:
             raise ValueError(
-                "scheduler.planner.mode 'slo' needs scheduler.planner.profile "
-                "(the JSON `pdserve profile` writes)"
+                "planner.mode 'slo' needs planner.profile (the JSON `pdserve profile` writes)"
             )
         return self

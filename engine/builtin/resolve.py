@@ -15,14 +15,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from core.env import cache_dir
+from core.builtin_models import BUILTIN_PREFIX, builtin_name, models_dir
 from core.errors import ConfigError, ModelNotFoundError
 from engine.builtin.specs import BUILTIN_SPECS, BuiltinSpec
 from engine.builtin.writer import MARKER_FILE, marker, write_checkpoint
 
 logger = logging.getLogger(__name__)
-
-BUILTIN_PREFIX = "builtin:"
 
 
 def builtin_model_names() -> tuple[str, ...]:
@@ -36,15 +34,15 @@ def resolve_model(name_or_path: str) -> Path:
     Raises :class:`ModelNotFoundError` (``param="model"``) for an unknown built-in name, listing
     the built-ins, or for a path that is not a directory.
     """
-    if name_or_path.startswith(BUILTIN_PREFIX):
-        name = name_or_path[len(BUILTIN_PREFIX) :]
+    name = builtin_name(name_or_path)
+    if name is not None:
         spec = BUILTIN_SPECS.get(name)
         if spec is None:
             known = ", ".join(builtin_model_names())
             raise ModelNotFoundError(
                 f"unknown built-in model {name_or_path!r}; built-ins are: {known}", param="model"
             )
-        return ensure_builtin(spec, cache_dir() / "models")
+        return ensure_builtin(spec, models_dir())
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         raise ModelNotFoundError(

@@ -111,7 +111,7 @@ def app_config(http_port: int, **overrides: Any) -> dict[str, Any]:
             "graceful_shutdown_timeout_s": 10.0,
         },
         "transfer": {"lease_s": 10.0},
-        "scheduler": {"local_prefill_threshold_tokens": THRESHOLD_TOKENS},
+        "disaggregation": {"local_prefill_threshold_tokens": THRESHOLD_TOKENS},
         "server": {
             "port": http_port,
             "num_cpus": 0.25,

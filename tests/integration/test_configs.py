@@ -16,9 +16,9 @@ from pydantic import BaseModel
 from ray.serve import Application
 
 from cluster.ops.deploy_schema import IMPORT_PATH, deploy_schema, scaled_schema
-from cluster.serve.app import build_app
+from cluster.serve.app_builder import build_app
 from cluster.serve.config_file import REPO_CONFIGS, config_to_mapping, load_cluster_config
-from cluster.serve.ingress_settings import load_api_keys
+from cluster.serve.ingress_setup import load_api_keys
 from cluster.serve.pool_options import pool_deployment_options
 from core import config as schema
 from core.config import ClusterConfig
@@ -105,7 +105,7 @@ def _error_of(data: dict[str, Any]) -> ConfigError:
         ({"model": {"name": "m"}, "decode": {"replicas": 2}}, "decode.replicas", "Extra inputs"),
         ({"model": {"name": "m"}, "prefill": {"num_cpus": -1}}, "prefill.num_cpus", "greater"),
         ({"model": {"name": "m"}, "decode": {"kv_failure_policy": "retry"}}, "decode", "fail"),
-        ({"model": {"name": "m"}, "scheduler": {"policy": "random"}}, "scheduler.policy", ""),
+        ({"model": {"name": "m"}, "routing": {"policy": "random"}}, "routing.policy", ""),
         (
             {
                 "model": {"name": "m"},

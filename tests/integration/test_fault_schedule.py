@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from cluster.loadtest.bench import prepare_sessions, run_benchmark
-from cluster.loadtest.flags import validate
-from cluster.loadtest.tokens import WordCounter
 from cluster.ops.scaling import scale
+from loadtest.bench import prepare_sessions, run_benchmark
+from loadtest.flags import validate
+from loadtest.tokens import WordCounter
 from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import APP_NAME, SERVED_NAME, wait_until
 

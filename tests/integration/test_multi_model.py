@@ -61,7 +61,7 @@ def multi_config(port: int) -> dict[str, Any]:
             {"name": "lenient", "default": SMALL, "cascade": cascade(-1000.0)},
         ],
         "engine": engine_section(),
-        "scheduler": {"local_prefill_threshold_tokens": 24},
+        "disaggregation": {"local_prefill_threshold_tokens": 24},
         "server": {"port": port, "num_cpus": 0.25, "max_in_flight_requests": 16},
         "cluster": {"address": "auto", "app_name": APP, "route_prefix": ROUTE},
     }

@@ -16,7 +16,7 @@ import pytest
 
 from cluster.ops.launcher import deploy
 from cluster.ops.status_view import planner_log
-from cluster.planner.capacity import CapacityModel, DecodePoint, PrefillPoint
+from cluster.planner.capacity_model import CapacityModel, DecodePoint, PrefillPoint
 from cluster.serve.config_file import load_cluster_config
 from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import SERVED_NAME, app_config, wait_until

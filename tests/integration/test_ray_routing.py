@@ -17,13 +17,13 @@ import pytest
 import ray
 from ray import cloudpickle, serve
 
-from cluster.routing.index_actor import (
+from cluster.routing.kv_index.actor import (
     IndexPublisherFactory,
     get_or_create_index_actor,
     kill_index_actor,
 )
-from cluster.routing.metrics import routing_metrics
-from cluster.routing.router_config import request_router_config
+from cluster.routing.pool_router_config import request_router_config
+from cluster.routing.routing_metrics import routing_metrics
 from core.codec import from_plain, to_plain
 from core.kv_events import BlockStored, KVEventBatch
 from core.messages import PrefillRequest, RoutingKeys

@@ -16,7 +16,7 @@ import ray
 from ray import serve
 
 from cluster.ops.scaling import scale
-from cluster.routing.index_actor import get_or_create_index_actor
+from cluster.routing.kv_index.actor import get_or_create_index_actor
 from cluster.serve.pool_options import DECODE_DEPLOYMENT, INGRESS_DEPLOYMENT
 from core.hashing import hash_prompt_blocks
 from tests.conftest import ServingApp, SimCluster

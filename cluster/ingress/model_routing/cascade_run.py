@@ -19,7 +19,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
-from cluster.ingress.admission import Admission
+from cluster.ingress.http.admission import Admission
+from cluster.ingress.http.sse import SSE_DONE, EventStreamResponse, sse_event
 from cluster.ingress.model_routing.cascade import (
     escalation_reason,
     needs_logprobs,
@@ -29,7 +30,6 @@ from cluster.ingress.model_routing.cascade import (
 )
 from cluster.ingress.model_routing.replay import as_stream_chunks
 from cluster.ingress.model_routing.router import CASCADE_USAGE_HEADER, ModelPick, ModelRouter
-from cluster.ingress.streaming import SSE_DONE, EventStreamResponse, sse_event
 from core.config.virtual_models import ACCEPTED_REASON, ESCALATED_PREFIX
 
 

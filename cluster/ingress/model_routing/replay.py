@@ -1,12 +1,12 @@
 """A whole response replayed as stream chunks, for a streamed request that the cascade answered
 only once the cheap model's whole answer was in.
 
-The chunks have the shapes ``cluster.ingress.responses`` streams: the same ``id``, ``created``
-and ``model`` on each; ``usage: null`` on every chunk but the last with ``include_usage`` (and
-no ``usage`` key without it); a final usage chunk with no choices. A completions choice is one
-chunk (its whole text, logprobs and finish reason). A chat choice is two: the role with the
-whole text and its logprobs, then an empty delta with the finish reason (and, when the choice
-has logprobs, an empty ``content`` list, as a finish-only delta streams).
+The chunks have the shapes ``cluster.ingress.openai.responses`` streams: the same ``id``,
+``created`` and ``model`` on each; ``usage: null`` on every chunk but the last with
+``include_usage`` (and no ``usage`` key without it); a final usage chunk with no choices. A
+completions choice is one chunk (its whole text, logprobs and finish reason). A chat choice is two:
+the role with the whole text and its logprobs, then an empty delta with the finish reason (and, when
+the choice has logprobs, an empty ``content`` list, as a finish-only delta streams).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cluster.ingress.metrics import IngressMetrics
 from cluster.ingress.model_routing.policy import choose_model, route_inputs
 from cluster.ingress.model_table import ModelTable, ServedRoute
+from cluster.ingress.telemetry.request_metrics import IngressMetrics
 from core.config import CascadeConfig
 from core.config.virtual_models import NAMED_REASON
 from core.errors import InvalidRequestError

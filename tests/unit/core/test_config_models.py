@@ -149,6 +149,6 @@ def test_the_planner_sizes_one_model_only() -> None:
             {"model": SMALL, "prefill": scaled, "decode": scaled},
             {"model": LARGE, "prefill": scaled, "decode": scaled},
         ],
-        "scheduler": {"planner": {"mode": "load"}},
+        "planner": {"mode": "load"},
     }
     assert "with several models use mode off" in refused(data)

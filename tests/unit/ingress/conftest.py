@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from cluster.ingress import IngressSettings, create_app
 from cluster.ingress.model_table import ModelEndpoint
 from core.codec import from_plain, to_plain
-from core.config import SchedulerConfig, ServerConfig
+from core.config import DisaggregationConfig, RoutingConfig, ServerConfig
 from core.errors import ErrorReport, PdserveError, TransferError
 from core.kv_handle import KVHandle
 from core.messages import (
@@ -213,19 +213,22 @@ BASE_SETTINGS = IngressSettings(
     block_size=4,
     hash_seed=0,
     server=ServerConfig(prefill_timeout_s=2.0, chunk_timeout_s=2.0),
-    scheduler=SchedulerConfig(local_prefill_threshold_tokens=8),
+    disaggregation=DisaggregationConfig(local_prefill_threshold_tokens=8),
 )
 
 
 def settings_with(**overrides: Any) -> IngressSettings:
-    """``BASE_SETTINGS`` with ``overrides``; server and scheduler fields go to their section."""
+    """``BASE_SETTINGS`` with ``overrides``; server, routing and disaggregation fields go to
+    their section."""
     server = {k: v for k, v in overrides.items() if k in ServerConfig.model_fields}
-    scheduler = {k: v for k, v in overrides.items() if k in SchedulerConfig.model_fields}
-    rest = {k: v for k, v in overrides.items() if k not in server and k not in scheduler}
+    routing = {k: v for k, v in overrides.items() if k in RoutingConfig.model_fields}
+    disagg = {k: v for k, v in overrides.items() if k in DisaggregationConfig.model_fields}
+    rest = {k: v for k, v in overrides.items() if k not in {*server, *routing, *disagg}}
     return replace(
         BASE_SETTINGS,
         server=BASE_SETTINGS.server.model_copy(update=server),
-        scheduler=BASE_SETTINGS.scheduler.model_copy(update=scheduler),
+        routing=BASE_SETTINGS.routing.model_copy(update=routing),
+        disaggregation=BASE_SETTINGS.disaggregation.model_copy(update=disagg),
         **rest,
     )
 

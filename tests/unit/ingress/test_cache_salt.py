@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster.ingress.prompts import combined_salt
+from cluster.ingress.openai.prompts import combined_salt
 from core.config import ServerConfig
 from core.hashing import hash_prompt_blocks
 from engine.tokenizer import Tokenizer

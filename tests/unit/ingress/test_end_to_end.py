@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from cluster.ingress import IngressSettings, create_app
 from cluster.ingress.model_table import ModelEndpoint
-from core.config import EngineConfig, ModelConfig, SchedulerConfig
+from core.config import DisaggregationConfig, EngineConfig, ModelConfig
 from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
 from core.sampling import SamplingParams
 from decode.worker import DecodeWorker
@@ -119,7 +119,7 @@ def make_app(workers: Workers, prefill: SpyPrefill, decode: SpyDecode) -> FastAP
         max_model_len=512,
         block_size=ENGINE.block_size,
         hash_seed=ENGINE.hash_seed,
-        scheduler=SchedulerConfig(local_prefill_threshold_tokens=THRESHOLD_TOKENS),
+        disaggregation=DisaggregationConfig(local_prefill_threshold_tokens=THRESHOLD_TOKENS),
     )
     return create_app([ModelEndpoint(workers.tokenizer, prefill, decode, settings)])
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cluster.ingress.public_errors import for_client, scrub
+from cluster.ingress.http.public_errors import for_client, scrub
 from core.errors import InvalidRequestError, TransferError, UnavailableError
 
 from .conftest import MODEL, Harness, run

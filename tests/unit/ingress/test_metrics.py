@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.ingress.worker_stats import WorkerStatsCollector
+from cluster.ingress.telemetry.worker_stats import WorkerStatsCollector
 from core.stats import KVTierStats, ReplicaStats, TransferStats
 
 from .conftest import MODEL, FakeDecode, Harness, run

@@ -80,7 +80,7 @@ def test_migration_stops_at_the_limit_and_never_for_the_requests_own_errors(
 
 
 def test_resumed_text_keeps_a_character_split_by_the_break(tokenizer: Tokenizer) -> None:
-    from cluster.ingress.migration import ResumedText
+    from cluster.ingress.dispatch.migration import ResumedText
     from engine.tokenizer import IncrementalDetokenizer
 
     prompt = tokenizer.encode("Say:")

@@ -9,9 +9,9 @@ import openai.types as oai
 import openai.types.chat as oai_chat
 import pytest
 
-from cluster.ingress.flow import Delta, RequestUsage
+from cluster.ingress.dispatch.flow import Delta, RequestUsage
 from cluster.ingress.model_routing import as_stream_chunks
-from cluster.ingress.responses import Choice, ResponseRenderer
+from cluster.ingress.openai.responses import Choice, ResponseRenderer
 from core.messages import LogprobEntry, TokenLogprobs
 
 USAGE = RequestUsage(num_prompt_tokens=7, num_cached_tokens=2, num_generated_tokens=5)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cluster.serve.ingress_settings import build_ingress_settings
+from cluster.serve.ingress_setup import build_ingress_settings
 from core.config import ClusterConfig
 from engine.builtin import resolve_model
 

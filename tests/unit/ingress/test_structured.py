@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from cluster.ingress.schemas import ChatCompletionRequest, CompletionRequest
-from cluster.ingress.structured import structured_output
+from cluster.ingress.openai.schemas import ChatCompletionRequest, CompletionRequest
+from cluster.ingress.openai.structured import structured_output
 from core.errors import SamplingParamsError
 from core.sampling import StructuredOutput
 

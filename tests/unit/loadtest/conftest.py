@@ -295,7 +295,7 @@ def bpe_tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A small byte-level BPE ``tokenizer.json`` (like Llama-3/Qwen2) trained on English words."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from cluster.loadtest import text
+    from loadtest import text
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -326,9 +326,9 @@ def byte_tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture
 def run_bench() -> Callable[..., Any]:
     """``run_bench(base_url, workload=..., arrivals=..., target=..., slo=..., counter=...)``."""
-    from cluster.loadtest.bench import BenchOutput, prepare_sessions, run_benchmark
-    from cluster.loadtest.flags import validate
-    from cluster.loadtest.tokens import TokenCounter, WordCounter
+    from loadtest.bench import BenchOutput, prepare_sessions, run_benchmark
+    from loadtest.flags import validate
+    from loadtest.tokens import TokenCounter, WordCounter
 
     def run(
         base_url: str,

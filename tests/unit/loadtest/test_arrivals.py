@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from cluster.loadtest.arrivals import arrival_times, rate_at
-from core.config import ArrivalConfig
+from loadtest.arrivals import arrival_times, rate_at
+from loadtest.config import ArrivalConfig
 
 
 def _gaps(cfg: ArrivalConfig, n: int, seed: int = 0) -> np.ndarray:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cluster.loadtest.sweep import find_knee, first_non_scaling_step
 from cluster.ops.cli import app
+from loadtest.sweep import find_knee, first_non_scaling_step
 
 from .conftest import FakeBehaviour  # type: ignore[import-not-found]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.loadtest.flags import BenchFlags, build_config
-from core.config import LoadTestConfig, TraceWorkloadConfig
 from core.errors import ConfigError
+from loadtest.config import LoadTestConfig, TraceWorkloadConfig
+from loadtest.flags import BenchFlags, build_config
 
 WORKLOAD_DIR = Path(__file__).resolve().parents[3] / "configs" / "loadtest"
 WORKLOAD_FILES = sorted(WORKLOAD_DIR.glob("*.yaml"))

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cluster.loadtest.calibration import fit, probe_chunks
 from cluster.ops.cli import app
+from loadtest.calibration import fit, probe_chunks
 
 from .conftest import FakeBehaviour  # type: ignore[import-not-found]
 

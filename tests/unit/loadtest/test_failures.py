@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cluster.loadtest.types import FailureKind
+from loadtest.types import FailureKind
 
 from .conftest import FakeBehaviour  # type: ignore[import-not-found]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from cluster.loadtest.fault_report import fault_report, latency_targets, recovery_s
-from cluster.loadtest.fault_schedule import FiredEvent, parse_counters
-from cluster.loadtest.types import RequestRecord
-from core.config import FaultControlConfig, FaultEventConfig, LoadTestConfig, SloConfig
+from loadtest.config import FaultControlConfig, FaultEventConfig, LoadTestConfig, SloConfig
+from loadtest.fault_report import fault_report, latency_targets, recovery_s
+from loadtest.fault_schedule import FiredEvent, parse_counters
+from loadtest.types import RequestRecord
 
 KILL = FaultEventConfig(at_s=2.0, action="kill_replica", pool="decode")
 STALL = FaultEventConfig(at_s=5.0, action="transfer_stall", duration_s=2.0)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cluster.loadtest.bench import prepare_sessions
-from cluster.loadtest.flags import validate
-from cluster.loadtest.interference import interference_summary, split_short_samples
-from cluster.loadtest.tokens import WordCounter
-from cluster.loadtest.types import RequestRecord
 from cluster.ops.cli import app
+from loadtest.bench import prepare_sessions
+from loadtest.flags import validate
+from loadtest.interference import interference_summary, split_short_samples
+from loadtest.tokens import WordCounter
+from loadtest.types import RequestRecord
 
 from .conftest import FakeBehaviour  # type: ignore[import-not-found]
 

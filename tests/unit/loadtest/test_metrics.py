@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.loadtest.metrics import is_good, peak_stats, percentile_key, summarize
-from cluster.loadtest.types import FailureKind, RequestRecord
-from core.config import SloConfig
+from loadtest.config import SloConfig
+from loadtest.summary import is_good, peak_stats, percentile_key, summarize
+from loadtest.types import FailureKind, RequestRecord
 
 
 def _ok(rid: int, start: float, ttft: float, itl: list[float], prompt: int = 10) -> RequestRecord:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cluster.loadtest.failures import failure_reasons, reason_line
-from cluster.loadtest.preflight import request_sizes
-from cluster.loadtest.types import FailureKind, RequestRecord, Session, Turn
 from cluster.ops.cli import app
+from loadtest.failures import failure_reasons, reason_line
+from loadtest.preflight import request_sizes
+from loadtest.types import FailureKind, RequestRecord, Session, Turn
 
 from .conftest import FakeBehaviour  # type: ignore[import-not-found]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.loadtest.server_timing import (
+from loadtest.server_timing import (
     STAGES,
     ServerTiming,
     breakdown_summary,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cluster.loadtest.sse import SSEEvent, SSEParser
+from loadtest.sse import SSEEvent, SSEParser
 
 STREAM = (
     b": ping\n\n"

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from cluster.ingress.model_routing import router
-from cluster.loadtest import routed_client
-from cluster.loadtest.routed_client import RoutedRequest, send_routed
-from cluster.loadtest.tiered_cost import (
+from loadtest import routed_client
+from loadtest.routed_client import RoutedRequest, send_routed
+from loadtest.tiered_cost import (
     CascadeUsage,
     RoutedOutcome,
     parse_cascade_usage,

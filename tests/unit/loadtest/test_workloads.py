@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cluster.loadtest.bench import prepare_sessions
-from cluster.loadtest.flags import validate
-from cluster.loadtest.lengths import sample_length
-from cluster.loadtest.presets import PRESET_WORKLOADS, preset_workload
-from cluster.loadtest.text import TextSynthesizer
-from cluster.loadtest.tokens import HFTokenCounter, TokenCounter, WordCounter, load_token_counter
-from cluster.loadtest.trace import read_trace
-from cluster.loadtest.workloads import build_sessions
-from core.config import LengthConfig, LoadTestConfig
 from core.errors import ConfigError, ModelNotFoundError
+from loadtest.bench import prepare_sessions
+from loadtest.config import LengthConfig, LoadTestConfig
+from loadtest.flags import validate
+from loadtest.lengths import sample_length
+from loadtest.presets import PRESET_WORKLOADS, preset_workload
+from loadtest.text import TextSynthesizer
+from loadtest.tokens import HFTokenCounter, TokenCounter, WordCounter, load_token_counter
+from loadtest.trace import read_trace
+from loadtest.workloads import build_sessions
 
 
 def _counter(kind: str, bpe: str, byte_dir: str) -> TokenCounter:

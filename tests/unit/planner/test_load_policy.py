@@ -113,7 +113,7 @@ def test_the_planner_is_deployed_as_the_apps_autoscaling_policy() -> None:
             "model": {"name": "builtin:tiny-moe"},
             "prefill": pools,
             "decode": pools,
-            "scheduler": {"planner": {"mode": "load", "max_step": 1}},
+            "planner": {"mode": "load", "max_step": 1},
         }
     )
     policy = app_schema(config)["autoscaling_policy"]
@@ -124,5 +124,5 @@ def test_the_planner_is_deployed_as_the_apps_autoscaling_policy() -> None:
     )
     with pytest.raises(ValueError, match="give prefill and decode an autoscaling range"):
         ClusterConfig.model_validate(
-            {"model": {"name": "builtin:tiny-moe"}, "scheduler": {"planner": {"mode": "load"}}}
+            {"model": {"name": "builtin:tiny-moe"}, "planner": {"mode": "load"}}
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.planner.capacity import CapacityModel, DecodePoint, PrefillPoint
+from cluster.planner.capacity_model import CapacityModel, DecodePoint, PrefillPoint
 from cluster.planner.load_policy import Reason
 from cluster.planner.prediction import TrendPredictor
 from cluster.planner.slo_policy import (
@@ -68,7 +68,7 @@ def test_a_bad_profile_file_names_the_field(tmp_path) -> None:
     path.write_text('{"model": "m"}')
     with pytest.raises(ConfigError) as err:
         CapacityModel.load(path)
-    assert err.value.param == "scheduler.planner.profile"
+    assert err.value.param == "planner.profile"
     with pytest.raises(ConfigError, match="pdserve profile"):
         CapacityModel.load(tmp_path / "missing.json")
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from cluster.ops.cli import app
 from cluster.ops.deploy_schema import app_schema
 from cluster.ops.status_view import render_planner
-from cluster.planner.capacity import CapacityModel
+from cluster.planner.capacity_model import CapacityModel
 from cluster.planner.decisions import KEEP, PlannerDecision, PlannerLog
 from cluster.serve.planner_policy import PdservePlanner
 from core.codec import to_plain
@@ -124,11 +124,11 @@ def test_the_slo_planner_needs_a_profile_and_ships_it_in_the_policy_kwargs(tmp_p
     pools = {"autoscaling": {"min_replicas": 1, "max_replicas": 4}}
     base = {"model": {"name": "builtin:tiny-moe"}, "prefill": pools, "decode": pools}
     with pytest.raises(ValueError, match=r"needs scheduler\.planner\.profile"):
-        ClusterConfig.model_validate({**base, "scheduler": {"planner": {"mode": "slo"}}})
+        ClusterConfig.model_validate({**base, "planner": {"mode": "slo"}})
     path = tmp_path / "p.json"
     MODEL.save(path)
     planner_cfg = {"mode": "slo", "profile": str(path)}
-    config = ClusterConfig.model_validate({**base, "scheduler": {"planner": planner_cfg}})
+    config = ClusterConfig.model_validate({**base, "planner": planner_cfg})
     kwargs = app_schema(config)["autoscaling_policy"]["policy_kwargs"]
     assert json.loads(json.dumps(kwargs))["capacity"] == to_plain(MODEL)
     assert PdservePlanner(**kwargs).capacity == MODEL

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from cluster.routing.kv_index import IndexStats
-from cluster.routing.metrics import RoutingMetrics, routing_metrics
+from cluster.routing.kv_index.index import IndexStats
 from cluster.routing.policy_types import RoutingDecision, RoutingReason
+from cluster.routing.routing_metrics import RoutingMetrics, routing_metrics
 
 
 def decision(reason: RoutingReason, cached: int, prompt: int) -> RoutingDecision:

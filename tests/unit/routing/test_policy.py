@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from cluster.routing.index_holders import TierHit
+from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.policies import (
     LeastLoadedPolicy,
     PrefixAwarePolicy,
@@ -246,7 +246,7 @@ def test_registry_names_and_errors() -> None:
     assert isinstance(make_policy("prefix_aware"), PrefixAwarePolicy)
     with pytest.raises(ConfigError) as info:
         make_policy("random")
-    assert info.value.param == "scheduler.policy"
+    assert info.value.param == "routing.policy"
     with pytest.raises(ValueError, match="already registered"):
         register_policy("round_robin", lambda weights, hot_spot: RoundRobinPolicy())
     name = "test_only_first_candidate"

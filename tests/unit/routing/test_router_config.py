@@ -7,8 +7,8 @@ import json
 import pytest
 
 from cluster.routing.policy_types import CostWeights, HotSpotConfig, PoolRole
-from cluster.routing.router_config import request_router_config
-from cluster.routing.router_settings import RouterSettings
+from cluster.routing.pool_router_config import request_router_config
+from cluster.routing.router_kwargs import RouterSettings
 from cluster.routing.serve_router import (
     LeastLoadedRequestRouter,
     PdserveRequestRouter,
@@ -34,7 +34,7 @@ def test_settings_round_trip_through_json_kwargs() -> None:
     [
         ({"pool": "both"}, "request_router_kwargs.pool"),
         ({"pool": "prefill", "colour": 1, "block_size": 16}, "request_router_kwargs.colour"),
-        ({"pool": "prefill", "policy": "random", "block_size": 16}, "scheduler.policy"),
+        ({"pool": "prefill", "policy": "random", "block_size": 16}, "routing.policy"),
         (
             {"pool": "prefill", "weights": {"bogus": 1}, "block_size": 16},
             "request_router_kwargs.weights",

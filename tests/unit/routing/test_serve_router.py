@@ -12,13 +12,13 @@ import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
 from ray.serve.request_router import PendingRequest, ReplicaID
 
-from cluster.routing.index_log import KVIndexServer
-from cluster.routing.index_sync import (
+from cluster.routing.kv_index.follower import (
     ActorIndexSource,
     StaticIndexSource,
 )
-from cluster.routing.kv_index import KVIndex
-from cluster.routing.metrics import RoutingMetrics
+from cluster.routing.kv_index.index import KVIndex
+from cluster.routing.kv_index.replication import KVIndexServer
+from cluster.routing.routing_metrics import RoutingMetrics
 from cluster.routing.serve_router import (
     PdserveRequestRouter,
     PrefixAwareRequestRouter,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from cluster.ingress.worker_stats import WorkerStatsCollector
+from cluster.ingress.telemetry.worker_stats import WorkerStatsCollector
 from cluster.ops.scaling import model_scope
 from cluster.ops.status_view import pool_rows
 from cluster.serve.pool_options import pool_deployment_name, pool_of_deployment

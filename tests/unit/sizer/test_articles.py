@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.sizer.capacity import SizingInputs, plan_capacity
-from cluster.sizer.presets import get_preset
-from cluster.sizer.shape import ModelShape
+from sizer.kv_capacity import SizingInputs, plan_capacity
+from sizer.presets import get_preset
+from sizer.shape import ModelShape
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 

@@ -8,10 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cluster.ops.cli import app
-from cluster.sizer.capacity import SizingInputs, plan_capacity
-from cluster.sizer.presets import get_preset
-from cluster.sizer.sizing import SizingRequest, size_model
 from core.errors import ConfigError, KVCacheError
+from sizer.kv_capacity import SizingInputs, plan_capacity
+from sizer.presets import get_preset
+from sizer.sizing import SizingRequest, size_model
 
 H100 = 80 * 10**9
 runner = CliRunner()

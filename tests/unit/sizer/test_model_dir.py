@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cluster.sizer.model_dir import load_model_shape, shape_from_config
-from cluster.sizer.presets import find_preset, get_preset, preset_names
 from core.errors import ModelNotFoundError
+from sizer.model_dir import load_model_shape, shape_from_config
+from sizer.presets import find_preset, get_preset, preset_names
 
 QWEN25_7B = {
     "architectures": ["Qwen2ForCausalLM"],

@@ -17,10 +17,10 @@ from core.kv_handle import TransferFailure, TransferState
 from replica.kv_token import KVToken
 from transfer import KVExportServer, KVImportClient, NumpyBlockStore, ReleaseCause
 from transfer.addressing import host_port, is_loopback, is_wildcard, node_address
-from transfer.metrics import TransferSide
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import KVTransferClientMethods
 from transfer.security import resolve_auth_token
+from transfer.transfer_metrics import TransferSide
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -108,7 +108,7 @@ def test_quantized_blocks_transfer_bit_exact_and_tier_round_trip() -> None:
 
 
 def test_the_sizer_counts_what_the_engine_allocates() -> None:
-    from cluster.sizer.model_dir import load_model_shape
+    from sizer.model_dir import load_model_shape
 
     shape = load_model_shape("builtin:tiny-llama")
     for kv_cache_dtype, sizer_dtype in (("int8", "int8"), ("fp8_e4m3", "fp8")):

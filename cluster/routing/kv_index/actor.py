@@ -1,0 +1,147 @@
+"""The KV index as a named, detached Ray actor, and the worker-side hook that feeds it.
+
+One actor per Serve application (name ``pdserve-kv-index-<app>`` in namespace ``pdserve``),
+created on first use by whichever side needs it first (``get_if_exists``), with 0 CPUs.
+Detached so that it does not share the fate of the replica that happened to create it; a
+restart gives it a new epoch, after which routers reload and workers resync by themselves.
+``pdserve down`` removes it with :func:`kill_index_actor`.
+
+Worker wiring (in the roles' ``deployment.py``, through the factory the app builder passes)::
+
+    publisher = factory.start(serve.get_replica_context().replica_id.unique_id,
+                              serve.get_replica_context().app_name)
+    worker = build_prefill_worker(..., kv_event_callback=publisher.callback)
+    ...
+    publisher.close()       # on shutdown: stop the thread, deregister from the index
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from cluster.routing.kv_index.event_relay import KVEventPump, KVEventRelay
+from cluster.routing.kv_index.ops import TierSnapshot
+from cluster.routing.kv_index.replication import KVIndexServer
+from core.kv_events import KVEventBatch
+
+logger = logging.getLogger(__name__)
+
+INDEX_NAMESPACE = "pdserve"
+
+KVIndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(KVIndexServer)
+
+
+def index_actor_name(app_name: str) -> str:
+    """The actor name of an application's KV index."""
+    return f"pdserve-kv-index-{app_name or 'default'}"
+
+
+def get_or_create_index_actor(
+    app_name: str, *, namespace: str = INDEX_NAMESPACE, replica_ttl_s: float = 30.0
+) -> Any:
+    """The application's index actor handle, creating it if needed (a blocking GCS call:
+    never call this on an event loop; use ``asyncio.to_thread``)."""
+    return KVIndexActor.options(
+        name=index_actor_name(app_name),
+        namespace=namespace,
+        get_if_exists=True,
+        lifetime="detached",
+    ).remote(replica_ttl_s=replica_ttl_s)
+
+
+def kill_index_actor(app_name: str, *, namespace: str = INDEX_NAMESPACE) -> bool:
+    """Remove the application's index actor; False when there was none."""
+    try:
+        actor = ray.get_actor(index_actor_name(app_name), namespace=namespace)
+    except ValueError:
+        return False
+    ray.kill(actor, no_restart=True)
+    return True
+
+
+class ActorIndexSink:
+    """:class:`~cluster.routing.kv_index.event_relay.IndexSink` over the actor, for the pump thread
+    (blocking ``ray.get`` with a timeout; re-looks the actor up after a failure)."""
+
+    def __init__(self, app_name: str, *, namespace: str, timeout_s: float = 5.0) -> None:
+        self._app_name = app_name
+        self._namespace = namespace
+        self._timeout_s = timeout_s
+        self._actor: Any = None
+
+    def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """See ``IndexSink.publish``."""
+        reply: dict[str, Any] = self._call("publish", replica_id, list(batches))
+        return reply
+
+    def resync(
+        self,
+        replica_id: str,
+        pool: str,
+        hashes: Sequence[int],
+        seq: int,
+        tiers: TierSnapshot | None = None,
+    ) -> None:
+        """See ``IndexSink.resync``."""
+        lower = {medium: list(h) for medium, h in (tiers or {}).items()}
+        self._call("resync", replica_id, pool, list(hashes), seq, lower)
+
+    def remove_replica(self, replica_id: str) -> bool:
+        """See ``IndexSink.remove_replica``."""
+        return bool(self._call("remove_replica", replica_id))
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if self._actor is None:
+            self._actor = get_or_create_index_actor(self._app_name, namespace=self._namespace)
+        try:
+            return ray.get(getattr(self._actor, method).remote(*args), timeout=self._timeout_s)
+        except Exception:
+            self._actor = None  # look it up again next time (it may have been recreated)
+            raise
+
+
+@dataclass
+class IndexPublisher:
+    """A running worker-side hook: ``callback`` goes to the engine, ``close`` on shutdown."""
+
+    relay: KVEventRelay
+    pump: KVEventPump
+
+    def callback(self, batch: KVEventBatch) -> None:
+        """The engine's ``kv_event_callback``."""
+        self.relay(batch)
+
+    def close(self) -> None:
+        """Stop publishing and deregister the replica from the index."""
+        self.pump.close()
+
+
+@dataclass(frozen=True)
+class IndexPublisherFactory:
+    """Picklable settings the app builder passes to each Prefill/Decode deployment."""
+
+    pool: str
+    namespace: str = INDEX_NAMESPACE
+    flush_interval_s: float = 0.01
+    heartbeat_s: float = 2.0
+
+    def start(self, replica_id: str, app_name: str) -> IndexPublisher:
+        """Create the relay and start the pump thread for one replica."""
+        relay = KVEventRelay()
+        sink = ActorIndexSink(app_name, namespace=self.namespace)
+        pump = KVEventPump(
+            relay,
+            sink,
+            replica_id,
+            self.pool,
+            flush_interval_s=self.flush_interval_s,
+            heartbeat_s=self.heartbeat_s,
+        )
+        pump.start()
+        logger.info("replica %s publishes KV events to %s", replica_id, index_actor_name(app_name))
+        return IndexPublisher(relay, pump)

@@ -1,0 +1,167 @@
+"""The router-side copy of the KV index, kept current by a background task.
+
+Why a local follower and not a query per request: a Ray actor call costs ~0.7 ms and would put the
+index actor on every request's path; replica-reported ``routing_stats`` arrive every few seconds and
+would have to carry every cached hash. Instead each router polls the index actor's change log every
+``poll_interval_s`` (``KVIndexServer.updates``) from a task on its own event loop, and matches
+prompts against its local :class:`~cluster.routing.kv_index.replication.KVIndexFollower` in
+microseconds: a routing decision never awaits anything. When the last successful poll is older than
+``max_staleness_s`` the view reports itself unavailable and the policy falls back to load (reason
+``degraded_index``).
+
+:class:`IndexSource` is what the router needs; :class:`StaticIndexSource` serves a fixed index
+(tests, benchmarks of the policy) and :class:`ActorIndexSource` is the Ray implementation. The
+ingress holds one of its own (an explicit handle, passed to its disaggregation decision) to ask
+how much of a prompt the decode pool already caches (:meth:`ActorIndexSource.best_match`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import ray
+
+from cluster.routing.kv_index.actor import get_or_create_index_actor
+from cluster.routing.kv_index.index import KVIndex
+from cluster.routing.kv_index.replication import KVIndexFollower
+from cluster.routing.routing_metrics import RoutingMetrics
+
+logger = logging.getLogger(__name__)
+
+_MAX_BACKOFF_S = 2.0
+
+
+class IndexSource(Protocol):
+    """The router's access to the KV index."""
+
+    def ensure_started(self) -> None:
+        """Start background syncing if not yet running (called on the router's loop)."""
+        ...
+
+    def view(self) -> KVIndex | None:
+        """The current index, or ``None`` when it is missing or too stale to trust."""
+        ...
+
+    def report_replica_gone(self, replica_id: str) -> None:
+        """Tell the index a replica died (fire and forget; never blocks)."""
+        ...
+
+
+class StaticIndexSource:
+    """An :class:`IndexSource` over a given index (``None``: no index available)."""
+
+    def __init__(self, index: KVIndex | None) -> None:
+        self.index = index
+        self.gone: list[str] = []
+
+    def ensure_started(self) -> None:
+        """Nothing to start."""
+
+    def view(self) -> KVIndex | None:
+        """The given index."""
+        return self.index
+
+    def report_replica_gone(self, replica_id: str) -> None:
+        """Remove it from the given index."""
+        self.gone.append(replica_id)
+        if self.index is not None:
+            self.index.remove_replica(replica_id)
+
+
+class ActorIndexSource:
+    """Follows the application's index actor from a task on the router's event loop."""
+
+    def __init__(
+        self,
+        app_name: str,
+        *,
+        namespace: str,
+        metrics: RoutingMetrics,
+        poll_interval_s: float = 0.05,
+        max_staleness_s: float = 5.0,
+        call_timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        actor: Any = None,
+    ) -> None:
+        """``actor``: an index actor handle to use instead of looking it up by name."""
+        self.app_name = app_name
+        self.namespace = namespace
+        self.poll_interval_s = poll_interval_s
+        self.max_staleness_s = max_staleness_s
+        self.call_timeout_s = call_timeout_s
+        self.follower = KVIndexFollower()
+        self._metrics = metrics
+        self._clock = clock
+        self._last_sync_s: float | None = None
+        self._actor: Any = actor
+        self._task: asyncio.Task[None] | None = None
+        self._lock = threading.Lock()  # for readers on other threads (best_match)
+
+    def ensure_started(self) -> None:
+        """Start the polling task on the running loop (once)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        """Stop polling (the owner is going away)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    def view(self) -> KVIndex | None:
+        """The follower's index while the last sync is recent enough."""
+        if self._last_sync_s is None or self._clock() - self._last_sync_s > self.max_staleness_s:
+            return None
+        return self.follower.index
+
+    def best_match(self, pool: str, block_hashes: Sequence[int]) -> int:
+        """The longest usable prefix (in blocks, device plus host and disk tiers) over
+        ``pool``'s healthy replicas; 0 while the view is unavailable. Safe from any thread."""
+        with self._lock:
+            index = self.view()
+            if index is None:
+                return 0
+            return max(index.match(pool, block_hashes).values(), default=0)
+
+    def report_replica_gone(self, replica_id: str) -> None:
+        """Ask the actor to drop the replica (its log then tells every router)."""
+        if self._actor is not None:
+            self._actor.remove_replica.remote(replica_id)
+
+    async def sync_once(self) -> None:
+        """One poll: fetch and apply the changes since the last one."""
+        if self._actor is None:
+            self._actor = await asyncio.to_thread(
+                get_or_create_index_actor, self.app_name, namespace=self.namespace
+            )
+        ref = self._actor.updates.remote(self.follower.epoch, self.follower.cursor)
+        update = await asyncio.wait_for(ref, self.call_timeout_s)
+        with self._lock:
+            self.follower.apply_update(update)
+        self._last_sync_s = self._clock()
+        self._metrics.record_index(self.follower.index.stats())
+
+    async def _run(self) -> None:
+        num_failures = 0
+        while ray.is_initialized():  # after ray.shutdown() stop, never auto-start a new Ray
+            try:
+                await self.sync_once()
+                num_failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the actor is remote: keep trying, the view goes stale
+                num_failures += 1
+                log = logger.warning if num_failures == 1 else logger.debug
+                log(
+                    "KV index sync failed for app %s (%d in a row): %s",
+                    self.app_name,
+                    num_failures,
+                    e,
+                )
+                self._actor = None
+            backoff_s = min(self.poll_interval_s * 2 ** min(num_failures, 10), _MAX_BACKOFF_S)
+            await asyncio.sleep(backoff_s)

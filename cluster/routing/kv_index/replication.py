@@ -1,0 +1,231 @@
+"""Replicating the KV index: the authoritative server and the routers' followers.
+
+:class:`KVIndexServer` is the state machine inside the index actor. Workers call
+:meth:`~KVIndexServer.publish` with compact event batches, :meth:`~KVIndexServer.resync` with
+snapshots and :meth:`~KVIndexServer.remove_replica` when they drain; a replica silent for
+``replica_ttl_s`` (crashed without draining) is removed. Every operation that changed the index
+is appended to a bounded log; because :class:`~cluster.routing.kv_index.index.KVIndex` is
+deterministic, a :class:`KVIndexFollower` replaying the same log holds the same index.
+
+Routers poll :meth:`~KVIndexServer.updates` with ``(epoch, cursor)`` and get the new log
+entries, or a full export when they are new, fell behind the trimmed log, or the server
+restarted (a new ``epoch``). Everything crossing the actor boundary is JSON-shaped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cluster.routing.kv_index.index import ApplyStatus, IndexStats, KVIndex
+from cluster.routing.kv_index.ops import IndexOp, TierSnapshot, parse_op, parse_tiers
+
+logger = logging.getLogger(__name__)
+
+LogEntry = dict[str, Any]
+_CHANGED = (ApplyStatus.APPLIED, ApplyStatus.GAP)
+
+
+def batch_ops(batch: dict[str, Any]) -> list[IndexOp]:
+    """The ``ops`` of a compact batch dict (``[kind, hashes, medium]`` lists or tuples)."""
+    return [parse_op(op) for op in batch["ops"]]
+
+
+class KVIndexServer:
+    """The authoritative index plus its change log (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        replica_ttl_s: float = 30.0,
+        max_log_entries: int = 4096,
+        max_log_hashes: int = 1 << 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.epoch = uuid.uuid4().hex
+        self.index = KVIndex()
+        self.replica_ttl_s = replica_ttl_s
+        self._max_log_entries = max_log_entries
+        self._max_log_hashes = max_log_hashes
+        self._clock = clock
+        self._log: deque[tuple[int, LogEntry]] = deque()  # (num hashes, entry)
+        self._first_cursor = 0  # cursor of self._log[0]
+        self._num_log_hashes = 0
+        self._last_seen_s: dict[str, float] = {}
+
+    @property
+    def cursor(self) -> int:
+        """The cursor after the newest log entry."""
+        return self._first_cursor + len(self._log)
+
+    def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Apply a replica's batches in order (an empty list is a heartbeat).
+
+        Returns ``{"resync": bool}``: True asks the worker for a snapshot (unknown replica,
+        a gap, or still degraded).
+        """
+        self._expire_silent()
+        self._last_seen_s[replica_id] = self._clock()
+        for batch in batches:
+            seq = int(batch["replica_seq"])
+            ops = batch_ops(batch)
+            status = self.index.apply_ops(replica_id, seq, ops)
+            if status in _CHANGED:
+                self._append(
+                    {"kind": "batch", "replica_id": replica_id, "seq": seq, "ops": ops},
+                    sum(len(op.hashes) for op in ops),
+                )
+            if status in (ApplyStatus.GAP, ApplyStatus.NEEDS_RESYNC):
+                break
+        return {"resync": self.index.needs_resync(replica_id)}
+
+    def resync(
+        self,
+        replica_id: str,
+        pool: str,
+        hashes: Sequence[int],
+        seq: int,
+        tiers: TierSnapshot | None = None,
+    ) -> None:
+        """Install a snapshot of a replica's cache, device ``hashes`` and lower ``tiers``
+        (also how a replica registers)."""
+        self._last_seen_s[replica_id] = self._clock()
+        hashes = [int(h) for h in hashes]
+        lower = parse_tiers(tiers)
+        self.index.resync(replica_id, hashes, seq, pool=pool, tiers=lower)
+        entry = {"kind": "resync", "replica_id": replica_id, "pool": pool, "tiers": lower}
+        num_lower = sum(len(h) for h in lower.values())
+        self._append({**entry, "hashes": hashes, "seq": seq}, len(hashes) + num_lower)
+        logger.info(
+            "KV index: replica %s (%s) resynced, %d device and %d host/disk blocks",
+            replica_id,
+            pool,
+            len(hashes),
+            num_lower,
+        )
+
+    def remove_replica(self, replica_id: str) -> bool:
+        """Forget a replica (drained or died); False when it was unknown."""
+        self._last_seen_s.pop(replica_id, None)
+        if not self.index.remove_replica(replica_id):
+            return False
+        self._append({"kind": "remove", "replica_id": replica_id}, 0)
+        logger.info("KV index: replica %s removed", replica_id)
+        return True
+
+    def updates(self, epoch: str | None, cursor: int) -> dict[str, Any]:
+        """Log entries after ``cursor``, or ``{"snapshot": ...}`` when that is not possible."""
+        self._expire_silent()
+        reply: dict[str, Any] = {"epoch": self.epoch, "cursor": self.cursor}
+        if epoch != self.epoch or not self._first_cursor <= cursor <= self.cursor:
+            reply["snapshot"] = export_index(self.index)
+        else:
+            start = cursor - self._first_cursor
+            reply["entries"] = [entry for _, entry in itertools.islice(self._log, start, None)]
+        return reply
+
+    def stats(self) -> dict[str, int]:
+        """Index size and degraded replicas, plus the log length."""
+        stats = self.index.stats()
+        return {**_stats_dict(stats), "num_log_entries": len(self._log)}
+
+    def _expire_silent(self) -> None:
+        deadline_s = self._clock() - self.replica_ttl_s
+        for replica_id, seen_s in list(self._last_seen_s.items()):
+            if seen_s < deadline_s:
+                logger.warning("KV index: replica %s silent for too long", replica_id)
+                self.remove_replica(replica_id)
+
+    def _append(self, entry: LogEntry, num_hashes: int) -> None:
+        self._log.append((num_hashes, entry))
+        self._num_log_hashes += num_hashes
+        while len(self._log) > 1 and (
+            len(self._log) > self._max_log_entries or self._num_log_hashes > self._max_log_hashes
+        ):
+            dropped, _ = self._log.popleft()
+            self._num_log_hashes -= dropped
+            self._first_cursor += 1
+
+
+class KVIndexFollower:
+    """A router's copy of the index, kept current by :meth:`apply_update`."""
+
+    def __init__(self) -> None:
+        self.index = KVIndex()
+        self.epoch: str | None = None
+        self.cursor = 0
+
+    def apply_update(self, update: dict[str, Any]) -> None:
+        """Apply one :meth:`KVIndexServer.updates` reply."""
+        if "snapshot" in update:
+            self.index = load_index(update["snapshot"])
+        else:
+            for entry in update["entries"]:
+                self._replay(entry)
+        self.epoch = update["epoch"]
+        self.cursor = int(update["cursor"])
+
+    def _replay(self, entry: LogEntry) -> None:
+        kind, replica_id = entry["kind"], entry["replica_id"]
+        if kind == "batch":
+            self.index.apply_ops(replica_id, int(entry["seq"]), batch_ops(entry))
+        elif kind == "resync":
+            self.index.resync(
+                replica_id,
+                entry["hashes"],
+                int(entry["seq"]),
+                pool=entry["pool"],
+                tiers=parse_tiers(entry.get("tiers")),
+            )
+        elif kind == "remove":
+            self.index.remove_replica(replica_id)
+        else:
+            raise ValueError(f"unknown KV index log entry kind {kind!r}")
+
+
+def export_index(index: KVIndex) -> dict[str, Any]:
+    """A JSON-shaped snapshot of a whole index (for followers that fell behind)."""
+    return {
+        "replicas": [
+            {
+                "replica_id": replica_id,
+                "pool": index.pool_of(replica_id),
+                "last_seq": index.last_seq(replica_id),
+                "degraded": index.is_degraded(replica_id),
+                "hashes": sorted(index.cached_hashes(replica_id)),
+                "tiers": {m: sorted(index.cached_hashes(replica_id, m)) for m in ("host", "disk")},
+            }
+            for replica_id in index.replica_ids()
+        ]
+    }
+
+
+def load_index(data: dict[str, Any]) -> KVIndex:
+    """Rebuild an index from :func:`export_index`."""
+    index = KVIndex()
+    for item in data["replicas"]:
+        replica_id = str(item["replica_id"])
+        index.resync(
+            replica_id,
+            item["hashes"],
+            int(item["last_seq"]) + 1,
+            pool=item["pool"],
+            tiers=parse_tiers(item.get("tiers")),
+        )
+        if item["degraded"]:
+            index.mark_degraded(replica_id)
+    return index
+
+
+def _stats_dict(stats: IndexStats) -> dict[str, int]:
+    return {
+        "num_replicas": stats.num_replicas,
+        "num_degraded_replicas": stats.num_degraded_replicas,
+        "num_entries": stats.num_entries,
+        "num_hashes": stats.num_hashes,
+    }

@@ -1,0 +1,131 @@
+"""Routing metrics as plain counters with a JSON-shaped :meth:`RoutingMetrics.snapshot`.
+
+Serve constructs the request routers inside the ingress process, so they record into the
+process-wide :func:`routing_metrics` object and the ingress's ``/metrics`` renders the snapshot
+(suggested names: ``pdserve:routing_decisions_total{pool,reason}``,
+``pdserve:routing_prefix_hit_rate{pool}`` (cached over prompt blocks at the chosen replica),
+``pdserve:routing_decision_seconds{pool}`` (histogram), ``pdserve:kv_index_entries``,
+``pdserve:kv_index_degraded_replicas``). Thread-safe: Serve may run routers on its own loop
+thread while the ingress reads.
+
+Snapshot shape::
+
+    {"pools": {pool: {"decisions_total": {reason: n}, "prompt_blocks_total": n,
+                      "cached_blocks_total": n, "prefix_hit_rate": f,
+                      "decision_latency_s": {"count": n, "sum": f, "p50": f, "p99": f,
+                                             "buckets": {"0.0001": n, ..., "+Inf": n}}}},
+     "index": {"num_replicas": n, "num_degraded_replicas": n, "num_entries": n,
+               "num_hashes": n}}
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.routing.kv_index.index import IndexStats
+from cluster.routing.policy_types import RoutingDecision
+
+LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+_RECENT_LATENCIES = 2048
+
+
+@dataclass
+class _PoolMetrics:
+    decisions: Counter[str] = field(default_factory=Counter)
+    prompt_blocks_total: int = 0
+    cached_blocks_total: int = 0
+    latency_count: int = 0
+    latency_sum_s: float = 0.0
+    bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_LATENCIES))
+
+    def snapshot(self) -> dict[str, Any]:
+        cumulative, buckets = 0, {}
+        for bound, count in zip((*LATENCY_BUCKETS_S, math.inf), self.bucket_counts, strict=True):
+            cumulative += count
+            buckets["+Inf" if bound == math.inf else repr(bound)] = cumulative
+        recent = sorted(self.recent_s)
+        return {
+            "decisions_total": dict(self.decisions),
+            "prompt_blocks_total": self.prompt_blocks_total,
+            "cached_blocks_total": self.cached_blocks_total,
+            "prefix_hit_rate": (
+                self.cached_blocks_total / self.prompt_blocks_total
+                if self.prompt_blocks_total
+                else 0.0
+            ),
+            "decision_latency_s": {
+                "count": self.latency_count,
+                "sum": self.latency_sum_s,
+                "p50": _quantile(recent, 0.5),
+                "p99": _quantile(recent, 0.99),
+                "buckets": buckets,
+            },
+        }
+
+
+class RoutingMetrics:
+    """Decisions by reason, prefix hit rate and decision latency per pool; index size."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[str, _PoolMetrics] = {}
+        self._index: dict[str, float] = {}
+
+    def record_decision(self, pool: str, decision: RoutingDecision, latency_s: float) -> None:
+        """Count one routing decision and how long it took."""
+        with self._lock:
+            metrics = self._pools.setdefault(pool, _PoolMetrics())
+            metrics.decisions[decision.reason.value] += 1
+            metrics.prompt_blocks_total += decision.num_prompt_blocks
+            metrics.cached_blocks_total += decision.num_cached_blocks
+            metrics.latency_count += 1
+            metrics.latency_sum_s += latency_s
+            bucket = next(
+                (i for i, b in enumerate(LATENCY_BUCKETS_S) if latency_s <= b),
+                len(LATENCY_BUCKETS_S),
+            )
+            metrics.bucket_counts[bucket] += 1
+            metrics.recent_s.append(latency_s)
+
+    def record_index(self, stats: IndexStats) -> None:
+        """Remember the index size seen by the latest sync (a gauge)."""
+        with self._lock:
+            self._index = {
+                "num_replicas": stats.num_replicas,
+                "num_degraded_replicas": stats.num_degraded_replicas,
+                "num_entries": stats.num_entries,
+                "num_hashes": stats.num_hashes,
+            }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every metric as a JSON-shaped dict (the shape in the module docstring)."""
+        with self._lock:
+            return {
+                "pools": {pool: m.snapshot() for pool, m in self._pools.items()},
+                "index": dict(self._index),
+            }
+
+    def reset(self) -> None:
+        """Forget everything (benchmarks between runs, tests)."""
+        with self._lock:
+            self._pools.clear()
+            self._index.clear()
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+_PROCESS_METRICS = RoutingMetrics()
+
+
+def routing_metrics() -> RoutingMetrics:
+    """The metrics every router in this process records into."""
+    return _PROCESS_METRICS

@@ -1,0 +1,172 @@
+"""The ``Ingress`` Serve deployment: the OpenAI FastAPI app wired to the pools' handles.
+
+The app itself (routes, SSE, errors, metrics) is ``cluster.ingress.create_app``; this class
+builds it inside the replica (Serve's late-bound ``@serve.ingress()`` calls
+``__serve_build_asgi_app__``) from the cluster config plus handles to each served model's
+Prefill and Decode (no Prefill handle for a model without a prefill pool) and the stats
+board. On shutdown it drains: new requests get 503 while those in flight finish.
+
+Routing wiring: the ingress computes each request's ``RoutingKeys`` (block hashes, session id)
+once and the pools' request routers read them from the request; the disaggregation decision asks
+the ingress's own follower of the app's KV index (an :class:`ActorIndexSource` it owns) how much
+of a prompt the decode pool already caches. ``/metrics`` also renders the process's routing
+metrics (:class:`RoutingCollector`), and :meth:`IngressDeployment.routing_snapshot` returns them
+as JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from cluster.ingress import RequestGate, create_app
+from cluster.ingress.dispatch.clients import PrefillClient
+from cluster.ingress.model_table import ModelEndpoint
+from cluster.routing.kv_index.actor import INDEX_NAMESPACE
+from cluster.routing.kv_index.follower import ActorIndexSource
+from cluster.routing.routing_metrics import RoutingMetrics, routing_metrics
+from cluster.serve.clients import NoPrefillPool, PoolWatch, ServeDecodeClient, ServePrefillClient
+from cluster.serve.config_file import load_cluster_config
+from cluster.serve.fault_admin import ServeFaultAdmin
+from cluster.serve.ingress_setup import build_ingress_settings
+from core.config import ClusterConfig, ServedModel
+from engine.builtin import resolve_model
+from engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 30.0
+"""How long a stopping ingress replica lets its requests in flight finish."""
+
+
+class RoutingCollector(Collector):
+    """The process's routing metrics in Prometheus form (``cluster.routing.routing_metrics``)."""
+
+    def collect(self) -> Iterator[Metric]:
+        """One family per metric, labelled by pool (and reason)."""
+        snapshot = routing_metrics().snapshot()
+        decisions = CounterMetricFamily(
+            "pdserve:routing_decisions", "Routing decisions.", labels=["pool", "reason"]
+        )
+        hit_rate = GaugeMetricFamily(
+            "pdserve:routing_prefix_hit_rate",
+            "Cached over prompt blocks at the chosen replica.",
+            labels=["pool"],
+        )
+        latency_p50 = GaugeMetricFamily(
+            "pdserve:routing_decision_seconds_p50",
+            "Median routing decision time (recent decisions).",
+            labels=["pool"],
+        )
+        for pool, metrics in snapshot["pools"].items():
+            for reason, count in metrics["decisions_total"].items():
+                decisions.add_metric([pool, reason], count)
+            hit_rate.add_metric([pool], metrics["prefix_hit_rate"])
+            latency_p50.add_metric([pool], metrics["decision_latency_s"]["p50"])
+        yield from (decisions, hit_rate, latency_p50)
+        for key, value in snapshot["index"].items():
+            yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)
+
+
+@serve.ingress()
+class IngressDeployment:
+    """One ingress replica: tokenizer, admission gate, pool clients and the FastAPI app."""
+
+    async def __init__(  # type: ignore[misc]  # Serve awaits an async constructor
+        self,
+        pools: dict[str, tuple[DeploymentHandle | None, DeploymentHandle]],
+        board: DeploymentHandle,
+        config: dict[str, Any],
+    ) -> None:
+        cluster_config = load_cluster_config(config)
+        self._watch = PoolWatch(board)
+        self._watch.start()
+        self._gate = RequestGate(
+            cluster_config.server.max_in_flight_requests, cluster_config.server.retry_after_s
+        )
+        self._index = ActorIndexSource(
+            serve.get_replica_context().app_name,
+            namespace=INDEX_NAMESPACE,
+            metrics=RoutingMetrics(),
+        )
+        self._index.ensure_started()
+        self._app = create_app(
+            [
+                self._endpoint(cluster_config, s, *pools[s.name])
+                for s in cluster_config.served_models()
+            ],
+            virtual_models=cluster_config.virtual_models,
+            stats_provider=self._watch.stats_by_role,
+            gate=self._gate,
+            fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
+        )
+        self._app.state.metrics.registry.register(RoutingCollector())
+
+    def _endpoint(
+        self,
+        config: ClusterConfig,
+        served: ServedModel,
+        prefill: DeploymentHandle | None,
+        decode: DeploymentHandle,
+    ) -> ModelEndpoint:
+        """One model's tokenizer, pool clients and settings."""
+        model_dir = resolve_model(served.model.name)
+        decode_pool = served.pool_key("decode")
+
+        def cached_blocks(block_hashes: Sequence[int]) -> int:
+            return self._index.best_match(decode_pool, block_hashes)
+
+        prefill_client: PrefillClient = NoPrefillPool()
+        if prefill is not None:
+            prefill_client = ServePrefillClient(prefill, self._watch, served.pool_key("prefill"))
+        return ModelEndpoint(
+            Tokenizer.from_dir(model_dir),
+            prefill_client,
+            ServeDecodeClient(decode, self._watch, decode_pool),
+            build_ingress_settings(config, served, model_dir),
+            cached_blocks,
+        )
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        """The ASGI app Serve mounts for this replica."""
+        return self._app
+
+    async def routing_snapshot(self) -> dict[str, Any]:
+        """The routing metrics of this replica's routers (``RoutingMetrics.snapshot``)."""
+        return routing_metrics().snapshot()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics hook (called when the planner runs in ``slo``
+        mode, which gives the ingress a fixed autoscaling range): the p90 TTFT and ITL clients
+        saw over the last half minute, the latencies the planner corrects its model by."""
+        metrics = self._app.state.metrics
+        ttft, itl = metrics.recent_ttft.percentile(90), metrics.recent_itl.percentile(90)
+        stats = {}
+        if ttft is not None:
+            stats["ttft_p90_s"] = ttft
+        if itl is not None:
+            stats["itl_p90_s"] = itl
+        return stats
+
+    async def set_draining(self, draining: bool) -> bool:
+        """Refuse (True) or accept again (False) new requests; returns the new state."""
+        if draining:
+            self._gate.start_draining()
+        else:
+            self._gate.stop_draining()
+        return self._gate.draining
+
+    async def __del__(self) -> None:
+        """Serve calls this when the replica stops: drain, then stop watching the pools."""
+        self._gate.start_draining()
+        if not await self._gate.wait_idle(DRAIN_TIMEOUT_S):
+            logger.warning("ingress stopped with %d requests in flight", self._gate.num_in_flight)
+        self._watch.stop()
+        self._index.stop()

@@ -1,0 +1,62 @@
+"""``routing:`` and ``disaggregation:``: where the ingress sends a request, and whether it
+splits the request's prefill from its decode.
+
+Both used to live under one ``scheduler:`` section, a name the engine's batch scheduler also
+has; :data:`MOVED_KEYS` says where each of its keys went, for the error an old config gets.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from core.config.base import StrictModel
+
+
+class RoutingConfig(StrictModel):
+    """How a prefill and a decode replica are picked for a request, and re-picked."""
+
+    policy: Literal["round_robin", "least_loaded", "prefix_aware"] = Field(
+        "prefix_aware", description="How a prefill and a decode replica are picked."
+    )
+    migration_limit: int = Field(
+        3,
+        ge=0,
+        description="Times one request may move to another decode replica when the one "
+        "streaming it dies, drains or stalls (it continues with the tokens already sent; "
+        "greedy output unchanged). 0: such a request fails with a 503.",
+    )
+
+
+class DisaggregationConfig(StrictModel):
+    """When a prompt prefills on the prefill pool and when on its decode replica."""
+
+    local_prefill_threshold_tokens: int = Field(
+        64,
+        ge=0,
+        description="Prompts whose uncached part is shorter prefill locally on decode; "
+        "0: always disaggregate while a prefill replica is healthy.",
+    )
+    fallback_to_local_prefill: bool = Field(
+        True,
+        description="Prefill locally on decode when a remote prefill fails; else fail cleanly.",
+    )
+    prefill_failover_cooldown_s: float = Field(
+        5.0,
+        gt=0.0,
+        description="With fallback_to_local_prefill: after a remote prefill fails for lack of "
+        "capacity (dead replica, unavailable pool, timeout), prefill locally for this long "
+        "before trying the pool again.",
+    )
+
+
+MOVED_KEYS: dict[str, str] = {
+    "scheduler.policy": "routing.policy",
+    "scheduler.migration_limit": "routing.migration_limit",
+    "scheduler.local_prefill_threshold_tokens": "disaggregation.local_prefill_threshold_tokens",
+    "scheduler.fallback_to_local_prefill": "disaggregation.fallback_to_local_prefill",
+    "scheduler.prefill_failover_cooldown_s": "disaggregation.prefill_failover_cooldown_s",
+    "scheduler.planner": "planner",
+}
+"""Each key of the old ``scheduler:`` section -> where it lives now."""
