@@ -34,9 +34,11 @@ import ray
 from ray import serve
 
 from cluster.routing.kv_index.actor import kill_index_actor
+from cluster.routing.routing_metrics import RoutingSnapshot
 from cluster.serve.app_builder import build_app_from_config
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.pool_options import BOARD_DEPLOYMENT, INGRESS_DEPLOYMENT
+from core.codec import from_plain
 from engine.builtin import resolve_model
 from engine.models import ModelArchConfig
 
@@ -231,7 +233,9 @@ def run_policy(policy: str, args: argparse.Namespace, waves: list[list[Turn]]) -
         duration_s = time.perf_counter() - started_s
         after = prefill_requests(app)
         ingress = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app)
-        routing = ingress.routing_snapshot.remote().result(timeout_s=30)
+        routing = from_plain(
+            RoutingSnapshot, ingress.routing_snapshot.remote().result(timeout_s=30)
+        )
         board = serve.get_deployment_handle(BOARD_DEPLOYMENT, app).snapshot.remote().result()
         capacity = min(int(r["stats"]["kv_blocks_total"]) for r in board["prefill"])
     finally:
@@ -239,20 +243,20 @@ def run_policy(policy: str, args: argparse.Namespace, waves: list[list[Turn]]) -
         kill_index_actor(app)
     per_replica = [after[r] - before.get(r, 0) for r in after]
     ttfts_ms = np.array([o.ttft_s * 1e3 for o in outcomes])
-    pools = routing["pools"]
+    pools = routing.pools
     return {
         "num_requests": len(outcomes),
         "duration_s": duration_s,
         "hit_rate": sum(o.num_cached_tokens for o in outcomes)
         / max(1, sum(o.num_prompt_tokens for o in outcomes)),
-        "routing_hit_rate": {pool: m["prefix_hit_rate"] for pool, m in pools.items()},
+        "routing_hit_rate": {pool: m.prefix_hit_rate for pool, m in pools.items()},
         "p50_ttft_ms": float(np.percentile(ttfts_ms, 50)),
         "p99_ttft_ms": float(np.percentile(ttfts_ms, 99)),
         "p50_ttft_ms_by_hit": _ttft_by_hit(outcomes),
         "prefill_requests_per_replica": sorted(per_replica, reverse=True),
         "busiest_replica_share": max(per_replica) / max(1, sum(per_replica)),
-        "routing_p50_ms": {p: m["decision_latency_s"]["p50"] * 1e3 for p, m in pools.items()},
-        "decisions": {pool: m["decisions_total"] for pool, m in pools.items()},
+        "routing_p50_ms": {p: m.decision_latency_s.p50 * 1e3 for p, m in pools.items()},
+        "decisions": {pool: m.decisions_total for pool, m in pools.items()},
         "prefill_capacity_blocks": capacity,
     }
 

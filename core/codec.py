@@ -4,8 +4,9 @@
 strings, numbers, booleans, None); ``from_plain(cls, data)`` rebuilds it from the class's field
 types, so no message needs a hand-written ``to_dict``/``from_dict``. Supported field types:
 dataclasses, ``X | None``, unions of dataclasses with distinct field names, ``tuple[T, ...]``,
-``list[T]``, ``dict[str, T]``, ``enum.Enum`` subclasses, ``Literal[...]`` and the scalars
-``int``, ``float``, ``str``, ``bool``. A value of the
+``list[T]``, ``dict[str, T]``, ``enum.Enum`` subclasses, ``Literal[...]``, the scalars ``int``,
+``float``, ``str``, ``bool``, and config sections (pydantic models: their JSON dump, validated
+again on decode). A value of the
 wrong shape raises :class:`~core.errors.MessageError` naming the field path — a message from a
 peer of another version fails loudly, never half-decoded. Rebuilding runs each class's own
 ``__post_init__``, so a decoded ``SamplingParams`` is validated like a constructed one.
@@ -20,6 +21,8 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from core.errors import MessageError
 
@@ -40,6 +43,8 @@ def to_plain(value: Any) -> Any:
         return {name: to_plain(getattr(value, name)) for name in _field_names(type(value))}
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
     if isinstance(value, list | tuple):
         # NOTE: token-id lists are long; a list of scalars is copied in one go.
         if not value or type(value[0]) in _SCALARS:
@@ -88,6 +93,8 @@ def _decoder(kind: Any) -> Decoder:
         return _dataclass_decoder(kind)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return _enum_decoder(kind)
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return _model_decoder(kind)
     if kind in _SCALARS:
         return _scalar_decoder(kind)
     raise MessageError(f"fields of type {kind!r} cannot be decoded")
@@ -193,6 +200,18 @@ def _enum_decoder(kind: type[enum.Enum]) -> Decoder:
             return kind(data)
         except ValueError as e:
             raise _Malformed(f"{data!r} is not a {kind.__name__}") from e
+
+    return decode
+
+
+def _model_decoder(kind: type[BaseModel]) -> Decoder:
+    def decode(data: Any) -> Any:
+        try:
+            return kind.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise _Malformed(f"{kind.__name__} {where}: {first['msg']}") from e
 
     return decode
 

@@ -6,13 +6,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from core.config import EngineConfig, ModelConfig, TransferConfig
-from core.errors import ConfigError
+from core.config import EngineConfig, KVFailurePolicy, ModelConfig, TransferConfig
 from core.kv_events import KVEventBatch
-from decode.worker import DecodeWorker, KVFailurePolicy
-from engine.async_engine import AsyncEngine
-from engine.engine import LLMEngine
-from engine.setup import build_engine_parts
+from decode.worker import DecodeWorker
+from engine.async_engine import AsyncEngine, build_async_engine
 from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)
@@ -23,7 +20,7 @@ def build_decode_worker(
     engine: EngineConfig,
     transfer: TransferConfig,
     *,
-    kv_failure_policy: str = "recompute",
+    kv_failure_policy: KVFailurePolicy = "recompute",
     kv_event_callback: Callable[[KVEventBatch], None] | None = None,
     async_engine: AsyncEngine | None = None,
 ) -> DecodeWorker:
@@ -31,15 +28,8 @@ def build_decode_worker(
 
     ``async_engine``: an engine built elsewhere (an expert-parallel rank's); default: build one.
     """
-    if kv_failure_policy not in ("recompute", "fail"):
-        raise ConfigError(
-            f"kv_failure_policy must be recompute or fail, got {kv_failure_policy!r}",
-            param="kv_failure_policy",
-        )
-    policy: KVFailurePolicy = "recompute" if kv_failure_policy == "recompute" else "fail"
     if async_engine is None:
-        parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
-        async_engine = AsyncEngine(LLMEngine(parts))
+        async_engine = build_async_engine(model, engine, kv_event_callback=kv_event_callback)
     parts = async_engine.engine.parts
     metrics = InMemoryTransferMetrics()
     transport = GrpcKVTransport(parts.storage, transfer, serve=False, metrics=metrics)
@@ -47,11 +37,8 @@ def build_decode_worker(
         "decode worker ready: %d KV blocks, layout %s, kv_failure_policy=%s",
         parts.storage.num_blocks,
         parts.layout.fingerprint(),
-        policy,
+        kv_failure_policy,
     )
     return DecodeWorker(
-        async_engine,
-        transport,
-        kv_failure_policy=policy,
-        metrics=metrics,
+        async_engine, transport, kv_failure_policy=kv_failure_policy, metrics=metrics
     )

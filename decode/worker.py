@@ -20,9 +20,9 @@ import time
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
-from typing import Literal
 
-from core.errors import ConfigError, InvalidRequestError, PdserveError, TransferError
+from core.config import KVFailurePolicy
+from core.errors import InvalidRequestError, PdserveError, TransferError
 from core.kv_handle import TransferFailure, TransferState, TransferStatus
 from core.messages import DecodeRequest, StageTimes, TokenChunk
 from core.sampling import SamplingParams
@@ -30,11 +30,10 @@ from core.stats import ReplicaStats
 from decode.chunks import aborted_chunk, error_chunk, token_chunk
 from decode.kv_import import KVImport
 from engine.async_engine import AsyncEngine
+from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import InMemoryTransferMetrics, KVTransport, TransferSide
 
 logger = logging.getLogger(__name__)
-
-KVFailurePolicy = Literal["recompute", "fail"]
 
 
 class DecodeWorker:
@@ -51,16 +50,10 @@ class DecodeWorker:
     ) -> None:
         """``metrics`` default to the transport's ``metrics`` attribute when it has one;
         ``reserve_timeout_s`` bounds how long an import waits for free KV blocks."""
-        if kv_failure_policy not in ("recompute", "fail"):
-            raise ConfigError(
-                f"kv_failure_policy must be recompute or fail, got {kv_failure_policy!r}",
-                param="kv_failure_policy",
-            )
         self.kv_failure_policy = kv_failure_policy
         self._engine = engine
         self._transport = transport
-        found = getattr(transport, "metrics", None)
-        self._metrics = metrics or (found if isinstance(found, InMemoryTransferMetrics) else None)
+        self._metrics = transport_metrics(transport, metrics)
         self._reserve_timeout_s = reserve_timeout_s
         self._lock = threading.Lock()
         self._imports: dict[str, KVImport] = {}
@@ -210,10 +203,7 @@ class DecodeWorker:
         with self._lock:
             num_imports = len(self._imports)
         stats = dataclasses.replace(self._engine.kv_stats(), imports_in_progress=num_imports)
-        if self._metrics is not None:
-            transfer = self._metrics.snapshot().role_stats(TransferSide.IMPORT)
-            stats = dataclasses.replace(stats, transfer=transfer)
-        return stats
+        return with_transfer_stats(stats, self._metrics, TransferSide.IMPORT)
 
     async def drain(self, timeout_s: float) -> int:
         """Nothing to wait for: Serve lets the streams in flight finish within the pool's

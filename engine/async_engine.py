@@ -33,7 +33,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from core.config import EngineConfig, ModelConfig
 from core.errors import PdserveError, UnavailableError
+from core.kv_events import KVEventBatch
 from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
@@ -41,6 +43,7 @@ from engine.engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.request import RequestStatus
 from engine.scheduler.output import ImportAllocation, PinnedBlocks, SchedulerStats
+from engine.setup import build_engine_parts
 
 logger = logging.getLogger(__name__)
 
@@ -563,3 +566,15 @@ class AsyncEngine:
                 logger.exception("closing the step driver raised")
         self.engine.close()
         logger.info("engine thread stopped")
+
+
+def build_async_engine(
+    model: ModelConfig,
+    engine: EngineConfig,
+    *,
+    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+) -> AsyncEngine:
+    """A fresh engine for ``model`` on this process's device, running on its own thread."""
+    return AsyncEngine(
+        LLMEngine(build_engine_parts(model, engine, kv_event_callback=kv_event_callback))
+    )

@@ -16,24 +16,19 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.errors import TransferError, UnavailableError
-from core.kv_events import KVEventBatch
 from core.kv_handle import KVHandle
 from core.messages import PrefillRequest, PrefillResult
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.async_engine import AsyncEngine
-from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.setup import build_engine_parts
 from prefill.result import prefill_result
+from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import (
     FaultInjection,
-    GrpcKVTransport,
     InMemoryTransferMetrics,
     KVTransport,
     TransferSide,
@@ -59,8 +54,7 @@ class PrefillWorker:
         """``metrics`` default to the transport's own ``metrics`` attribute when it has one."""
         self._engine = engine
         self._transport = transport
-        found = getattr(transport, "metrics", None)
-        self._metrics = metrics or (found if isinstance(found, InMemoryTransferMetrics) else None)
+        self._metrics = transport_metrics(transport, metrics)
         self._lock = threading.Lock()
         self._pinned: set[str] = set()  # request ids whose export is live
         self._exporter = ThreadPoolExecutor(1, thread_name_prefix="pdserve-prefill-export")
@@ -198,10 +192,7 @@ class PrefillWorker:
         with self._lock:
             num_exports = len(self._pinned)
         stats = dataclasses.replace(self._engine.kv_stats(), exports_pinned=num_exports)
-        if self._metrics is not None:
-            transfer = self._metrics.snapshot().role_stats(TransferSide.EXPORT)
-            stats = dataclasses.replace(stats, transfer=transfer)
-        return stats
+        return with_transfer_stats(stats, self._metrics, TransferSide.EXPORT)
 
     async def drain(self, timeout_s: float) -> int:
         """Wait (at most ``timeout_s``) until every export this replica holds was pulled,
@@ -222,33 +213,3 @@ class PrefillWorker:
         await asyncio.to_thread(self._transport.close)
         await asyncio.to_thread(self._engine.shutdown)
         self._exporter.shutdown(wait=True)
-
-
-def build_prefill_worker(
-    model: ModelConfig,
-    engine: EngineConfig,
-    transfer: TransferConfig,
-    *,
-    node_host: str | None = None,
-    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
-    async_engine: AsyncEngine | None = None,
-) -> PrefillWorker:
-    """A prefill worker on a real engine and a serving :class:`GrpcKVTransport`.
-
-    ``async_engine``: an engine built elsewhere (an expert-parallel rank's); default: build one.
-    """
-    if async_engine is None:
-        parts = build_engine_parts(model, engine, kv_event_callback=kv_event_callback)
-        async_engine = AsyncEngine(LLMEngine(parts))
-    parts = async_engine.engine.parts
-    metrics = InMemoryTransferMetrics()
-    transport = GrpcKVTransport(
-        parts.storage, transfer, serve=True, node_host=node_host, metrics=metrics
-    )
-    logger.info(
-        "prefill worker ready: %d KV blocks, exporting at %s (layout %s)",
-        parts.storage.num_blocks,
-        transport.address,
-        parts.layout.fingerprint(),
-    )
-    return PrefillWorker(async_engine, transport, metrics=metrics)

@@ -1,18 +1,32 @@
-"""What both roles' replicas share: the lifecycle and the hooks the composition root hands in."""
+"""What both roles' replicas share: one boot (spec + hooks), the lifecycle, the KV token and the
+planner's signals."""
 
 from replica.hooks import (
     GangEngineFactory,
     KVEventPublisher,
     KVEventPublisherFactory,
+    LocalIdentity,
+    ReplicaHooks,
+    ReplicaIdentity,
+    ReplicaIdentitySource,
     StatsReporter,
 )
+from replica.kv_token import KVToken
 from replica.lifecycle import RoleReplica, RoleWorker
+from replica.spec import ReplicaSpec, WorkerBoot
 
 __all__ = [
     "GangEngineFactory",
     "KVEventPublisher",
     "KVEventPublisherFactory",
+    "KVToken",
+    "LocalIdentity",
+    "ReplicaHooks",
+    "ReplicaIdentity",
+    "ReplicaIdentitySource",
+    "ReplicaSpec",
     "RoleReplica",
     "RoleWorker",
     "StatsReporter",
+    "WorkerBoot",
 ]

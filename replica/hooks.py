@@ -1,12 +1,16 @@
-"""What the roles' Serve deployments accept from the composition root (``cluster/``).
+"""What the composition root (``cluster/``) plugs into a replica.
 
-The roles may not import ``cluster``, so the app builder hands each replica small picklable
-factories that satisfy these protocols; ``start`` runs inside the replica.
+The roles may not import ``cluster`` (nor Ray), so the app builder hands each replica a
+:class:`ReplicaHooks` of small picklable objects that satisfy these protocols; each one's
+methods run inside the replica. Without hooks a replica runs alone: no stats board, no KV
+index, no gang, and an identity made up locally (unit tests, one-process use).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from core.config import EngineConfig, ModelConfig
@@ -14,6 +18,35 @@ from core.kv_events import KVEventBatch
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
+
+
+@dataclass(frozen=True)
+class ReplicaIdentity:
+    """Who this replica is: its id and application (KV events are keyed by them) and its node."""
+
+    replica_id: str
+    app_name: str
+    node_host: str | None = None
+    """The node's address; None: the transfer layer finds it."""
+
+
+class ReplicaIdentitySource(Protocol):
+    """Reads the running replica's identity (Serve's replica context, inside the replica)."""
+
+    def current(self) -> ReplicaIdentity:
+        """This replica's identity."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalIdentity:
+    """The identity of a replica that runs outside Serve: this process."""
+
+    app_name: str = ""
+
+    def current(self) -> ReplicaIdentity:
+        """``local-<pid>`` of ``app_name``; the node address is left to the transfer layer."""
+        return ReplicaIdentity(replica_id=f"local-{os.getpid()}", app_name=self.app_name)
 
 
 class StatsReporter(Protocol):
@@ -64,3 +97,13 @@ class GangEngineFactory(Protocol):
     ) -> AsyncEngine:
         """Join this replica's gang; the rank's engine, stepping in lockstep with its peers."""
         ...
+
+
+@dataclass(frozen=True)
+class ReplicaHooks:
+    """Everything the composition root plugs into one replica; None: that part is off."""
+
+    identity: ReplicaIdentitySource = LocalIdentity()
+    stats_reporter: StatsReporter | None = None
+    kv_events: KVEventPublisherFactory | None = None
+    gang: GangEngineFactory | None = None

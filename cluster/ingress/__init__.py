@@ -8,7 +8,7 @@ from cluster.ingress.dispatch.disagg import (
     DisaggReason,
 )
 from cluster.ingress.http.admission import RequestGate, authenticate
-from cluster.ingress.http.fastapi_app import create_app
+from cluster.ingress.http.fastapi_app import IngressApp, create_app
 from cluster.ingress.openai.prompts import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
 
@@ -18,6 +18,7 @@ __all__ = [
     "DisaggDecision",
     "DisaggPolicy",
     "DisaggReason",
+    "IngressApp",
     "IngressSettings",
     "PrefillClient",
     "PromptTokenizer",

@@ -1,21 +1,12 @@
-"""Routing metrics as plain counters with a JSON-shaped :meth:`RoutingMetrics.snapshot`.
+"""Routing metrics as plain counters with a typed :meth:`RoutingMetrics.snapshot`.
 
 Serve constructs the request routers inside the ingress process, so they record into the
-process-wide :func:`routing_metrics` object and the ingress's ``/metrics`` renders the snapshot
-(suggested names: ``pdserve:routing_decisions_total{pool,reason}``,
+process-wide :func:`routing_metrics` object; the ingress renders its :class:`RoutingSnapshot`
+on ``/metrics`` (``pdserve:routing_decisions_total{pool,reason}``,
 ``pdserve:routing_prefix_hit_rate{pool}`` (cached over prompt blocks at the chosen replica),
-``pdserve:routing_decision_seconds{pool}`` (histogram), ``pdserve:kv_index_entries``,
-``pdserve:kv_index_degraded_replicas``). Thread-safe: Serve may run routers on its own loop
-thread while the ingress reads.
-
-Snapshot shape::
-
-    {"pools": {pool: {"decisions_total": {reason: n}, "prompt_blocks_total": n,
-                      "cached_blocks_total": n, "prefix_hit_rate": f,
-                      "decision_latency_s": {"count": n, "sum": f, "p50": f, "p99": f,
-                                             "buckets": {"0.0001": n, ..., "+Inf": n}}}},
-     "index": {"num_replicas": n, "num_degraded_replicas": n, "num_entries": n,
-               "num_hashes": n}}
+``pdserve:routing_decision_seconds_p50{pool}``, ``pdserve:kv_index_*``) and returns it, as plain
+data through ``core.codec``, from its ``routing_snapshot`` Serve method. Thread-safe: Serve may
+run routers on its own loop thread while the ingress reads.
 """
 
 from __future__ import annotations
@@ -24,13 +15,45 @@ import math
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from cluster.routing.kv_index.index import IndexStats
 from cluster.routing.policy_types import RoutingDecision
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 _RECENT_LATENCIES = 2048
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """How long one pool's routing decisions took."""
+
+    count: int
+    sum: float
+    """Seconds, over every decision."""
+    p50: float
+    """Seconds, over the recent decisions."""
+    p99: float
+    buckets: dict[str, int]
+    """Cumulative counts by upper bound in seconds (``"0.0001"`` ... ``"+Inf"``)."""
+
+
+@dataclass(frozen=True)
+class PoolRoutingSnapshot:
+    """One pool's decisions by reason, prefix hits at the chosen replicas and decision time."""
+
+    decisions_total: dict[str, int]
+    prompt_blocks_total: int
+    cached_blocks_total: int
+    prefix_hit_rate: float
+    decision_latency_s: LatencySummary
+
+
+@dataclass(frozen=True)
+class RoutingSnapshot:
+    """Every pool's routing figures, and the index size the latest sync saw (None before)."""
+
+    pools: dict[str, PoolRoutingSnapshot]
+    index: IndexStats | None = None
 
 
 @dataclass
@@ -43,29 +66,29 @@ class _PoolMetrics:
     bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_LATENCIES))
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> PoolRoutingSnapshot:
         cumulative, buckets = 0, {}
         for bound, count in zip((*LATENCY_BUCKETS_S, math.inf), self.bucket_counts, strict=True):
             cumulative += count
             buckets["+Inf" if bound == math.inf else repr(bound)] = cumulative
         recent = sorted(self.recent_s)
-        return {
-            "decisions_total": dict(self.decisions),
-            "prompt_blocks_total": self.prompt_blocks_total,
-            "cached_blocks_total": self.cached_blocks_total,
-            "prefix_hit_rate": (
+        return PoolRoutingSnapshot(
+            decisions_total=dict(self.decisions),
+            prompt_blocks_total=self.prompt_blocks_total,
+            cached_blocks_total=self.cached_blocks_total,
+            prefix_hit_rate=(
                 self.cached_blocks_total / self.prompt_blocks_total
                 if self.prompt_blocks_total
                 else 0.0
             ),
-            "decision_latency_s": {
-                "count": self.latency_count,
-                "sum": self.latency_sum_s,
-                "p50": _quantile(recent, 0.5),
-                "p99": _quantile(recent, 0.99),
-                "buckets": buckets,
-            },
-        }
+            decision_latency_s=LatencySummary(
+                count=self.latency_count,
+                sum=self.latency_sum_s,
+                p50=_quantile(recent, 0.5),
+                p99=_quantile(recent, 0.99),
+                buckets=buckets,
+            ),
+        )
 
 
 class RoutingMetrics:
@@ -74,7 +97,7 @@ class RoutingMetrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pools: dict[str, _PoolMetrics] = {}
-        self._index: dict[str, float] = {}
+        self._index: IndexStats | None = None
 
     def record_decision(self, pool: str, decision: RoutingDecision, latency_s: float) -> None:
         """Count one routing decision and how long it took."""
@@ -95,26 +118,19 @@ class RoutingMetrics:
     def record_index(self, stats: IndexStats) -> None:
         """Remember the index size seen by the latest sync (a gauge)."""
         with self._lock:
-            self._index = {
-                "num_replicas": stats.num_replicas,
-                "num_degraded_replicas": stats.num_degraded_replicas,
-                "num_entries": stats.num_entries,
-                "num_hashes": stats.num_hashes,
-            }
+            self._index = stats
 
-    def snapshot(self) -> dict[str, Any]:
-        """Every metric as a JSON-shaped dict (the shape in the module docstring)."""
+    def snapshot(self) -> RoutingSnapshot:
+        """Every metric now."""
         with self._lock:
-            return {
-                "pools": {pool: m.snapshot() for pool, m in self._pools.items()},
-                "index": dict(self._index),
-            }
+            pools = {pool: m.snapshot() for pool, m in self._pools.items()}
+            return RoutingSnapshot(pools, self._index)
 
     def reset(self) -> None:
         """Forget everything (benchmarks between runs, tests)."""
         with self._lock:
             self._pools.clear()
-            self._index.clear()
+            self._index = None
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

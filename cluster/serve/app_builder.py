@@ -43,12 +43,14 @@ from cluster.serve.pool_options import (
     pool_deployment_name,
     pool_deployment_options,
 )
+from cluster.serve.replica_identity import ServeReplicaIdentity
 from cluster.serve.stats_board import BoardReporter, StatsBoard
+from core.codec import to_plain
 from core.config import ClusterConfig, Role, ServedModel
 from core.errors import ConfigError
 from decode.deployment import DecodeDeployment
 from prefill.deployment import PrefillDeployment
-from replica.kv_token import KVToken
+from replica import KVToken, ReplicaHooks, ReplicaSpec
 
 
 def build_app_from_config(config: ClusterConfig) -> Application:
@@ -70,39 +72,40 @@ def _model_pools(
     config: ClusterConfig, served: ServedModel, kv_token: KVToken | None
 ) -> tuple[Application | None, Application]:
     """One model's Prefill (None without a prefill pool) and Decode deployments, bound."""
-    model = served.model.model_dump(mode="json")
-    transfer = config.transfer.model_dump(mode="json")
-    reporter = BoardReporter(config.cluster.app_name, model=served.scope)
     prefill = None
     if served.prefill.deployed:
-        prefill = _deployment(
-            PrefillDeployment,
-            pool_deployment_name("prefill", served.scope),
-            _pool_options(config, served, "prefill"),
-        ).bind(
-            model,
-            served.engine_for("prefill").model_dump(mode="json"),
-            transfer,
-            reporter,
-            IndexPublisherFactory(served.pool_key("prefill")),
-            gang_engine_factory(served.prefill),
-            kv_token,
-        )
-    decode = _deployment(
-        DecodeDeployment,
-        pool_deployment_name("decode", served.scope),
-        _pool_options(config, served, "decode"),
-    ).bind(
-        model,
-        served.engine_for("decode").model_dump(mode="json"),
-        transfer,
-        served.decode.kv_failure_policy,
-        reporter,
-        IndexPublisherFactory(served.pool_key("decode")),
-        gang_engine_factory(served.decode),
-        kv_token,
+        prefill = _role_deployment(PrefillDeployment, config, served, "prefill", kv_token)
+    return prefill, _role_deployment(DecodeDeployment, config, served, "decode", kv_token)
+
+
+def _role_deployment(
+    cls: type, config: ClusterConfig, served: ServedModel, role: Role, kv_token: KVToken | None
+) -> Application:
+    """One pool's deployment bound to its replica spec (plain data) and hooks."""
+    deployment = _deployment(
+        cls, pool_deployment_name(role, served.scope), _pool_options(config, served, role)
     )
-    return prefill, decode
+    hooks = ReplicaHooks(
+        identity=ServeReplicaIdentity(),
+        stats_reporter=BoardReporter(config.cluster.app_name, model=served.scope),
+        kv_events=IndexPublisherFactory(served.pool_key(role)),
+        gang=gang_engine_factory(served.pool_for(role)),
+    )
+    return deployment.bind(to_plain(replica_spec(config, served, role, kv_token)), hooks)
+
+
+def replica_spec(
+    config: ClusterConfig, served: ServedModel, role: Role, kv_token: KVToken | None
+) -> ReplicaSpec:
+    """What each replica of ``served``'s ``role`` pool boots from."""
+    return ReplicaSpec(
+        role=role,
+        model=served.model,
+        engine=served.engine_for(role),
+        transfer=config.transfer,
+        kv_failure_policy=served.decode.kv_failure_policy,
+        kv_token=kv_token,
+    )
 
 
 def _pool_options(config: ClusterConfig, served: ServedModel, role: Role) -> dict[str, Any]:

@@ -11,11 +11,12 @@ once and the pools' request routers read them from the request; the disaggregati
 the ingress's own follower of the app's KV index (an :class:`ActorIndexSource` it owns) how much
 of a prompt the decode pool already caches. ``/metrics`` also renders the process's routing
 metrics (:class:`RoutingCollector`), and :meth:`IngressDeployment.routing_snapshot` returns them
-as JSON.
+as a plain ``RoutingSnapshot``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ from cluster.serve.clients import NoPrefillPool, PoolWatch, ServeDecodeClient, S
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.fault_admin import ServeFaultAdmin
 from cluster.serve.ingress_setup import build_ingress_settings
+from core.codec import to_plain
 from core.config import ClusterConfig, ServedModel
 from engine.builtin import resolve_model
 from engine.tokenizer import Tokenizer
@@ -65,14 +67,15 @@ class RoutingCollector(Collector):
             "Median routing decision time (recent decisions).",
             labels=["pool"],
         )
-        for pool, metrics in snapshot["pools"].items():
-            for reason, count in metrics["decisions_total"].items():
+        for pool, metrics in snapshot.pools.items():
+            for reason, count in metrics.decisions_total.items():
                 decisions.add_metric([pool, reason], count)
-            hit_rate.add_metric([pool], metrics["prefix_hit_rate"])
-            latency_p50.add_metric([pool], metrics["decision_latency_s"]["p50"])
+            hit_rate.add_metric([pool], metrics.prefix_hit_rate)
+            latency_p50.add_metric([pool], metrics.decision_latency_s.p50)
         yield from (decisions, hit_rate, latency_p50)
-        for key, value in snapshot["index"].items():
-            yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)
+        if snapshot.index is not None:
+            for key, value in dataclasses.asdict(snapshot.index).items():
+                yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)
 
 
 @serve.ingress()
@@ -97,7 +100,7 @@ class IngressDeployment:
             metrics=RoutingMetrics(),
         )
         self._index.ensure_started()
-        self._app = create_app(
+        self._ingress = create_app(
             [
                 self._endpoint(cluster_config, s, *pools[s.name])
                 for s in cluster_config.served_models()
@@ -107,7 +110,7 @@ class IngressDeployment:
             gate=self._gate,
             fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
         )
-        self._app.state.metrics.registry.register(RoutingCollector())
+        self._ingress.metrics.registry.register(RoutingCollector())
 
     def _endpoint(
         self,
@@ -136,17 +139,18 @@ class IngressDeployment:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """The ASGI app Serve mounts for this replica."""
-        return self._app
+        return self._ingress.asgi
 
     async def routing_snapshot(self) -> dict[str, Any]:
-        """The routing metrics of this replica's routers (``RoutingMetrics.snapshot``)."""
-        return routing_metrics().snapshot()
+        """The routing metrics of this replica's routers: a plain ``RoutingSnapshot``."""
+        plain: dict[str, Any] = to_plain(routing_metrics().snapshot())
+        return plain
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics hook (called when the planner runs in ``slo``
         mode, which gives the ingress a fixed autoscaling range): the p90 TTFT and ITL clients
         saw over the last half minute, the latencies the planner corrects its model by."""
-        metrics = self._app.state.metrics
+        metrics = self._ingress.metrics
         ttft, itl = metrics.recent_ttft.percentile(90), metrics.recent_itl.percentile(90)
         stats = {}
         if ttft is not None:

@@ -15,6 +15,7 @@ from core.config.planner import PlannerConfig
 from core.config.pools import (
     AutoscalingConfig,
     DecodePoolConfig,
+    KVFailurePolicy,
     NodeSelectorConfig,
     PoolConfig,
     PrefillPoolConfig,
@@ -36,6 +37,7 @@ __all__ = [
     "DiskTierConfig",
     "EngineConfig",
     "HostTierConfig",
+    "KVFailurePolicy",
     "KVTiersConfig",
     "ModelConfig",
     "NodeSelectorConfig",

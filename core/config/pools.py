@@ -68,6 +68,10 @@ class NodeSelectorConfig(StrictModel):
     )
 
 
+KVFailurePolicy = Literal["recompute", "fail"]
+"""What a decode replica does when a KV pull fails: recompute the prompt locally, or fail."""
+
+
 class PoolConfig(StrictModel):
     """One role's Serve deployment: replica count or range, resources, placement, limits."""
 
@@ -184,7 +188,7 @@ class PrefillPoolConfig(PoolConfig):
 class DecodePoolConfig(PoolConfig):
     """The decode pool: pulls the KV, or prefills locally, and streams the tokens."""
 
-    kv_failure_policy: Literal["recompute", "fail"] = Field(
+    kv_failure_policy: KVFailurePolicy = Field(
         "recompute",
         description="On a failed KV pull: recompute the prompt locally, or fail the request.",
     )

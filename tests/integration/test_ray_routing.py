@@ -96,7 +96,12 @@ def request(prefix: int, num_blocks: int) -> dict[str, Any]:
 
 def router_sees(num_entries: int) -> Callable[[], bool]:
     """The handle's router (in this process) synced an index of ``num_entries`` entries."""
-    return lambda: routing_metrics().snapshot()["index"].get("num_entries") == num_entries
+
+    def synced() -> bool:
+        index = routing_metrics().snapshot().index
+        return index is not None and index.num_entries == num_entries
+
+    return synced
 
 
 def index_replicas() -> set[str]:
@@ -111,7 +116,7 @@ def test_shared_prefixes_follow_the_cache_and_survive_a_replica_leaving(handle: 
     chosen = {handle.remote(request(1, 8)).result()[0] for _ in range(6)}
     assert chosen == {holder}  # the holder now caches 8 blocks of prefix 1
     wait_until(router_sees(8), 30.0, "router sees 8 blocks", poll_s=0.05)
-    decisions = routing_metrics().snapshot()["pools"]["prefill"]["decisions_total"]
+    decisions = routing_metrics().snapshot().pools["prefill"].decisions_total
     assert decisions.get("cache_hit", 0) >= 5
     # the holder dies: Serve drops it, the router removes it from the index, routing goes on
     ray.kill(ray.get_actor(holder_actor, namespace="serve"), no_restart=True)

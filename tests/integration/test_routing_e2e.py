@@ -17,7 +17,9 @@ from ray import serve
 
 from cluster.ops.scaling import scale
 from cluster.routing.kv_index.actor import get_or_create_index_actor
+from cluster.routing.routing_metrics import RoutingSnapshot
 from cluster.serve.pool_options import DECODE_DEPLOYMENT, INGRESS_DEPLOYMENT
+from core.codec import from_plain
 from core.hashing import hash_prompt_blocks
 from tests.conftest import ServingApp, SimCluster
 from tests.integration.support import APP_NAME, SERVED_NAME, THRESHOLD_TOKENS, wait_until
@@ -57,11 +59,10 @@ def index_replicas() -> dict[str, dict[str, Any]]:
     return {row["replica_id"]: row for row in update["snapshot"]["replicas"]}
 
 
-def routing_snapshot() -> dict[str, Any]:
+def routing_snapshot() -> RoutingSnapshot:
     """The ingress's routing metrics."""
     handle = serve.get_deployment_handle(INGRESS_DEPLOYMENT, APP_NAME)
-    snapshot: dict[str, Any] = handle.routing_snapshot.remote().result(timeout_s=30)
-    return snapshot
+    return from_plain(RoutingSnapshot, handle.routing_snapshot.remote().result(timeout_s=30))
 
 
 def decode_import_bytes() -> int:
@@ -84,7 +85,8 @@ def routers_in_sync() -> bool:
     """True when the ingress routers' index copy is as large as the index actor's."""
     actor = get_or_create_index_actor(APP_NAME)
     num_entries = ray.get(actor.stats.remote(), timeout=30)["num_entries"]
-    return bool(routing_snapshot()["index"].get("num_entries") == num_entries)
+    index = routing_snapshot().index
+    return index is not None and index.num_entries == num_entries
 
 
 def test_forced_gap_resyncs_and_second_turn_pulls_fewer_blocks(app: ServingApp) -> None:
@@ -112,7 +114,7 @@ def test_forced_gap_resyncs_and_second_turn_pulls_fewer_blocks(app: ServingApp) 
     assert index_replicas()[replica_id]["degraded"]
     wait_until(lambda: replica_id in holders(hashes, "prefill"), 30, "the replica resynced")
     assert index_replicas()[replica_id]["last_seq"] < 10**15
-    wait_until(lambda: routing_snapshot()["index"]["num_degraded_replicas"] == 0, 30, "routers")
+    wait_until(lambda: routing_snapshot().index.num_degraded_replicas == 0, 30, "routers")  # type: ignore[union-attr]
 
 
 def test_shared_prefix_follows_its_replica_and_survives_its_death(
@@ -127,12 +129,12 @@ def test_shared_prefix_follows_its_replica_and_survives_its_death(
     (holder,) = wait_until(lambda: holders(prefix_hashes, "prefill"), 30, "one holder indexed")
     wait_until(routers_in_sync, 30, "the routers synced")
 
-    decisions_before = routing_snapshot()["pools"]["prefill"]["decisions_total"]
+    decisions_before = routing_snapshot().pools["prefill"].decisions_total
     for i in range(4):
         result = complete(app, prefix + tokens(101 + i, TAIL_TOKENS))
         assert cached_tokens(result) >= PREFIX_TOKENS, f"request {i} missed the prefix holder"
     assert holders(prefix_hashes, "prefill") == {holder}, "the prefix never moved"
-    decisions = routing_snapshot()["pools"]["prefill"]["decisions_total"]
+    decisions = routing_snapshot().pools["prefill"].decisions_total
     assert decisions.get("cache_hit", 0) >= decisions_before.get("cache_hit", 0) + 4
     metrics = httpx.get(app.url("/metrics"), timeout=30).text
     assert 'pdserve:routing_decisions_total{pool="prefill",reason="cache_hit"}' in metrics

@@ -16,9 +16,8 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
-from cluster.ingress import IngressSettings, create_app
+from cluster.ingress import IngressApp, IngressSettings, create_app
 from cluster.ingress.model_table import ModelEndpoint
 from core.codec import from_plain, to_plain
 from core.config import DisaggregationConfig, RoutingConfig, ServerConfig
@@ -237,12 +236,12 @@ def settings_with(**overrides: Any) -> IngressSettings:
 class Harness:
     """An app over fakes, and an httpx client bound to it in-process."""
 
-    app: FastAPI
+    app: IngressApp
     prefill: FakePrefill
     decode: FakeDecode
 
     def client(self, **headers: str) -> httpx.AsyncClient:
-        transport = httpx.ASGITransport(app=self.app)
+        transport = httpx.ASGITransport(app=self.app.asgi)
         return httpx.AsyncClient(transport=transport, base_url="http://ingress", headers=headers)
 
 

@@ -121,7 +121,7 @@ def make_app(workers: Workers, prefill: SpyPrefill, decode: SpyDecode) -> FastAP
         hash_seed=ENGINE.hash_seed,
         disaggregation=DisaggregationConfig(local_prefill_threshold_tokens=THRESHOLD_TOKENS),
     )
-    return create_app([ModelEndpoint(workers.tokenizer, prefill, decode, settings)])
+    return create_app([ModelEndpoint(workers.tokenizer, prefill, decode, settings)]).asgi
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -152,7 +152,7 @@ def test_api_keys(make_harness: Callable[..., Harness]) -> None:
 def test_overload_is_429_with_retry_after(make_harness: Callable[..., Harness]) -> None:
     release = asyncio.Event()
     h = make_harness(decode=FakeDecode(release=release), max_in_flight_requests=1)
-    gate = h.app.state.gate
+    gate = h.app.gate
     body = {"model": MODEL, "prompt": LONG, "stream": True}
 
     async def scenario() -> tuple[Any, Any, Any]:
@@ -179,7 +179,7 @@ def test_draining_is_503_and_not_ready(make_harness: Callable[..., Harness]) -> 
     async def scenario() -> list[Any]:
         async with h.client() as client:
             ready_before = await client.get("/ready")
-            h.app.state.gate.start_draining()
+            h.app.gate.start_draining()
             return [
                 ready_before,
                 await client.post(COMPLETIONS, json={"model": MODEL, "prompt": LONG}),
@@ -327,7 +327,7 @@ def test_error_before_the_first_token_is_a_plain_status(
     h = make_harness(decode=FakeDecode(fail_after=0))
     r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": "hi", "stream": True}))
     assert_error(r, 503, "kv_handle", "kv_transfer_error")
-    assert h.app.state.gate.num_in_flight == 0
+    assert h.app.gate.num_in_flight == 0
 
 
 def test_stalled_decode_times_out(make_harness: Callable[..., Harness]) -> None:
@@ -339,7 +339,7 @@ def test_stalled_decode_times_out(make_harness: Callable[..., Harness]) -> None:
     assert done == "[DONE]"
     r = run(send(h, COMPLETIONS, json={"model": MODEL, "prompt": LONG}))
     assert_error(r, 408, None, "timeout_error")
-    assert h.decode.num_closed == 2 and h.app.state.gate.num_in_flight == 0
+    assert h.decode.num_closed == 2 and h.app.gate.num_in_flight == 0
 
 
 def test_prefill_rejecting_the_request_does_not_fall_back(

@@ -19,7 +19,7 @@ LONG = "hello world, this is a long prompt"
 
 
 def decisions(h: Harness) -> dict[tuple[str, str], float]:
-    registry = h.app.state.metrics.registry
+    registry = h.app.metrics.registry
     counts = {}
     for family in registry.collect():
         if family.name == "pdserve:disagg_decisions":
@@ -81,7 +81,7 @@ def test_first_failed_prefill_sends_the_next_requests_local_at_once(
     metrics = run(h.client().get("/metrics")).text
     assert "pdserve:prefill_failovers_total 1.0" in metrics
     assert 'pdserve:serving_degraded{reason="prefill_unavailable"} 1.0' in metrics
-    h.app.state.flow.breaker.succeeded()  # cooldown over, the probe worked
+    h.app.default_flow.breaker.succeeded()  # cooldown over, the probe worked
     h.prefill.error = None
     assert run(complete(h, LONG)).status_code == 200
     assert len(h.prefill.requests) == 2
@@ -160,7 +160,7 @@ def test_first_token_is_sent_before_decode_starts(make_harness: Callable[..., Ha
         sent_at_decode_start.append(stream.body_text)
 
     h = make_harness(decode=FakeDecode(on_start=on_start))
-    run(stream(h.app))
+    run(stream(h.app.asgi))
     (seen,) = sent_at_decode_start
     (first,) = sse_payloads(seen)  # exactly the prefill's token was on the wire already
     assert first["choices"][0]["text"] == "h"
@@ -177,15 +177,15 @@ def test_client_disconnect_closes_the_decode_stream(make_harness: Callable[..., 
     stream = AsgiStream(STREAM_BODY, spec_version="2.3")  # starlette listens for disconnects
 
     async def scenario() -> int:
-        task = asyncio.create_task(stream(h.app))
+        task = asyncio.create_task(stream(h.app.asgi))
         await wait_until(lambda: len(h.decode.requests) == 1)
         stream.disconnect.set()
         await task
         return h.decode.num_closed  # before asyncio.run's shutdown could close a leak
 
     assert run(scenario()) == 1
-    assert h.app.state.gate.num_in_flight == 0
-    failed = h.app.state.metrics.registry.get_sample_value(
+    assert h.app.gate.num_in_flight == 0
+    failed = h.app.metrics.registry.get_sample_value(
         "pdserve:requests_failed_total", {"reason": "client_disconnected"}
     )
     assert failed == 1.0
@@ -198,14 +198,14 @@ def test_failed_send_closes_the_decode_stream(make_harness: Callable[..., Harnes
 
     async def scenario() -> int:
         with contextlib.suppress(ClientDisconnect):  # starlette's report of the failed send
-            await stream(h.app)
+            await stream(h.app.asgi)
         # NOTE: read before the loop runs again: the asyncgen finalizer (or asyncio.run's
         # shutdown) would close a leaked stream later and hide the leak.
         return h.decode.num_closed
 
     assert run(scenario()) == 1  # closed at once, not left to the garbage collector
     assert len(sse_payloads(stream.body_text)) == 1
-    assert h.app.state.gate.num_in_flight == 0
+    assert h.app.gate.num_in_flight == 0
 
 
 def test_cancelled_request_task_closes_the_decode_stream(
@@ -217,7 +217,7 @@ def test_cancelled_request_task_closes_the_decode_stream(
     stream = AsgiStream(STREAM_BODY)
 
     async def scenario() -> int:
-        task = asyncio.create_task(stream(h.app))
+        task = asyncio.create_task(stream(h.app.asgi))
         await wait_until(lambda: len(h.decode.requests) == 1)
         release.set()  # one decode chunk, then it hangs
         await wait_until(lambda: stream.body_text.count("data:") == 2)
@@ -227,7 +227,7 @@ def test_cancelled_request_task_closes_the_decode_stream(
         return h.decode.num_closed
 
     assert run(scenario()) == 1
-    assert h.app.state.gate.num_in_flight == 0
+    assert h.app.gate.num_in_flight == 0
 
 
 def test_cancelled_non_streaming_request_closes_the_decode_stream(
@@ -238,7 +238,7 @@ def test_cancelled_non_streaming_request_closes_the_decode_stream(
     stream = AsgiStream(body)
 
     async def scenario() -> int:
-        task = asyncio.create_task(stream(h.app))
+        task = asyncio.create_task(stream(h.app.asgi))
         await wait_until(lambda: len(h.decode.requests) == 1)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -246,4 +246,4 @@ def test_cancelled_non_streaming_request_closes_the_decode_stream(
         return h.decode.num_closed
 
     assert run(scenario()) == 1
-    assert h.app.state.gate.num_in_flight == 0
+    assert h.app.gate.num_in_flight == 0

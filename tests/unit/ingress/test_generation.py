@@ -222,7 +222,7 @@ def test_block_hashes_feed_the_decision(
     assert run(post(h, "/v1/completions", {"prompt": LONG})).status_code == 200
     assert seen == [hash_prompt_blocks(tokenizer.encode(LONG), 4, seed=0)]
     assert h.prefill.requests == []  # 35 tokens, 32 cached: 3 uncached < 8 -> local
-    metrics = h.app.state.metrics.registry
+    metrics = h.app.metrics.registry
     labels = {"decision": "local", "reason": "cached_prefix"}
     assert metrics.get_sample_value("pdserve:disagg_decisions_total", labels) == 1.0
 

@@ -80,7 +80,7 @@ def test_rejections_by_reason(make_harness: Callable[..., Harness]) -> None:
         async with h.client() as client:
             await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
             await client.get("/v1/models")
-            h.app.state.gate.start_draining()
+            h.app.gate.start_draining()
             headers = {"authorization": "Bearer k"}
             await client.post("/v1/completions", json={"prompt": "hi"}, headers=headers)
             return await client.get("/metrics", headers=headers)

@@ -57,7 +57,7 @@ class TwoModels:
 
     def post(self, body: dict[str, Any], path: str = "/v1/completions", **headers: str) -> Any:
         async def go() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self.app)
+            transport = httpx.ASGITransport(app=self.app.asgi)
             async with httpx.AsyncClient(transport=transport, base_url="http://i") as client:
                 return await client.post(path, json=body, headers=headers)
 
@@ -65,7 +65,7 @@ class TwoModels:
 
     def get(self, path: str) -> httpx.Response:
         async def go() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self.app)
+            transport = httpx.ASGITransport(app=self.app.asgi)
             async with httpx.AsyncClient(transport=transport, base_url="http://i") as client:
                 return await client.get(path)
 

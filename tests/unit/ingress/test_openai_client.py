@@ -17,7 +17,7 @@ KEY = "sk-test"
 
 def client_for(h: Harness, api_key: str = KEY) -> openai.AsyncOpenAI:
     # NOTE: this openai release is built on httpx2 (httpx's successor), so its transport.
-    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=h.app))
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=h.app.asgi))
     return openai.AsyncOpenAI(
         base_url="http://ingress/v1", api_key=api_key, http_client=http, max_retries=0
     )

@@ -45,6 +45,7 @@ def pdserve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", RUN_CLI, *args],
         cwd=REPO,
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,

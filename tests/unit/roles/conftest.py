@@ -23,7 +23,8 @@ from decode.worker import DecodeWorker
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
 from engine.llm import LLM
-from prefill.worker import PrefillWorker, build_prefill_worker
+from prefill.build import build_prefill_worker
+from prefill.worker import PrefillWorker
 from tests.unit.roles.helpers import wait_until
 from transfer import FaultInjection, GrpcKVTransport, InProcKVHub, InProcKVTransport, KVTransport
 

@@ -6,7 +6,8 @@ import json
 
 from cluster.routing.kv_index.index import IndexStats
 from cluster.routing.policy_types import RoutingDecision, RoutingReason
-from cluster.routing.routing_metrics import RoutingMetrics, routing_metrics
+from cluster.routing.routing_metrics import RoutingMetrics, RoutingSnapshot, routing_metrics
+from core.codec import to_plain
 
 
 def decision(reason: RoutingReason, cached: int, prompt: int) -> RoutingDecision:
@@ -19,7 +20,7 @@ def test_snapshot_counts_reasons_hit_rate_and_latency() -> None:
     metrics.record_decision("prefill", decision(RoutingReason.LEAST_LOADED, 0, 8), 0.002)
     metrics.record_decision("decode", decision(RoutingReason.CACHE_HIT, 2, 2), 0.5)
     metrics.record_index(IndexStats(3, 1, 40, 25))
-    snapshot = json.loads(json.dumps(metrics.snapshot()))  # JSON-shaped
+    snapshot = json.loads(json.dumps(to_plain(metrics.snapshot())))  # JSON-shaped as plain data
     prefill = snapshot["pools"]["prefill"]
     assert prefill["decisions_total"] == {"cache_hit": 1, "least_loaded": 1}
     assert prefill["prefix_hit_rate"] == 6 / 16
@@ -39,7 +40,7 @@ def test_snapshot_counts_reasons_hit_rate_and_latency() -> None:
         "num_hashes": 25,
     }
     metrics.reset()
-    assert metrics.snapshot() == {"pools": {}, "index": {}}
+    assert metrics.snapshot() == RoutingSnapshot(pools={}, index=None)
 
 
 def test_the_process_has_one_metrics_object() -> None:

@@ -106,9 +106,9 @@ def test_prefix_aware_ranks_the_cache_holder_first_and_records_metrics() -> None
     replicas = [replica("a"), replica("b")]
     request = pending([1, 2, 3, 4])
     assert choose(router, replicas, request) == ["b", "a"]
-    pool = router.metrics.snapshot()["pools"]["prefill"]
-    assert pool["decisions_total"] == {"cache_hit": 1}
-    assert pool["prefix_hit_rate"] == 3 / 4
+    pool = router.metrics.snapshot().pools["prefill"]
+    assert pool.decisions_total == {"cache_hit": 1}
+    assert pool.prefix_hit_rate == 3 / 4
     assert router.load.num_requests("b") == 1
     assert router.load.num_tokens("b") == BLOCK_SIZE + 1  # only the uncached tail is work
     router.on_request_completed(replicas[1].replica_id, request.metadata.internal_request_id)
@@ -132,7 +132,7 @@ def test_a_retried_choice_counts_one_decision() -> None:
     request = pending([1])
     choose(router, [replica("a"), replica("b")], request)
     choose(router, [replica("a"), replica("b")], request)
-    assert router.metrics.snapshot()["pools"]["prefill"]["decision_latency_s"]["count"] == 1
+    assert router.metrics.snapshot().pools["prefill"].decision_latency_s.count == 1
     assert len(router.load) == 1
 
 
@@ -143,7 +143,7 @@ def test_session_affinity_across_turns_and_replica_death() -> None:
     # the next turn's blocks are not indexed yet: the session pin keeps it on b
     decision_order = choose(router, replicas, pending([7, 8, 9], session="s"))
     assert decision_order[0] == "b"
-    assert router.metrics.snapshot()["pools"]["prefill"]["decisions_total"]["session_affinity"] == 1
+    assert router.metrics.snapshot().pools["prefill"].decisions_total["session_affinity"] == 1
     router.on_replica_actor_died(replicas[1].replica_id)
     assert router.index_source.gone == ["b"]  # type: ignore[attr-defined]
     assert router.load.num_requests("b") == 0
@@ -176,7 +176,7 @@ def test_routing_stats_steer_the_decode_pool_to_free_kv() -> None:
 def test_without_an_index_the_reason_is_degraded_index() -> None:
     router = make_router(PrefixAwareRequestRouter, None)
     choose(router, [replica("a"), replica("b")], pending([1, 2]))
-    assert router.metrics.snapshot()["pools"]["prefill"]["decisions_total"] == {"degraded_index": 1}
+    assert router.metrics.snapshot().pools["prefill"].decisions_total == {"degraded_index": 1}
 
 
 def test_round_robin_router_rotates_and_empty_candidates_wait() -> None:

@@ -1,0 +1,42 @@
+"""``GET /v1/models``: every served and virtual model name, in the OpenAI list shape (plus vLLM's
+``max_model_len``)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from cluster.ingress.http.admission import authenticate
+from cluster.ingress.http.error_responses import error_response
+from cluster.ingress.model_table import ModelTable
+from cluster.ingress.settings import IngressSettings
+from cluster.ingress.telemetry.request_metrics import IngressMetrics
+from core.errors import PdserveError
+
+
+def add_model_routes(
+    app: FastAPI, table: ModelTable, settings: IngressSettings, metrics: IngressMetrics
+) -> None:
+    """``/v1/models`` over ``table``; API keys as on the generation routes."""
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        try:
+            authenticate(request.headers.get("authorization"), settings.api_keys)
+        except PdserveError as e:
+            metrics.count_rejected("unauthorized")
+            return error_response(e)
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": settings.owned_by,
+                "max_model_len": table.max_model_len(name),
+            }
+            for name in table.names()
+        ]
+        return JSONResponse({"object": "list", "data": data})

@@ -1,0 +1,50 @@
+"""``GET /health`` and ``GET /ready``: the pools' state as the ingress sees it, per model.
+
+``/health`` always answers 200 with the state; ``/ready`` answers 200 only when a request sent
+now is served by every model (with local fallback, decode alone serves every prompt, so a
+missing prefill pool only shows as ``degraded``), else 503. Both are public (no API key).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+
+from cluster.ingress.http.admission import RequestGate
+from cluster.ingress.model_table import ModelTable
+
+
+def add_probe_routes(app: FastAPI, table: ModelTable, gate: RequestGate) -> None:
+    """``/health`` and ``/ready`` over ``table``'s routes and the drain flag of ``gate``."""
+
+    @app.get("/health")
+    async def health() -> Response:
+        status = _status(table, gate)
+        status.pop("ready")
+        return JSONResponse({"status": "ok", **status})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        status = _status(table, gate)
+        is_ready = status.pop("ready")
+        body = {"status": "ready" if is_ready else "not_ready", **status}
+        return JSONResponse(body, status_code=200 if is_ready else 503)
+
+
+def _status(table: ModelTable, gate: RequestGate) -> dict[str, Any]:
+    """The probes' body: each model's health computed once."""
+    health = {r.name: r.health() for r in table.routes}
+    status: dict[str, Any] = {
+        "draining": gate.draining,
+        "prefill": all(h.prefill for h in health.values()),
+        "decode": all(h.decode for h in health.values()),
+        "degraded": ["prefill_unavailable"] if any(h.degraded for h in health.values()) else [],
+        "ready": not gate.draining and all(h.ready for h in health.values()),
+    }
+    if len(health) > 1:
+        status["models"] = {
+            name: {"prefill": h.prefill, "decode": h.decode} for name, h in health.items()
+        }
+    return status

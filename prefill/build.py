@@ -1,0 +1,44 @@
+"""Building a :class:`~prefill.worker.PrefillWorker` for a replica: a real engine (or an
+expert-parallel rank's) plus a serving gRPC transport with its own transfer metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from core.config import EngineConfig, ModelConfig, TransferConfig
+from core.kv_events import KVEventBatch
+from engine.async_engine import AsyncEngine, build_async_engine
+from prefill.worker import PrefillWorker
+from transfer import GrpcKVTransport, InMemoryTransferMetrics
+
+logger = logging.getLogger(__name__)
+
+
+def build_prefill_worker(
+    model: ModelConfig,
+    engine: EngineConfig,
+    transfer: TransferConfig,
+    *,
+    node_host: str | None = None,
+    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    async_engine: AsyncEngine | None = None,
+) -> PrefillWorker:
+    """A prefill worker on a real engine and a serving :class:`GrpcKVTransport`.
+
+    ``async_engine``: an engine built elsewhere (an expert-parallel rank's); default: build one.
+    """
+    if async_engine is None:
+        async_engine = build_async_engine(model, engine, kv_event_callback=kv_event_callback)
+    parts = async_engine.engine.parts
+    metrics = InMemoryTransferMetrics()
+    transport = GrpcKVTransport(
+        parts.storage, transfer, serve=True, node_host=node_host, metrics=metrics
+    )
+    logger.info(
+        "prefill worker ready: %d KV blocks, exporting at %s (layout %s)",
+        parts.storage.num_blocks,
+        transport.address,
+        parts.layout.fingerprint(),
+    )
+    return PrefillWorker(async_engine, transport, metrics=metrics)
