@@ -2,8 +2,8 @@
 
 The one place that decides the device (CUDA when present), the ``auto`` dtype (fp32 on CPU,
 bf16 on CUDA), the attention backend (Triton on CUDA, the torch reference on CPU), the decode
-batch sizes captured as CUDA graphs (on CUDA unless ``enforce_eager``; never on CPU), the KV
-budget and the effective ``max_model_len``.
+batch sizes captured as CUDA graphs (on CUDA unless ``enforce_eager``; never on CPU), which
+projections ``quantization: int8`` quantizes, the KV budget and the effective ``max_model_len``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from core import env
 from core.config import EngineConfig, ModelConfig
@@ -28,8 +29,8 @@ from engine.kv.quant import KV_CACHE_DTYPES, SCALE_BYTES
 from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
 from engine.kv.tiers.store import KVTiers
 from engine.loader import load_model
-from engine.models import CausalLM, ModelArchConfig
-from engine.models.quant import quantize_model_int8
+from engine.models import CausalLM, ModelArchConfig, MoELayer
+from engine.models.layers import Linear
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
 
@@ -149,6 +150,36 @@ def build_engine_parts(
         compiled=engine_cfg.compile_model,
         cuda_graph_batch_sizes=graph_sizes,
     )
+
+
+def quantize_model_int8(model: nn.Module) -> int:
+    """Quantize every eligible projection of ``model`` in place (weight-only int8, each layer
+    through its own ``quantize_int8``); returns how many weight tensors.
+
+    Left in the model dtype: embeddings, the LM head (its logits decide every token) and the
+    MoE router gates (a changed expert choice changes the whole token), all small next to the
+    projections.
+    """
+    skip = _full_precision_linears(model)
+    count = 0
+    for module in model.modules():
+        if isinstance(module, Linear) and id(module) not in skip:
+            module.quantize_int8()
+            count += 1
+        elif isinstance(module, MoELayer):
+            count += module.quantize_int8()
+    logger.info("int8 weight-only quantization: %d weight tensors", count)
+    return count
+
+
+def _full_precision_linears(model: nn.Module) -> set[int]:
+    """Ids of the linears that stay in the model dtype: the LM head and router gates."""
+    keep: set[int] = set()
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("lm_head", "gate", "shared_expert_gate"):
+            keep.add(id(module))
+    return keep
 
 
 def _max_model_len(engine_cfg: EngineConfig, arch: ModelArchConfig) -> int:

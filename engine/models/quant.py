@@ -1,16 +1,13 @@
-"""Weight-only int8: per-output-channel scales computed at load time from the checkpoint.
+"""Weight-only int8 math: per-output-channel scales, and the int8 weight-only matmul.
 
-``model.quantization: int8`` turns every attention, MLP and expert projection into an int8
-weight ``q`` [out, in] plus a scale per output channel ``s`` [out] (``s = amax(|W_row|) / 127``,
-``q = round(W / s)``), halving (bf16) or quartering (fp32) their bytes; decode, which streams
-every weight once per step, reads that much less memory. ``y = (x @ q.T) * s``: on CPU and CUDA
-through torch's int8 weight-only matmul (``torch._weight_int8pack_mm``, with activations in
-bfloat16 or float16; a float32 model's activations are rounded to bfloat16 for it) wherever a
-probe finds it runs, else by dequantizing into the model dtype. Scales are kept in float32.
-
-Left in the model dtype: embeddings, the LM head (its logits decide every token) and the MoE
-router gates (a changed expert choice changes the whole token), all small next to the
-projections.
+A weight [out, in] becomes an int8 ``q`` [out, in] plus a scale per output channel ``s`` [out]
+(``s = amax(|W_row|) / 127``, ``q = round(W / s)``), halving (bf16) or quartering (fp32) its
+bytes; decode, which streams every weight once per step, reads that much less memory.
+``y = (x @ q.T) * s``: on CPU and CUDA through torch's int8 weight-only matmul
+(``torch._weight_int8pack_mm``, with activations in bfloat16 or float16; a float32 model's
+activations are rounded to bfloat16 for it) wherever a probe finds it runs, else by
+dequantizing into the model dtype. Scales are kept in float32. A leaf: the layers that hold
+int8 weights (``Linear``, ``MoELayer``) quantize themselves with these functions.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ import logging
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -68,30 +64,3 @@ def has_int8_kernel(device: torch.device) -> bool:
             logger.warning("no int8 weight-only kernel on %s (%s): dequantizing instead", kind, e)
             _KERNEL_ON[kind] = False
     return _KERNEL_ON[kind]
-
-
-def quantize_model_int8(model: nn.Module) -> int:
-    """Quantize every eligible projection of ``model`` in place; returns how many tensors."""
-    from engine.models.layers import Linear
-    from engine.models.moe import MoELayer
-
-    skip = _full_precision_linears(model)
-    count = 0
-    for module in model.modules():
-        if isinstance(module, Linear) and id(module) not in skip:
-            module.quantize_int8()
-            count += 1
-        elif isinstance(module, MoELayer):
-            count += module.quantize_int8()
-    logger.info("int8 weight-only quantization: %d weight tensors", count)
-    return count
-
-
-def _full_precision_linears(model: nn.Module) -> set[int]:
-    """Ids of the linears that stay in the model dtype: the LM head and router gates."""
-    keep: set[int] = set()
-    for name, module in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in ("lm_head", "gate", "shared_expert_gate"):
-            keep.add(id(module))
-    return keep

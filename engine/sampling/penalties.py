@@ -12,12 +12,10 @@ ids it imports — no penalty state crosses the KV handoff.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.sampling.sampler import SamplingRow
+from engine.sampling.row import SamplingRow
 
 
 def apply(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

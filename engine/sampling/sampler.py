@@ -24,7 +24,7 @@ import torch
 from core.sampling import SamplingParams
 from engine.outputs import TokenLogprob
 from engine.sampling import grammar, ops, penalties
-from engine.sampling.grammar import GrammarState
+from engine.sampling.row import SamplingRow
 
 GREEDY_TEMPERATURE_EPS = 1e-5
 
@@ -32,26 +32,6 @@ GREEDY_TEMPERATURE_EPS = 1e-5
 def make_generator(seed: int) -> torch.Generator:
     """A request's private CPU generator for ``SamplingParams.seed``."""
     return torch.Generator(device="cpu").manual_seed(seed)
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingRow:
-    """One logits row's sampling state for this step.
-
-    ``num_generated_tokens`` counts the request's output tokens before this step (for
-    ``min_tokens``); ``eos_token_ids`` are the model's end ids; ``generator`` is the request's
-    own generator (:func:`make_generator`) or None to use the sampler's shared one. The
-    request's prompt and output ids are given when its penalties need them.
-    """
-
-    params: SamplingParams
-    num_generated_tokens: int = 0
-    eos_token_ids: tuple[int, ...] = ()
-    generator: torch.Generator | None = None
-    prompt_token_ids: Sequence[int] = ()
-    output_token_ids: Sequence[int] = ()
-    grammar: GrammarState | None = None
-    """The request's structured-output matcher (``engine.sampling.grammar``), if constrained."""
 
 
 @dataclass(frozen=True)

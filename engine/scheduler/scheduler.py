@@ -2,24 +2,13 @@
 
 Tensor-free (vLLM v1 style): :meth:`Scheduler.schedule` returns a :class:`SchedulerOutput`, the
 runner computes it, and :meth:`Scheduler.update_from_output` takes the sampled token ids back.
-A step's plan, in order:
-
-1. **Running** requests in arrival order. A decode costs one token; a partly computed prompt
-   gets ``min(remaining, budget - decodes still to come)`` tokens, so decodes of running
-   requests are never starved by a long prefill (chunked prefill). With
-   ``long_prefill_token_threshold`` a prompt's chunk is capped at it (admission too), which
-   leaves the rest of the budget to other prompts.
-2. If that needs a block the pool lacks, the **latest-arrived** running request is preempted
-   (blocks freed, ``num_computed_tokens`` reset, back to the head of the waiting queue) —
-   repeatedly, down to the request itself. Earlier requests therefore always progress.
-3. If nothing was preempted, **waiting** requests are admitted first come first served while
-   ``max_num_seqs`` and the token budget allow and the pool has the blocks for their next chunk
-   (after reusing cached prefix blocks); the first one that does not fit stops admission.
-
-The disaggregation hooks (prefill-only pins and KV imports) live here too because they move
-requests between the same queues under the same invariants (a request is in exactly one queue;
-its blocks are freed exactly once): splitting them out would spread those invariants over
-several files, so this module is past 400 lines for that reason.
+The scheduler owns every request — which of :class:`~engine.scheduler.queue.RequestQueues`'
+collections it sits in, and its blocks — from ``add_request`` to its end, and hands the parts of
+the work to collaborators sharing them: :class:`~engine.scheduler.step_planner.StepPlanner`
+plans each step, :class:`~engine.scheduler.tier_loading.TierLoading` looks up and loads back
+the KV tiers under the device pool (a do-nothing one when there are none), and
+:class:`~engine.scheduler.imports.KVImports` takes the decode side's imports. A prefill-only
+request ends pinned (``FINISHED_PREFILL``), keeping its blocks until :meth:`Scheduler.release`.
 """
 
 from __future__ import annotations
@@ -30,20 +19,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from core.config import EngineConfig
-from core.errors import (
-    InvalidRequestError,
-    KVCacheError,
-    PdserveError,
-    PromptTooLongError,
-    SamplingParamsError,
-)
+from core.errors import KVCacheError, PromptTooLongError, SamplingParamsError
 from core.stats import KVTierStats
 from engine.kv.event_publisher import KVEventCallback, KVEventPublisher
-from engine.kv.kv_cache_manager import NO_HIT, ComputedBlocks, KVCacheManager
-from engine.kv.tiers.counters import TierCounters
+from engine.kv.kv_cache_manager import KVCacheManager
 from engine.request import FinishReason, Request, RequestStatus
-from engine.scheduler.chunk_plan import record_chunk, recorded_hit, recorded_span
-from engine.scheduler.import_loads import ImportLoads, ImportOutcome
+from engine.scheduler.chunk_plan import record_chunk
+from engine.scheduler.import_loads import ImportOutcome
+from engine.scheduler.imports import KVImports
 from engine.scheduler.output import (
     ImportAllocation,
     PinnedBlocks,
@@ -53,7 +36,9 @@ from engine.scheduler.output import (
     SchedulerStats,
 )
 from engine.scheduler.queue import RequestQueues
+from engine.scheduler.step_planner import StepPlanner
 from engine.scheduler.stop import check_stop
+from engine.scheduler.tier_loading import tier_loading
 
 if TYPE_CHECKING:
     from engine.kv.tiers.store import KVTiers
@@ -85,9 +70,6 @@ class Scheduler:
         self.sliding_window = sliding_window
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
-        self.max_prefill_chunk = (
-            config.long_prefill_token_threshold or config.max_num_batched_tokens
-        )
         self.events = KVEventPublisher(kv_event_callback)
         self.kv = KVCacheManager(
             num_blocks,
@@ -100,10 +82,8 @@ class Scheduler:
         self.device_ttl_s = config.kv_tiers.device_ttl_s
         self.max_keep_alive_s = config.kv_tiers.max_keep_alive_s
         self.tiers = tiers
-        if tiers is not None:
-            tiers.attach(self.events)
-            self.kv.pool.on_evict = tiers.moves.on_device_evicted
-            self.kv.on_cached = tiers.moves.on_device_cached
+        """The engine's lower KV tiers (``None`` without), for inspection only."""
+        self._tier_loading = tier_loading(tiers, self.kv, self.events)
         # NOTE: the last token of a sequence never needs KV, so a lone request of
         # capacity + 1 tokens fits the whole pool.
         capacity_tokens = self.kv.pool.num_usable_blocks * config.block_size + 1
@@ -117,12 +97,17 @@ class Scheduler:
         self.max_model_len = min(max_model_len, capacity_tokens)
         self._len_limit_note = "" if max_model_len <= capacity_tokens else ", capped by KV cache"
         self._queues = RequestQueues()
-        self._import_loads = ImportLoads()
+        self._imports = KVImports(
+            self.kv,
+            self._queues,
+            self._tier_loading,
+            self.events,
+            max_model_len=self.max_model_len,
+            fail=lambda request: self._finish(request, RequestStatus.FINISHED_ERROR),
+        )
+        self._planner = StepPlanner(config, self.kv, self._queues, self._tier_loading)
         self._finished_ids: list[str] = []
         self._step_id = 0
-        self._num_preemptions_total = 0
-        self._overshoot = False
-        """True once a recorded chunk took more than the step's room (one per step)."""
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -156,14 +141,10 @@ class Scheduler:
     # -- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Plan the next step (see the module docstring)."""
-        self._overshoot = False
-        self._tier_housekeeping()
-        scheduled: list[ScheduledRequest] = []
-        preempted: list[str] = []
-        budget = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
-        if not preempted:
-            self._schedule_waiting(budget, scheduled)
+        """Settle the loads that ended, then plan the next step
+        (:class:`~engine.scheduler.step_planner.StepPlanner`)."""
+        self._settle_tiers()
+        scheduled, preempted = self._planner.plan()
         output = SchedulerOutput(
             step_id=self._step_id,
             scheduled=scheduled,
@@ -175,135 +156,13 @@ class Scheduler:
         self.events.flush()
         return output
 
-    def _schedule_running(
-        self, budget: int, scheduled: list[ScheduledRequest], preempted: list[str]
-    ) -> int:
-        running = self._queues.running
-        decodes_left = sum(1 for r in running if r.num_uncomputed_tokens == 1)
-        index = 0
-        while index < len(running) and (budget > 0 or self._overshoot):
-            request = running[index]
-            remaining = request.num_uncomputed_tokens
-            if remaining == 1:
-                decodes_left -= 1
-                num_new = 1
-            else:
-                num_new = min(remaining, budget - decodes_left, self.max_prefill_chunk)
-                num_new = self._follow_recorded_chunk(request, num_new, budget - decodes_left)
-            if num_new <= 0:
-                index += 1
-                continue
-            num_preempted = len(preempted)
-            if not self._allocate_or_preempt(request, num_new, preempted):
-                break  # the request preempted itself; it was the last one running
-            if len(preempted) > num_preempted:  # victims may have been counted decodes
-                decodes_left = sum(1 for r in running[index + 1 :] if r.num_uncomputed_tokens == 1)
-            scheduled.append(self._plan(request, num_new))
-            budget -= num_new
-            index += 1
-        return budget
-
-    def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[str]) -> bool:
-        while not self.kv.allocate_slots(request, num_new):
-            victim = self._queues.pop_latest_running()
-            self._preempt(victim)
-            preempted.append(victim.request_id)
-            if victim is request:
-                return False
-        return True
-
-    def _preempt(self, request: Request) -> None:
-        self.kv.free(request.request_id)
-        request.num_computed_tokens = 0
-        request.prompt_chunk_ends.clear()
-        request.status = RequestStatus.PREEMPTED
-        request.num_preemptions += 1
-        self._num_preemptions_total += 1
-        self._queues.waiting.appendleft(request)
-        logger.info(
-            "request %s preempted (%d tokens to recompute)", request.request_id, request.num_tokens
-        )
-
-    def _schedule_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> None:
-        queues = self._queues
-        while (
-            queues.waiting
-            and budget > 0
-            and len(queues.running) + len(queues.loading) < self.max_num_seqs
-        ):
-            request = queues.waiting[0]
-            computed: ComputedBlocks = NO_HIT
-            # NOTE: a request asking for prompt logprobs computes every prompt position
-            wants_all = request.sampling_params.prompt_logprobs is not None
-            if request.num_computed_tokens == 0 and not wants_all:  # look for a cached prefix
-                computed = self.kv.get_computed_blocks(request, request.num_tokens - 1)
-                num_lower = self._lower_tier_hit(request, computed)
-                computed = recorded_hit(request, computed, self.block_size)
-                if num_lower:
-                    if not self._start_load(request, computed, num_lower):
-                        break
-                    continue
-            remaining = request.num_uncomputed_tokens - computed.num_tokens
-            num_new = min(remaining, budget, self.max_prefill_chunk)
-            num_new = self._follow_recorded_chunk(request, num_new, budget, computed.num_tokens)
-            if num_new <= 0:
-                break
-            if not self.kv.allocate_slots(request, num_new, computed):
-                break
-            queues.waiting.popleft()
-            self._adopt_hit(request, computed)
-            request.status = RequestStatus.RUNNING
-            queues.add_running(request)
-            scheduled.append(self._plan(request, num_new))
-            budget -= num_new
-
-    def _adopt_hit(self, request: Request, computed: ComputedBlocks) -> None:
-        request.num_computed_tokens += computed.num_tokens
-        if request.num_cached_tokens is None:
-            request.num_cached_tokens = computed.num_tokens
-        if self.tiers is not None and computed.block_ids:
-            self.tiers.moves.on_device_hit(request.block_hashes[: len(computed.block_ids)])
-
     # -- lower KV tiers -----------------------------------------------------------------------
 
-    def _lower_tier_hit(self, request: Request, computed: ComputedBlocks) -> int:
-        """Blocks after the device hit found in host/disk tiers (whole recorded chunks only)."""
-        if self.tiers is None or not self.kv.enable_prefix_caching or request.follow_chunk_ends:
-            return 0
-        start = len(computed.block_ids)
-        hashes = self.kv.block_hashes(request, (request.num_tokens - 1) // self.block_size)
-        return self.tiers.find(hashes[start:])
-
-    def _start_load(self, request: Request, computed: ComputedBlocks, num_lower: int) -> bool:
-        """Hold blocks for the device hit plus ``num_lower`` blocks and start copying them back;
-        the request waits in ``loading`` (the batch keeps stepping). False: no room now."""
-        assert self.tiers is not None
-        if not self.kv.allocate_slots(request, num_lower * self.block_size, computed):
-            return False
-        self._queues.waiting.popleft()
-        self._adopt_hit(request, computed)
-        first = len(computed.block_ids)
-        table = self.kv.block_ids(request.request_id)
-        self.tiers.start_load(
-            request.request_id,
-            request.block_hashes[first : first + num_lower],
-            table[first : first + num_lower],
-        )
-        request.status = RequestStatus.LOADING_KV
-        self._queues.loading[request.request_id] = request
-        return True
-
-    def _tier_housekeeping(self) -> None:
-        """Settle finished loads and apply the tiers' idle TTLs (start of every step)."""
-        if self.device_ttl_s is not None:
-            expired = self.kv.pool.expire(self.device_ttl_s)
-            if self.tiers is not None:
-                for _ in range(expired):
-                    self.tiers.moves.count_device_expiry()
-        if self.tiers is None:
-            return
-        self.tiers.moves.expire()
-        for load in self.tiers.poll():
+    def _settle_tiers(self) -> None:
+        """Apply the tiers' idle TTLs and settle finished loads (start of every step)."""
+        num_expired = 0 if self.device_ttl_s is None else self.kv.pool.expire(self.device_ttl_s)
+        self._tier_loading.expire(num_expired)
+        for load in self._tier_loading.poll():
             self._settle_load(load.request_id, load.num_loaded)
 
     def _settle_load(self, request_id: str, num_loaded: int) -> None:
@@ -313,10 +172,8 @@ class Scheduler:
             self.kv.free(request_id)
             queues.forget(cancelled)
             return
-        if request_id in self._import_loads:
-            outcome = self._import_loads.load_done(request_id, num_loaded)
-            if outcome is not None:
-                self._end_import(request_id, outcome)
+        if self._imports.has_load(request_id):
+            self._imports.load_done(request_id, num_loaded)
             return
         request = queues.loading.pop(request_id)
         request.num_computed_tokens += num_loaded * self.block_size
@@ -329,41 +186,14 @@ class Scheduler:
 
     def close(self) -> None:
         """Stop the KV tiers' I/O (after pending writes and the loads in flight)."""
-        if self.tiers is not None:
-            self.tiers.close()
+        self._tier_loading.close()
 
     def wait_for_loads(self, timeout_s: float) -> None:
         """With nothing to step but loads in flight: wait for one to finish (bounded)."""
-        if self.tiers is not None and not self._queues.waiting and not self._queues.running:
-            self.tiers.wait(timeout_s)
+        if not self._queues.waiting and not self._queues.running:
+            self._tier_loading.wait(timeout_s)
 
-    def _follow_recorded_chunk(
-        self, request: Request, num_new: int, room: int, num_hit: int = 0
-    ) -> int:
-        """``num_new`` for a request following recorded chunk ends: exactly the tokens up to
-        the next recorded end. A chunk that does not fit ``room`` takes the step's one overshoot
-        (at most ``max_num_batched_tokens`` more tokens in that step) or waits a step."""
-        span = recorded_span(request, request.num_computed_tokens + num_hit)
-        if span is None or span > self.max_num_batched_tokens:
-            return num_new
-        if span <= room:
-            return span
-        if self._overshoot:
-            return 0
-        self._overshoot = True
-        return span
-
-    def _plan(self, request: Request, num_new: int) -> ScheduledRequest:
-        start = request.num_computed_tokens
-        return ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=request.all_token_ids[start : start + num_new],
-            start_position=start,
-            block_ids=self.kv.block_ids(request.request_id),
-            samples_token=start + num_new == request.num_tokens,
-            sampling_params=request.sampling_params,
-            num_output_tokens=request.num_output_tokens,
-        )
+    # -- applying a step ---------------------------------------------------------------------
 
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
@@ -435,9 +265,9 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         was_finished = request.is_finished
         was_loading = request.status is RequestStatus.LOADING_KV or (
-            self._import_loads.is_writing(request.request_id)
+            self._imports.is_writing(request.request_id)
         )
-        self._import_loads.forget(request.request_id)
+        self._imports.forget(request.request_id)
         self._queues.detach(request)
         request.status = status
         if was_loading:  # a copy is still writing its blocks: free them once it is done
@@ -488,98 +318,20 @@ class Scheduler:
         ended). Raises ``KVCacheError`` when the pool lacks the blocks now,
         ``InvalidRequestError`` when the first token already ends the request."""
         self._check_prompt_len(request)
-        request.append_output_token(first_token_id)
-        try:
-            computed = self._reserve_import(request)
-        except PdserveError:
-            del request.output_token_ids[-1], request.all_token_ids[-1]  # leave it as given
-            raise
-        num_lower = self._load_import_prefix(request, len(computed.block_ids))
-        request.num_cached_tokens = computed.num_tokens + num_lower * self.block_size
-        request.status = RequestStatus.WAITING_FOR_KV
-        self._queues.importing[request.request_id] = request
-        self.events.flush()
-        return ImportAllocation(
-            request_id=request.request_id,
-            block_ids=self.kv.block_ids(request.request_id),
-            num_local_blocks=len(computed.block_ids) + num_lower,
-        )
-
-    def _reserve_import(self, request: Request) -> ComputedBlocks:
-        if check_stop(request, self.max_model_len) is not None:
-            raise InvalidRequestError(
-                f"request {request.request_id}: its first token already ends it; nothing to decode",
-                param="first_token_id",
-            )
-        computed = self.kv.get_computed_blocks(request, request.num_prompt_tokens)
-        self._queues.register(request)
-        if not self.kv.allocate_slots(
-            request, request.num_prompt_tokens - computed.num_tokens, computed
-        ):
-            self._queues.forget(request)
-            raise KVCacheError(
-                f"request {request.request_id}: no room to import "
-                f"{request.num_prompt_tokens} prompt tokens "
-                f"({self.kv.num_free_blocks} free blocks of {self.block_size} tokens)"
-            )
-        return computed
-
-    def _load_import_prefix(self, request: Request, first: int) -> int:
-        """Start copying the import's blocks after its device hit back from a lower tier;
-        returns how many (the pull skips them)."""
-        if self.tiers is None or not self.kv.enable_prefix_caching:
-            return 0
-        hashes = self.kv.block_hashes(request, request.num_prompt_tokens // self.block_size)
-        num_lower = self.tiers.find(hashes[first:])
-        if num_lower:
-            table = self.kv.block_ids(request.request_id)
-            self.tiers.start_load(
-                request.request_id, hashes[first : first + num_lower], table[first:][:num_lower]
-            )
-            self._import_loads.start(request.request_id, num_lower)
-        return num_lower
+        return self._imports.add(request, first_token_id)
 
     def mark_kv_ready(self, request_id: str) -> bool:
         """The imported KV is in place: cache its full blocks and queue the request at the head
         of the waiting queue as if its prompt was computed (once its tier load, if any, ended).
         False if it is not importing."""
-        if request_id not in self._queues.importing:
-            return False
-        self._pull_done(request_id, ImportOutcome.READY)
-        return True
+        return self._imports.pull_done(request_id, ImportOutcome.READY)
 
     def mark_kv_failed(self, request_id: str, recompute: bool) -> bool:
         """The import failed: free its blocks, then either recompute the prompt locally (same
         output; the first token is kept) or end it with ``FinishReason.ERROR``. False if it is
         not importing."""
-        if request_id not in self._queues.importing:
-            return False
-        self._pull_done(request_id, ImportOutcome.RECOMPUTE if recompute else ImportOutcome.FAIL)
-        return True
-
-    def _pull_done(self, request_id: str, outcome: ImportOutcome) -> None:
-        if request_id in self._import_loads:
-            settled = self._import_loads.pull_done(request_id, outcome)
-            if settled is None:
-                return  # the tier load still writes; it settles the import when it ends
-            outcome = settled
-        self._end_import(request_id, outcome)
-
-    def _end_import(self, request_id: str, outcome: ImportOutcome) -> None:
-        request = self._queues.importing[request_id]
-        if outcome is ImportOutcome.FAIL:
-            self._finish(request, RequestStatus.FINISHED_ERROR)  # detaches and frees it
-            return
-        del self._queues.importing[request_id]
-        if outcome is ImportOutcome.READY:
-            request.num_computed_tokens = request.num_prompt_tokens
-            self.kv.cache_full_blocks(request)
-        else:
-            self.kv.free(request_id)
-            logger.info("request %s: KV import failed, recomputing locally", request_id)
-        request.status = RequestStatus.WAITING
-        self._queues.waiting.appendleft(request)
-        self.events.flush()
+        outcome = ImportOutcome.RECOMPUTE if recompute else ImportOutcome.FAIL
+        return self._imports.pull_done(request_id, outcome)
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -607,7 +359,7 @@ class Scheduler:
             num_used_blocks=pool.num_used_blocks,
             num_cached_blocks=pool.num_cached_blocks,
             kv_usage=pool.usage,
-            num_preemptions_total=self._num_preemptions_total,
+            num_preemptions_total=self._planner.num_preemptions_total,
             num_pending_prompt_tokens=sum(
                 max(r.num_prompt_tokens - r.num_computed_tokens, 0)
                 for r in (*self._queues.waiting, *self._queues.running)
@@ -615,7 +367,7 @@ class Scheduler:
             num_loading_kv=(
                 len(self._queues.loading)
                 + len(self._queues.cancelled_loads)
-                + self._import_loads.num_writing()
+                + self._imports.num_writing()
             ),
             kv_tiers=self.tier_stats(),
         )
@@ -623,10 +375,9 @@ class Scheduler:
     def tier_stats(self) -> tuple[KVTierStats, ...]:
         """Every tier of this engine, device first: occupancy and counters."""
         pool = self.kv.pool
-        device = (
-            self.tiers.counters["device"] if self.tiers is not None else TierCounters()
-        ).stats("device", pool.num_used_blocks + pool.num_evictable_blocks, pool.num_usable_blocks)
-        return (device, *(self.tiers.stats() if self.tiers is not None else ()))
+        return self._tier_loading.stats(
+            pool.num_used_blocks + pool.num_evictable_blocks, pool.num_usable_blocks
+        )
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (e.g. after new weights); emits ``AllBlocksCleared``."""
@@ -636,8 +387,7 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Raise ``KVCacheError`` unless the pool, the tables and the queues agree."""
         self.kv.check_integrity()
-        if self.tiers is not None:
-            self.tiers.check_integrity()
+        self._tier_loading.check_integrity()
         problems = self._queues.check_consistent()
         tables = self.kv.block_tables()
         for request_id, table in tables.items():

@@ -9,7 +9,8 @@ import torch
 from core.errors import SamplingParamsError
 from core.sampling import SamplingParams
 from engine.sampling import penalties
-from engine.sampling.sampler import Sampler, SamplingRow
+from engine.sampling.row import SamplingRow
+from engine.sampling.sampler import Sampler
 
 
 def test_bias_and_penalties_follow_the_openai_and_ctrl_formulas() -> None:
