@@ -44,7 +44,7 @@ integration: install install-eval
 	$(BIN)/pytest tests/integration
 
 test: install install-eval lint
-	$(BIN)/pytest tests
+	$(BIN)/pytest tests --durations=25
 
 # The full chaos suite (replica kills, stalls, scaling, long fuzzing), then docs/reliability.md
 # rendered from its figures.

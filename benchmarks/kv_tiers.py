@@ -153,6 +153,11 @@ def plot(timelines: dict[str, list[dict[str, int]]], path: Path) -> None:
 
 
 def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="pdserve-kv-tiers-") as tmp:  # removed after the run
+        run(Path(tmp))
+
+
+def run(tmp: Path) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=12)
     parser.add_argument("--turns", type=int, default=6)
@@ -165,7 +170,6 @@ def main() -> None:
     final_ctx = args.system_tokens + args.turns * (args.user_tokens + args.answer)
     working_set = (args.sessions * (final_ctx - args.system_tokens) + args.system_tokens) // BLOCK
     device = max(working_set // 4, final_ctx // BLOCK + 2)
-    tmp = Path(tempfile.mkdtemp(prefix="pdserve-kv-tiers-"))
     host = working_set + 32
     modes = {
         "off": None,

@@ -272,7 +272,11 @@ def plot(results: dict[str, dict], path: str) -> None:
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     resolve_model(MODEL)
-    workdir = Path(tempfile.mkdtemp(prefix="pdserve-planner-"))
+    with tempfile.TemporaryDirectory(prefix="pdserve-planner-") as workdir:  # removed after
+        return run(args, Path(workdir))
+
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
     profile_path = workdir / "profile.json"
     bench = load_cluster_config(config(args, "default", None))
     grid = ProfileGrid(prompt_lens=(64, 256, 1024), context_lens=(128, 1024),

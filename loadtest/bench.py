@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 
 from loadtest.client import OpenAIStreamClient, first_model
+from loadtest.clock import now_s
 from loadtest.config import LoadTestConfig
 from loadtest.counters import counting_report
 from loadtest.fault_report import fault_report
@@ -104,7 +104,7 @@ async def run_benchmark(
         model = target.model or await first_model(http, target.base_url, api_key)
         client = OpenAIStreamClient(http, target, model, api_key)
         schedule = FaultSchedule(http, target.base_url, config.events, config.control, api_key)
-        started_s = time.perf_counter()
+        started_s = now_s()
         firing = asyncio.create_task(schedule.run(started_s))
         try:
             result = await run_sessions(

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import httpx
 
 from core.errors import UnavailableError
+from loadtest.clock import now_s
 from loadtest.config import LoadTestTargetConfig
 from loadtest.server_timing import ServerTiming
 from loadtest.sse import SSEEvent, SSEParser
@@ -166,7 +166,7 @@ class OpenAIStreamClient:
         headers = {"x-request-id": request_id}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
-        state = _StreamState(time.perf_counter())
+        state = _StreamState(now_s())
         try:
             async with asyncio.timeout(self._target.request_timeout_s):
                 await self._exchange(self.payload(prompt, max_tokens), headers, state)
@@ -192,13 +192,13 @@ class OpenAIStreamClient:
             state.headers_received = True
             parser = SSEParser()
             async for chunk in response.aiter_bytes():
-                now_s = time.perf_counter()
+                arrived_s = now_s()
                 for event in parser.feed(chunk):
-                    state.on_event(event, now_s)
+                    state.on_event(event, arrived_s)
                     if state.finished:
                         return
             for event in parser.close():
-                state.on_event(event, time.perf_counter())
+                state.on_event(event, now_s())
 
 
 async def first_model(http: httpx.AsyncClient, base_url: str, api_key: str | None = None) -> str:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.clock import now_s
 from loadtest.config import FaultControlConfig, FaultEventConfig
 
 Counters = dict[str, float]
@@ -79,11 +79,11 @@ class FaultSchedule:
         self.final_counters: Counters = {}
 
     async def run(self, started_s: float) -> None:
-        """Fire every event at its time (``started_s``: the run's ``perf_counter`` start)."""
+        """Fire every event at its time (``started_s``: the run's start on the loop clock)."""
         for index, event in enumerate(self._events):
-            await asyncio.sleep(max(0.0, started_s + event.at_s - time.perf_counter()))
+            await asyncio.sleep(max(0.0, started_s + event.at_s - now_s()))
             before = await self.counters()
-            fired_s = time.perf_counter() - started_s
+            fired_s = now_s() - started_s
             try:
                 ok, detail = await self._fire(event)
             except (httpx.HTTPError, OSError) as e:

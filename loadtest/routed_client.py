@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ import httpx
 import numpy as np
 
 from loadtest.arrivals import arrival_times
+from loadtest.clock import now_s
 from loadtest.config import ArrivalConfig
 from loadtest.sse import SSEParser
 from loadtest.tiered_cost import RoutedOutcome, parse_cascade_usage
@@ -92,7 +92,7 @@ async def send_routed(
     failed = RoutedOutcome(req.request_id, req.kind, req.hard)
     headers = {"x-request-id": f"{model}-{req.request_id}", **req.headers}
     url = base_url.rstrip("/") + "/v1/chat/completions"
-    state = _StreamState(time.perf_counter())
+    state = _StreamState(now_s())
     try:
         async with http.stream("POST", url, json=chat_body(req, model), headers=headers) as resp:
             if resp.status_code != 200:
@@ -101,9 +101,9 @@ async def send_routed(
             parser = SSEParser()
             async for raw in resp.aiter_bytes():
                 for event in parser.feed(raw):
-                    state.on_data(event.data, time.perf_counter())
+                    state.on_data(event.data, now_s())
             for event in parser.close():
-                state.on_data(event.data, time.perf_counter())
+                state.on_data(event.data, now_s())
             routed = resp.headers.get(ROUTED_MODEL_HEADER)
             reason = resp.headers.get(ROUTE_REASON_HEADER)
             cascade = parse_cascade_usage(resp.headers.get(CASCADE_USAGE_HEADER))
@@ -141,10 +141,10 @@ async def run_poisson(
         {"request_rate": rate, "num_requests": max(1, len(requests)), "seed": seed}
     )
     offsets = arrival_times(arrivals, np.random.default_rng(seed))
-    start_s = time.perf_counter()
+    start_s = now_s()
 
     async def at(offset_s: float, req: RoutedRequest) -> RoutedOutcome:
-        await asyncio.sleep(max(0.0, start_s + offset_s - time.perf_counter()))
+        await asyncio.sleep(max(0.0, start_s + offset_s - now_s()))
         return await send_routed(http, base_url, req, model)
 
     return list(await asyncio.gather(*(at(next(offsets), req) for req in requests)))

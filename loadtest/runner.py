@@ -10,7 +10,6 @@ session thinking between turns holds no slot); the time a request waits for a sl
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import numpy as np
 
 from loadtest.arrivals import arrival_times
 from loadtest.client import OpenAIStreamClient, Prompt
+from loadtest.clock import now_s
 from loadtest.config import ArrivalConfig
 from loadtest.tokens import TokenCounter
 from loadtest.types import RequestRecord, Session, StreamOutcome
@@ -84,7 +84,7 @@ class _SessionDriver:
                 await asyncio.sleep(turn.think_time_s)
             prompt = self._prompt(session, history, turn.text)
             request_id = f"{self._prefix}{session.session_id}-{index}"
-            queued_at_s = time.perf_counter()
+            queued_at_s = now_s()
             async with self._slots:
                 outcome = await self._client.stream(prompt, turn.max_output_tokens, request_id)
             prompt_tokens = history_tokens + turn.text_tokens
@@ -155,23 +155,23 @@ async def run_sessions(
     start_s: float | None = None,
 ) -> RunResult:
     """Send ``sessions`` at their arrival times (trace times or the arrival process), counted
-    from ``start_s`` (a ``perf_counter`` time; default: now)."""
+    from ``start_s`` (on the loop clock, ``loadtest.clock``; default: now)."""
     times = arrival_times(arrivals, np.random.default_rng((arrivals.seed, 1)))
     slots: AbstractAsyncContextManager[object] = (
         asyncio.Semaphore(arrivals.max_concurrency) if arrivals.max_concurrency else nullcontext()
     )
     driver = _SessionDriver(client, slots, request_prefix, on_done)
     tasks: list[asyncio.Task[None]] = []
-    start_s = time.perf_counter() if start_s is None else start_s
+    start_s = now_s() if start_s is None else start_s
     for session in sessions:
         at_s = session.arrival_s if session.arrival_s is not None else next(times)
         if arrivals.duration_s is not None and at_s >= arrivals.duration_s:
             break
-        delay_s = start_s + at_s - time.perf_counter()
+        delay_s = start_s + at_s - now_s()
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         tasks.append(asyncio.create_task(driver.run(session)))
     await asyncio.gather(*tasks)
-    duration_s = time.perf_counter() - start_s
+    duration_s = now_s() - start_s
     records = sorted((_record(s, start_s, counter) for s in driver.sent), key=lambda r: r.start_s)
     return RunResult(records=tuple(records), duration_s=duration_s)

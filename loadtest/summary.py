@@ -102,6 +102,11 @@ def summarize(
     good = sum(1 for r in ok if is_good(r, slo))
     max_tokens_per_s, max_concurrent = peak_stats(records)
     failures = Counter(r.failure_kind.value for r in records if r.failure_kind is not None)
+
+    def per_s(count: float) -> float:
+        # NOTE: a run whose every request failed at once can take no measurable time
+        return count / duration_s if duration_s > 0 else 0.0
+
     summary: dict[str, Any] = {
         "duration": duration_s,
         "completed": len(ok),
@@ -110,10 +115,10 @@ def summarize(
         "failure_reasons": failure_reasons(records),
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
-        "request_throughput": len(ok) / duration_s,
-        "request_goodput": good / duration_s if has_slo(slo) else None,
-        "output_throughput": total_output / duration_s,
-        "total_token_throughput": (total_input + total_output) / duration_s,
+        "request_throughput": per_s(len(ok)),
+        "request_goodput": per_s(good) if has_slo(slo) else None,
+        "output_throughput": per_s(total_output),
+        "total_token_throughput": per_s(total_input + total_output),
         "max_output_tokens_per_s": max_tokens_per_s,
         "max_concurrent_requests": max_concurrent,
     }

@@ -50,7 +50,7 @@ class Session:
 
 @dataclass(frozen=True)
 class StreamOutcome:
-    """What the HTTP client observed for one streamed request (perf_counter seconds)."""
+    """What the HTTP client observed for one streamed request (seconds on the loop clock)."""
 
     success: bool
     start_time_s: float

@@ -163,11 +163,13 @@ def down(
     dashboard_url: str | None = None,
     ray_address: str = "auto",
     timeout_s: float = 120.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> str:
-    """Stop the app (and the local Ray that ``up`` started); returns what was done."""
+    """Stop the app (and the local Ray that ``up`` started); returns what was done. A local
+    ``up`` is waited for up to ``timeout_s`` on ``clock``."""
     state = run_state.read_state(app_name)
     if state is not None and state.owner_pid is not None and dashboard_url is None:
-        stopped = _stop_owner(state.owner_pid, state.owner_start_ticks, timeout_s)
+        stopped = _stop_owner(state.owner_pid, state.owner_start_ticks, timeout_s, clock)
         run_state.clear_state(app_name)
         if not stopped:
             return f"pdserve (pid {state.owner_pid}) was not running; cleared its run state"
@@ -182,7 +184,9 @@ def down(
     return f"removed app {app_name} from {url}"
 
 
-def _stop_owner(pid: int, start_ticks: int | None, timeout_s: float) -> bool:
+def _stop_owner(
+    pid: int, start_ticks: int | None, timeout_s: float, clock: Callable[[], float]
+) -> bool:
     """SIGTERM the ``up`` that recorded ``pid`` (started at ``start_ticks``) and wait until it
     has exited (a zombie has: its parent may never reap it). False when it was not running."""
     owner = process_tree.ref(pid)
@@ -192,7 +196,7 @@ def _stop_owner(pid: int, start_ticks: int | None, timeout_s: float) -> bool:
         os.kill(owner.pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
-    if process_tree.wait_stopped([owner], timeout_s):
+    if process_tree.wait_stopped([owner], timeout_s, clock=clock):
         raise UnavailableError(f"pdserve (pid {pid}) did not stop within {timeout_s:.0f}s")
     return True
 

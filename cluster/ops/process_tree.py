@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,14 +98,18 @@ def descendants(root_pid: int) -> list[ProcessRef]:
 
 
 def wait_stopped(
-    processes: Iterable[ProcessRef], timeout_s: float, poll_s: float = 0.05
+    processes: Iterable[ProcessRef],
+    timeout_s: float,
+    poll_s: float = 0.05,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[ProcessRef]:
-    """Wait until none of ``processes`` runs; returns those still running after ``timeout_s``."""
+    """Wait until none of ``processes`` runs; returns those still running after ``timeout_s``
+    on ``clock``."""
     pending = list(processes)
-    deadline = time.monotonic() + timeout_s
+    deadline = clock() + timeout_s
     while True:
         pending = [process for process in pending if still_running(process)]
-        if not pending or time.monotonic() >= deadline:
+        if not pending or clock() >= deadline:
             return pending
         time.sleep(poll_s)
 

@@ -74,6 +74,7 @@ def start_local_ray(config: RayClusterConfig) -> RaySession:
         context = ray.init(**kwargs)
     except Exception as e:
         raise UnavailableError(f"cannot start a local Ray: {type(e).__name__}: {e}") from e
+    quiet_ray_logs()
     dashboard = context.dashboard_url or f"127.0.0.1:{config.dashboard_port}"
     return RaySession(
         gcs_address=_gcs_address(context, ""),
@@ -101,6 +102,7 @@ def attach(address: str, namespace: str, auth_mode: str | None = None) -> RaySes
         )
     except Exception as e:
         raise UnavailableError(f"cannot attach to Ray at {address}: {e}") from e
+    quiet_ray_logs()
     dashboard = context.dashboard_url or ""
     return RaySession(
         gcs_address=_gcs_address(context, address),
@@ -108,6 +110,16 @@ def attach(address: str, namespace: str, auth_mode: str | None = None) -> RaySes
         owns_cluster=False,
         auth_mode=_auth_mode(),
     )
+
+
+def quiet_ray_logs() -> None:
+    """Keep Ray's and Serve's INFO lines out of a CLI command's output (they stay in Ray's own
+    log files). Serve configures its logger (INFO, its own stderr handler) when ``ray.serve`` is
+    first imported, so it is imported here first and only then turned down."""
+    import ray.serve  # noqa: F401  - configures the "ray.serve" logger, which is then lowered
+
+    for name in ("ray", "ray.serve"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _gcs_address(context: Any, default: str) -> str:

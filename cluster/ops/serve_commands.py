@@ -7,7 +7,6 @@ is imported inside the commands so ``pdserve --help`` stays fast.
 from __future__ import annotations
 
 import json
-import logging
 
 import typer
 from rich.console import Console
@@ -120,12 +119,14 @@ def status_command(
     app_name: str = typer.Option("pdserve", "--app", help=_APP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     no_stats: bool = typer.Option(False, "--no-stats", help="Skip per-replica worker stats."),
+    wide: bool = typer.Option(
+        False, "--wide", help="One wide table with every column (default: fit the terminal)."
+    ),
 ) -> None:
     """Pools, replicas and their nodes, KV usage and transfers in flight."""
     from cluster.ops import run_state
     from cluster.ops.status_view import collect_status, render_status
 
-    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the handle's INFO chatter
     try:
         state = run_state.read_state(app_name)
         if state is None:
@@ -137,4 +138,4 @@ def status_command(
     if as_json:
         typer.echo(json.dumps(status, indent=2))
     else:
-        render_status(status, console)
+        render_status(status, console, wide=True if wide else None)

@@ -3,7 +3,8 @@
 Serve's REST details give each deployment's status, target and replicas (with node ids and
 IPs); the stats board gives each live replica's worker ``stats()``. :func:`collect_status`
 joins them by replica id into plain dicts (``--json`` prints those); :func:`render_status`
-draws them as a table.
+draws them: within 80 columns by default (a block per pool, short headers, tiers on their own
+line), or as one wide table (``--wide``, or any terminal of 120 columns and more).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from cluster.ops.ray_session import attached
@@ -109,8 +112,34 @@ def planner_log(app_name: str) -> PlannerLog | None:
     return None if data is None else PlannerLog.from_json(data)
 
 
-def render_status(status: dict[str, Any], console: Console) -> None:
-    """The status as a header line plus one table row per replica."""
+WIDE_MIN_COLUMNS = 120
+"""A terminal at least this wide gets the wide table without ``--wide``."""
+
+
+def render_status(status: dict[str, Any], console: Console, wide: bool | None = None) -> None:
+    """The status: a header, one row per replica (one block per pool in the narrow layout),
+    and the planner's last decisions. ``wide`` None: by the console's width."""
+    if wide is None:
+        wide = console.width >= WIDE_MIN_COLUMNS
+    if wide:
+        _render_wide(status, console)
+    else:
+        _render_narrow(status, console)
+    if status.get("planner"):
+        render_planner(from_plain(PlannerLog, status["planner"]), console)
+
+
+def _stats_of(replica: dict[str, Any]) -> ReplicaStats | None:
+    plain = replica["stats"]
+    return None if plain is None else from_plain(ReplicaStats, plain)
+
+
+def _pool_label(pool: dict[str, Any]) -> str:
+    return f"{pool['pool']} ({len(pool['replicas'])}/{pool['target_replicas']})"
+
+
+def _render_wide(status: dict[str, Any], console: Console) -> None:
+    """Everything on one line per replica (``--wide``)."""
     console.print(
         f"[bold]{status['app']}[/] {status['status']}  endpoint {status['endpoint']}  "
         f"dashboard {status['dashboard']}"
@@ -127,10 +156,9 @@ def render_status(status: dict[str, Any], console: Console) -> None:
         "xfers",
     )
     for pool in status["pools"]:
-        label = f"{pool['pool']} ({len(pool['replicas'])}/{pool['target_replicas']})"
+        label = _pool_label(pool)
         for i, replica in enumerate(pool["replicas"]):
-            plain = replica["stats"]
-            stats = None if plain is None else from_plain(ReplicaStats, plain)
+            stats = _stats_of(replica)
             columns = (
                 ["-"] * 5
                 if stats is None
@@ -151,9 +179,52 @@ def render_status(status: dict[str, Any], console: Console) -> None:
             )
         if not pool["replicas"]:
             table.add_row(label, *["-"] * 8)
+    # NOTE: asked for wide, it is never squeezed into the terminal: the lines run long instead
+    # (rich clamps a print to the console's width, so the console widens for this one print)
+    natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    terminal_width = console.width
+    console.width = max(terminal_width, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = terminal_width
+
+
+def _render_narrow(status: dict[str, Any], console: Console) -> None:
+    """Fits 80 columns: the pool as a row of its own above its replicas, short headers, the
+    KV tiers (when on) on a line under their replica."""
+    console.print(f"[bold]{status['app']}[/] {status['status']}", highlight=False)
+    console.print(f"  endpoint  {status['endpoint']}", highlight=False)
+    console.print(f"  dashboard {status['dashboard']}", highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header in ("replica", "state", "node"):
+        table.add_column(header, no_wrap=True)
+    for header in ("KV", "run", "wait", "xfer"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for pool in status["pools"]:
+        table.add_row(f"[bold]{_pool_label(pool)}[/]", *[""] * 6)
+        for replica in pool["replicas"]:
+            stats = _stats_of(replica)
+            columns = (
+                ["-"] * 4
+                if stats is None
+                else [
+                    f"{stats.kv_blocks_used}/{stats.kv_blocks_total}",
+                    str(stats.num_running),
+                    str(stats.num_waiting),
+                    str(stats.transfer.in_flight),
+                ]
+            )
+            table.add_row(
+                f"  {replica['replica_id']}",
+                str(replica["state"]),
+                str(replica["node_ip"] or replica["node_id"]),
+                *columns,
+            )
+            tiers = "off" if stats is None else tiers_cell(stats)
+            if tiers != "off":
+                table.add_row(f"    tiers {tiers}", *[""] * 6)
     console.print(table)
-    if status.get("planner"):
-        render_planner(from_plain(PlannerLog, status["planner"]), console)
 
 
 def render_planner(log: PlannerLog, console: Console, last: int = 5) -> None:

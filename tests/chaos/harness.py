@@ -25,8 +25,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ServingApp
-from tests.integration.support import SERVED_NAME, wait_until
+from tests.cluster_fixtures import ServingApp
+from tests.integration.support import SERVED_NAME
+from tests.waiting import wait_until
 
 FULL = os.environ.get("PDSERVE_CHAOS", "short") == "full"
 SCALE = 4 if FULL else 1

@@ -28,15 +28,9 @@ from tests.chaos.harness import (
     prompt,
     send,
 )
-from tests.conftest import ServingApp, SimCluster
-from tests.integration.support import (
-    APP_NAME,
-    BATCHED_TOKENS,
-    KV_BYTES,
-    MAX_MODEL_LEN,
-    MODEL,
-    wait_until,
-)
+from tests.cluster_fixtures import ServingApp, SimCluster
+from tests.integration.support import APP_NAME, BATCHED_TOKENS, KV_BYTES, MAX_MODEL_LEN, MODEL
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 full_only = pytest.mark.chaos_full

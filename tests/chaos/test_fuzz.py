@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
 from tests.chaos.harness import FULL
-from tests.conftest import ServingApp
+from tests.cluster_fixtures import ServingApp
 from tests.integration.support import SERVED_NAME
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(1800)]

@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,25 +29,6 @@ KV_BYTES = 16 * 1024 * 1024
 BATCHED_TOKENS = 256
 THRESHOLD_TOKENS = 24
 """Prompts shorter than this prefill locally on decode; longer ones go to the prefill pool."""
-
-
-def wait_until(
-    predicate: Callable[[], T], timeout_s: float, message: str = "", poll_s: float = 0.2
-) -> T:
-    """Poll ``predicate`` until it returns a truthy value (returned); fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as e:  # the condition may be unreadable while things restart
-            last_error = e
-        if time.monotonic() > deadline:
-            detail = f" (last error: {last_error!r})" if last_error else ""
-            raise AssertionError(f"timed out after {timeout_s}s: {message}{detail}")
-        time.sleep(poll_s)
 
 
 def descendant_pids(root_pid: int) -> list[int]:

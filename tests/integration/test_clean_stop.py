@@ -22,7 +22,8 @@ import pytest
 
 from cluster.ops import process_tree
 from cluster.ops.process_tree import ProcessRef
-from tests.integration.support import repo_config_on_free_ports, wait_until
+from tests.integration.support import repo_config_on_free_ports
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 

@@ -19,8 +19,8 @@ from tests.integration.support import (
     is_running,
     pdserve_cli,
     repo_config_on_free_ports,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -75,6 +75,12 @@ def test_up_detach_status_down_on_the_local_default(
         (replica,) = pools[name]["replicas"]
         assert replica["state"] == "RUNNING"
         assert replica["stats"]["kv_blocks_total"] > 0
+
+    table = pdserve_cli("status", env={**env, "COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    assert "INFO" not in table.stdout + table.stderr  # Ray's log lines stay in Ray's own logs
+    assert "…" not in table.stdout and all(len(ln) <= 80 for ln in table.stdout.splitlines())
+    assert "Prefill (1/1)" in table.stdout and "Decode (1/1)" in table.stdout
 
     down = pdserve_cli("down", env=env)
     assert down.returncode == 0, down.stderr

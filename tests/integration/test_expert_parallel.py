@@ -27,15 +27,9 @@ from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.config import ClusterConfig
 from core.sampling import SamplingParams
 from engine import LLM
-from tests.conftest import ServingApp, SimCluster
-from tests.integration.support import (
-    APP_NAME,
-    MODEL,
-    SERVED_NAME,
-    app_config,
-    engine_section,
-    wait_until,
-)
+from tests.cluster_fixtures import ServingApp, SimCluster
+from tests.integration.support import APP_NAME, MODEL, SERVED_NAME, app_config, engine_section
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.serve.config_file import REPO_CONFIGS
-from tests.conftest import ServingApp
+from tests.cluster_fixtures import ServingApp
 from tests.integration.support import SERVED_NAME
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

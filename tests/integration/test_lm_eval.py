@@ -18,7 +18,7 @@ import pytest
 from core.sampling import SamplingParams
 from engine import LLM
 from engine.builtin import resolve_model
-from tests.conftest import ServingApp
+from tests.cluster_fixtures import ServingApp
 from tests.integration.support import BATCHED_TOKENS, KV_BYTES, MAX_MODEL_LEN, MODEL, SERVED_NAME
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from cluster.serve.config_file import REPO_CONFIGS
-from tests.conftest import ServingApp
+from tests.cluster_fixtures import ServingApp
 from tests.integration.support import MAX_MODEL_LEN, pdserve_cli, repo_config_on_free_ports
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]

@@ -20,8 +20,9 @@ from cluster.ops.scaling import scale
 from cluster.serve.config_file import load_cluster_config
 from core.sampling import SamplingParams
 from engine import LLM
-from tests.conftest import ServingApp, SimCluster
-from tests.integration.support import engine_section, wait_until
+from tests.cluster_fixtures import ServingApp, SimCluster
+from tests.integration.support import engine_section
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 

@@ -18,8 +18,9 @@ from cluster.ops.launcher import deploy
 from cluster.ops.status_view import planner_log
 from cluster.planner.capacity_model import CapacityModel, DecodePoint, PrefillPoint
 from cluster.serve.config_file import load_cluster_config
-from tests.conftest import ServingApp, SimCluster
-from tests.integration.support import SERVED_NAME, app_config, wait_until
+from tests.cluster_fixtures import ServingApp, SimCluster
+from tests.integration.support import SERVED_NAME, app_config
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
@@ -49,7 +50,8 @@ def _planner_config(port: int, planner: dict[str, Any]) -> dict[str, Any]:
     raw = app_config(
         port,
         cluster={"app_name": APP, "route_prefix": "/planner"},
-        scheduler={"local_prefill_threshold_tokens": 16, "planner": planner},
+        disaggregation={"local_prefill_threshold_tokens": 16},
+        planner=planner,
     )
     for pool in ("prefill", "decode"):
         raw[pool].pop("num_replicas", None)

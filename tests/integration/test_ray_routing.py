@@ -29,8 +29,8 @@ from core.kv_events import BlockStored, KVEventBatch
 from core.messages import PrefillRequest, RoutingKeys
 from core.sampling import SamplingParams
 from core.stats import RoutingStats
-from tests.conftest import SimCluster
-from tests.integration.support import wait_until
+from tests.cluster_fixtures import SimCluster
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 

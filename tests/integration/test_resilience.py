@@ -15,8 +15,9 @@ import pytest
 import ray
 
 from cluster.ops.scaling import scale
-from tests.conftest import ServingApp, SimCluster
-from tests.integration.support import APP_NAME, SERVED_NAME, wait_until
+from tests.cluster_fixtures import ServingApp, SimCluster
+from tests.integration.support import APP_NAME, SERVED_NAME
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

@@ -21,8 +21,9 @@ from cluster.routing.routing_metrics import RoutingSnapshot
 from cluster.serve.pool_options import DECODE_DEPLOYMENT, INGRESS_DEPLOYMENT
 from core.codec import from_plain
 from core.hashing import hash_prompt_blocks
-from tests.conftest import ServingApp, SimCluster
-from tests.integration.support import APP_NAME, SERVED_NAME, THRESHOLD_TOKENS, wait_until
+from tests.cluster_fixtures import ServingApp, SimCluster
+from tests.integration.support import APP_NAME, SERVED_NAME, THRESHOLD_TOKENS
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 

@@ -15,7 +15,7 @@ import pytest
 
 from core.sampling import SamplingParams, StructuredOutput
 from engine import LLM
-from tests.conftest import ServingApp
+from tests.cluster_fixtures import ServingApp
 from tests.integration.support import BATCHED_TOKENS, KV_BYTES, MAX_MODEL_LEN, MODEL, SERVED_NAME
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

@@ -15,7 +15,7 @@ import pytest
 
 from core.sampling import SamplingParams
 from engine import LLM
-from tests.conftest import ServingApp, SimCluster
+from tests.cluster_fixtures import ServingApp, SimCluster
 from tests.integration.support import (
     BATCHED_TOKENS,
     KV_BYTES,

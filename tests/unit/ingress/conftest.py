@@ -53,13 +53,6 @@ def run(coro: Coroutine[Any, Any, T], timeout_s: float = 10.0) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll ``predicate`` on the event loop until it holds (fails after ``timeout_s``)."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
 def sse_payloads(text: str) -> list[Any]:
     """The ``data:`` payloads of an SSE body, JSON-decoded except ``[DONE]``."""
     events = [e for e in text.split("\n\n") if e]

@@ -27,9 +27,10 @@ from engine.llm import LLM
 from engine.setup import build_engine_parts
 from engine.tokenizer import Tokenizer
 from prefill.worker import PrefillWorker
+from tests.waiting import async_wait_until
 from transfer import InProcKVHub, InProcKVTransport
 
-from .conftest import run, sse_payloads, wait_until
+from .conftest import run, sse_payloads
 
 MODEL = ModelConfig(name="builtin:tiny-llama")
 ENGINE = EngineConfig(max_model_len=512, kv_cache_memory_bytes=16 << 20)
@@ -162,7 +163,7 @@ def test_greedy_output_matches_offline_llm(
             for w in (workers.prefill, workers.decode)
         )
 
-    run(wait_until(idle))
+    run(async_wait_until(idle))
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))

@@ -14,8 +14,9 @@ from core.errors import (
     PromptTooLongError,
     UnavailableError,
 )
+from tests.waiting import async_wait_until
 
-from .conftest import MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads, wait_until
+from .conftest import MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads
 
 LONG = "hello world, this is a long prompt"
 CHAT = [{"role": "user", "content": LONG}]
@@ -158,11 +159,11 @@ def test_overload_is_429_with_retry_after(make_harness: Callable[..., Harness]) 
     async def scenario() -> tuple[Any, Any, Any]:
         async with h.client() as client:
             first = asyncio.create_task(client.post(COMPLETIONS, json=body))
-            await wait_until(lambda: gate.num_in_flight == 1)
+            await async_wait_until(lambda: gate.num_in_flight == 1)
             rejected = await client.post(COMPLETIONS, json=body)
             release.set()
             done = await first
-            await wait_until(lambda: gate.num_in_flight == 0)
+            await async_wait_until(lambda: gate.num_in_flight == 0)
             again = await client.post(COMPLETIONS, json=body)
             return rejected, done, again
 

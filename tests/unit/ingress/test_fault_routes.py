@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from cluster.ingress.http.fault_routes import FAULTS_ROUTE, add_fault_routes
 from cluster.serve.stats_board import StatsBoard
 from core.errors import UnavailableError
-from tests.integration.support import wait_until
+from tests.waiting import wait_until
 
 from .conftest import run
 

@@ -12,8 +12,9 @@ from starlette.requests import ClientDisconnect
 
 from core.errors import OverloadedError, TransferError
 from core.messages import DecodeRequest
+from tests.waiting import async_wait_until
 
-from .conftest import MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads, wait_until
+from .conftest import MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads
 
 LONG = "hello world, this is a long prompt"
 
@@ -178,7 +179,7 @@ def test_client_disconnect_closes_the_decode_stream(make_harness: Callable[..., 
 
     async def scenario() -> int:
         task = asyncio.create_task(stream(h.app.asgi))
-        await wait_until(lambda: len(h.decode.requests) == 1)
+        await async_wait_until(lambda: len(h.decode.requests) == 1)
         stream.disconnect.set()
         await task
         return h.decode.num_closed  # before asyncio.run's shutdown could close a leak
@@ -218,9 +219,9 @@ def test_cancelled_request_task_closes_the_decode_stream(
 
     async def scenario() -> int:
         task = asyncio.create_task(stream(h.app.asgi))
-        await wait_until(lambda: len(h.decode.requests) == 1)
+        await async_wait_until(lambda: len(h.decode.requests) == 1)
         release.set()  # one decode chunk, then it hangs
-        await wait_until(lambda: stream.body_text.count("data:") == 2)
+        await async_wait_until(lambda: stream.body_text.count("data:") == 2)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -239,7 +240,7 @@ def test_cancelled_non_streaming_request_closes_the_decode_stream(
 
     async def scenario() -> int:
         task = asyncio.create_task(stream(h.app.asgi))
-        await wait_until(lambda: len(h.decode.requests) == 1)
+        await async_wait_until(lambda: len(h.decode.requests) == 1)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

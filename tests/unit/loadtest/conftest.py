@@ -16,12 +16,13 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
+from tests.virtual_time import run_virtual
 
 FAULTS = (
     "http_500",
@@ -59,7 +60,7 @@ class Received:
     """One request as the server saw it."""
 
     index: int
-    arrival_s: float  # time.perf_counter() at arrival (same clock as the client's)
+    arrival_s: float  # the serving loop's clock at arrival (the client's, on one loop)
     path: str
     body: dict[str, Any]
 
@@ -71,38 +72,49 @@ class Received:
 
 
 class FakeOpenAIServer:
-    """Start with ``start()`` (returns the base URL); ``stop()`` ends everything."""
+    """Listens from construction (``url``); serves either in its own thread (``start()``) or on
+    the caller's event loop (``await serve()``, e.g. a virtual-time loop shared with the client);
+    ``stop()`` / ``await close()`` end everything."""
 
     def __init__(self, behaviour: FakeBehaviour) -> None:
         self.behaviour = behaviour
         self.received: list[Received] = []
         self.probes: list[Received] = []
         self.num_tokenize_calls = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = threading.Lock()
 
     def start(self) -> str:
+        """Serve in a thread of its own (a real-time loop); returns the base URL."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
-        port = future.result(timeout=5)
-        return f"http://127.0.0.1:{port}"
+        asyncio.run_coroutine_threadsafe(self.serve(), self._loop).result(timeout=5)
+        return self.url
 
-    async def _start(self) -> int:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return int(self._server.sockets[0].getsockname()[1])
+    async def serve(self) -> None:
+        """Start serving on the running loop."""
+        self._server = await asyncio.start_server(self._handle, sock=self._socket)
+
+    async def close(self) -> None:
+        """Stop serving on the running loop: the listener, then every open stream."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def stop(self) -> None:
-        async def _shutdown() -> None:
-            assert self._server is not None
-            self._server.close()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(_shutdown(), self._loop).result(timeout=5)
+        """End the thread-mode server (or just the socket of one never served)."""
+        if self._loop is None or self._thread is None:
+            self._socket.close()
+            return
+        asyncio.run_coroutine_threadsafe(self.close(), self._loop).result(timeout=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()
@@ -121,7 +133,7 @@ class FakeOpenAIServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
-        arrival_s = time.perf_counter()
+        arrival_s = asyncio.get_running_loop().time()
         lines = head.decode().split("\r\n")
         method, path, _ = lines[0].split(" ", 2)
         headers = {
@@ -266,18 +278,29 @@ class FakeOpenAIServer:
 
 
 @pytest.fixture
-def fake_server() -> Iterator[Callable[..., tuple[FakeOpenAIServer, str]]]:
-    """Factory: ``server, base_url = fake_server(FakeBehaviour(...))``; all stopped after."""
-    servers: list[FakeOpenAIServer] = []
+def fake_servers() -> Iterator[dict[str, FakeOpenAIServer]]:
+    """Every fake server of a test by base URL; all stopped after."""
+    servers: dict[str, FakeOpenAIServer] = {}
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture
+def fake_server(
+    request: pytest.FixtureRequest, fake_servers: dict[str, FakeOpenAIServer]
+) -> Callable[..., tuple[FakeOpenAIServer, str]]:
+    """Factory: ``server, base_url = fake_server(FakeBehaviour(...))``. In a test that drives
+    it with ``run_bench`` the server is served by that run, on its virtual-time loop; otherwise
+    it serves in a thread of its own, in real time."""
+    on_run_loop = "run_bench" in request.fixturenames
 
     def make(behaviour: FakeBehaviour | None = None) -> tuple[FakeOpenAIServer, str]:
         server = FakeOpenAIServer(behaviour or FakeBehaviour())
-        servers.append(server)
-        return server, server.start()
+        fake_servers[server.url] = server
+        return server, server.url if on_run_loop else server.start()
 
-    yield make
-    for server in servers:
-        server.stop()
+    return make
 
 
 @pytest.fixture
@@ -324,8 +347,10 @@ def byte_tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture
-def run_bench() -> Callable[..., Any]:
-    """``run_bench(base_url, workload=..., arrivals=..., target=..., slo=..., counter=...)``."""
+def run_bench(fake_servers: dict[str, FakeOpenAIServer]) -> Callable[..., Any]:
+    """``run_bench(base_url, workload=..., arrivals=..., target=..., slo=..., counter=...)``: one
+    run on a virtual-time loop, which also serves the fake server at ``base_url`` (if any), so
+    every latency it measures is the server's exact timing."""
     from loadtest.bench import BenchOutput, prepare_sessions, run_benchmark
     from loadtest.flags import validate
     from loadtest.tokens import TokenCounter, WordCounter
@@ -352,6 +377,18 @@ def run_bench() -> Callable[..., Any]:
         )
         counter = counter or WordCounter()
         sessions = prepare_sessions(config, counter, base_dir)
-        return asyncio.run(asyncio.wait_for(run_benchmark(config, sessions, counter), 30))
+        server = fake_servers.get(base_url)
+
+        async def serve_and_run() -> BenchOutput:
+            if server is not None:
+                await server.serve()
+            try:
+                return await asyncio.wait_for(run_benchmark(config, sessions, counter), 30)
+            finally:
+                if server is not None:
+                    await server.close()
+
+        output: BenchOutput = run_virtual(serve_and_run())
+        return output
 
     return run

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,9 +55,8 @@ def test_faults_are_classified_by_kind(fake_server: Callable, run_bench: Callabl
 
 def test_timeout_bounds_a_stalled_request(fake_server: Callable, run_bench: Callable) -> None:
     _server, url = fake_server(FakeBehaviour(ttft_s=0.005, itl_s=0.001, faults={0: "stall"}))
-    started = time.perf_counter()
     out = run_bench(url, arrivals={"num_requests": 2}, target={"request_timeout_s": 0.4})
-    assert time.perf_counter() - started < 5.0
+    assert out.summary["duration"] < 5.0  # on the run's clock: the 30 s stall was cut short
     kinds = sorted((r.failure_kind.value if r.failure_kind else "ok") for r in out.records)
     assert kinds == ["ok", "timeout"]
 

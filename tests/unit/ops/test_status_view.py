@@ -67,3 +67,30 @@ def test_status_table_shows_tiers_per_replica() -> None:
     console = Console(record=True, width=200)
     render_status(_status(None), console)
     assert "Prefill (0/0)" in console.export_text()
+
+
+def test_an_80_column_terminal_gets_every_header_whole() -> None:
+    stats = ReplicaStats(
+        kv_blocks_used=3,
+        kv_blocks_total=4096,
+        kv_tiers=(KVTierStats("host", blocks_used=7, blocks_capacity=512, hits_total=4),),
+    )
+    status = _status(stats)
+    status["pools"][0]["replicas"][0]["replica_id"] = "hxk2p0qz"  # type: ignore[index]
+    status["pools"][0]["pool"] = "Decode-tiny-llama"  # type: ignore[index]
+    console = Console(record=True, width=80)
+    render_status(status, console)
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "…" not in "\n".join(lines)  # nothing truncated
+    header = next(line for line in lines if "replica" in line)
+    assert header.split() == ["replica", "state", "node", "KV", "run", "wait", "xfer"]
+    row = next(line for line in lines if "hxk2p0qz" in line)
+    assert row.split() == ["hxk2p0qz", "RUNNING", "10.0.0.2", "3/4096", "0", "0", "0"]
+    assert any(line.split() == ["tiers", "host", "7/512", "(4)"] for line in lines)
+    assert any("Decode-tiny-llama (1/1)" in line for line in lines)
+    wide = Console(record=True, width=80)  # --wide: every column whole, the lines run long
+    render_status(status, wide, wide=True)
+    text = wide.export_text()
+    assert "tiers used/total (hits)" in text and "…" not in text
+    assert max(len(line) for line in text.splitlines()) > 80

@@ -123,7 +123,7 @@ def test_decisions_are_logged_once_per_change_for_pdserve_status(monkeypatch) ->
 def test_the_slo_planner_needs_a_profile_and_ships_it_in_the_policy_kwargs(tmp_path) -> None:
     pools = {"autoscaling": {"min_replicas": 1, "max_replicas": 4}}
     base = {"model": {"name": "builtin:tiny-moe"}, "prefill": pools, "decode": pools}
-    with pytest.raises(ValueError, match=r"needs scheduler\.planner\.profile"):
+    with pytest.raises(ValueError, match=r"needs planner\.profile"):
         ClusterConfig.model_validate({**base, "planner": {"mode": "slo"}})
     path = tmp_path / "p.json"
     MODEL.save(path)

@@ -25,7 +25,7 @@ from engine.engine import LLMEngine
 from engine.llm import LLM
 from prefill.build import build_prefill_worker
 from prefill.worker import PrefillWorker
-from tests.unit.roles.helpers import wait_until
+from tests.waiting import wait_until
 from transfer import FaultInjection, GrpcKVTransport, InProcKVHub, InProcKVTransport, KVTransport
 
 MODEL = ModelConfig(name="builtin:tiny-llama")

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.messages import (
@@ -17,27 +13,6 @@ from core.messages import (
 from core.sampling import SamplingParams
 from decode.worker import DecodeWorker
 from prefill.worker import PrefillWorker
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    """Poll ``predicate`` until true or ``timeout_s`` passes; returns its last value."""
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            return predicate()
-        pause.wait(0.005)
-    return True
-
-
-async def async_wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    """:func:`wait_until` for coroutines: yields to the loop between polls."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return predicate()
-        await asyncio.sleep(0.005)
-    return True
 
 
 @dataclass

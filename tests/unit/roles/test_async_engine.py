@@ -17,7 +17,7 @@ from engine.engine import LLMEngine
 from engine.llm import LLM
 from engine.outputs import RequestOutput
 from tests.unit.roles.conftest import GREEDY, PROMPTS, check_integrity
-from tests.unit.roles.helpers import async_wait_until
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

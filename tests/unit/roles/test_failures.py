@@ -17,13 +17,8 @@ from core.messages import TokenChunk
 from core.sampling import SamplingParams
 from prefill.worker import PrefillWorker
 from tests.unit.roles.conftest import GREEDY, PROMPTS, Pair, reset_prefix_cache
-from tests.unit.roles.helpers import (
-    async_wait_until,
-    collect,
-    decode_request,
-    handoff,
-    prefill,
-)
+from tests.unit.roles.helpers import collect, decode_request, handoff, prefill
+from tests.waiting import async_wait_until
 from transfer import FaultInjection, KVTransport
 from transfer.leases import OnRelease
 

@@ -14,7 +14,8 @@ from decode.worker import DecodeWorker
 from engine.async_engine import RequestStream
 from prefill.worker import PrefillWorker
 from tests.unit.roles.conftest import GREEDY, PROMPTS, Pair, reset_prefix_cache
-from tests.unit.roles.helpers import async_wait_until, collect, decode_request, prefill
+from tests.unit.roles.helpers import collect, decode_request, prefill
+from tests.waiting import async_wait_until
 from transfer import FaultInjection, InProcKVTransport
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.parametrize("pair", ["inproc"], indirect=True)]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,23 +22,13 @@ from cryptography.x509.oid import NameOID
 
 from core.config import TransferConfig
 from core.kv_layout import KVLayout
+from tests.waiting import wait_until
 from transfer import KVExportServer, KVImportClient, NumpyBlockStore
 from transfer.faults import FaultInjection
 
 # 2 layers x 2 kv heads x 32 dims x fp32 x 2 (K, V) x 16 tokens = 16 KiB per block.
 LAYOUT = KVLayout("test-model", "float32", 16, 2, 2, 32, 0)
 TOKEN = "unit-test-token"
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    """Poll ``predicate`` until true or ``timeout_s`` passes; returns its last value."""
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            return predicate()
-        pause.wait(0.005)
-    return True
 
 
 @pytest.fixture

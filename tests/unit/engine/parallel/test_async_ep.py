@@ -22,7 +22,7 @@ from engine.parallel.async_ep import (
     expert_load_stats,
 )
 from tests.unit.engine.parallel.ranks import run_ranks
-from tests.unit.roles.helpers import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

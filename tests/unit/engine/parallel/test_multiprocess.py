@@ -1,5 +1,9 @@
 """A real two-process gloo gang: greedy outputs equal the single-rank engine and HF, requests
-land unevenly (one rank idle), and a rank that dies or stalls makes its peer fail fast."""
+land unevenly (one rank idle), and a rank that dies or stalls makes its peer fail fast.
+
+No assertion reads a clock: that a dead peer is noticed without waiting for a timeout follows
+from the gang's process-group timeout lying beyond the test's own; that a broken gang refuses at
+once, from the error saying so before any collective runs."""
 
 from __future__ import annotations
 
@@ -22,6 +26,9 @@ pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 GANG_TIMEOUT_S = 120.0  # bound on a whole gang run (they take seconds)
+PEER_TIMEOUT_S = 600.0
+"""The dying gang's process-group timeout: past ``GANG_TIMEOUT_S`` (and the test's own), so its
+peer can only notice the death from the closed connection."""
 STALL_PG_TIMEOUT_S = 3.0
 
 # name -> (model, prompts of rank 0, prompts of rank 1, max_tokens)
@@ -98,7 +105,7 @@ def gang_run(
     ]
     job = {
         "init_method": f"file://{tmp_path / 'rendezvous'}",
-        "timeout_s": 30.0,
+        "timeout_s": PEER_TIMEOUT_S,
         "scenarios": scenarios,
         "ending": "die",
     }
@@ -156,11 +163,9 @@ def test_a_rank_that_dies_makes_its_peer_fail_fast_with_a_typed_error(
     first, second = gang_run[0]["ending"]["errors"]
     assert first["type"] == "UnavailableError"
     assert first["status"] == 503
-    assert "peer rank died or stalled" in first["message"]
-    assert first["elapsed_s"] < 10.0  # the closed connection is noticed, no timeout needed
+    assert "peer rank died or stalled" in first["message"]  # before PEER_TIMEOUT_S: no timeout
     assert second["type"] == "UnavailableError"
-    assert "must be restarted" in second["message"]
-    assert second["elapsed_s"] < 1.0
+    assert "must be restarted" in second["message"]  # refused before any collective ran
 
 
 def test_a_rank_that_stalls_makes_its_peer_time_out_with_a_typed_error(tmp_path: Path) -> None:
@@ -173,7 +178,6 @@ def test_a_rank_that_stalls_makes_its_peer_time_out_with_a_typed_error(tmp_path:
     rank0, _ = finish_gang(tmp_path, start_gang(tmp_path, job))
     first, second = rank0["ending"]["errors"]
     assert first["type"] == "UnavailableError"
-    assert "timed out" in first["message"].lower()
-    assert STALL_PG_TIMEOUT_S * 0.8 <= first["elapsed_s"] < STALL_PG_TIMEOUT_S + 10.0
+    assert "timed out" in first["message"].lower()  # the process group's own timeout
     assert second["type"] == "UnavailableError"
-    assert second["elapsed_s"] < 1.0
+    assert "must be restarted" in second["message"]

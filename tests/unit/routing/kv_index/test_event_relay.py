@@ -4,7 +4,6 @@ the prefix hits the engine will have; lost batches and failed sends end in a res
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,17 +19,10 @@ from core.sampling import SamplingParams
 from engine.kv.event_publisher import KVEventPublisher
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.request import Request
+from tests.waiting import wait_until
 
 BLOCK_SIZE = 4
 SEED = 77
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        threading.Event().wait(0.005)
 
 
 class Engine:

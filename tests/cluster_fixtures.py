@@ -1,0 +1,171 @@
+"""The Ray side of the integration and chaos suites: a simulated multi-node Ray cluster and one
+shared pdserve app on it, as plain context managers the root ``conftest`` fixtures call (so a
+unit test never imports Ray or the launcher).
+
+The cluster is three Ray nodes on this machine: a head (Serve's controller, proxy, ingress), a
+*prefill* node carrying the label ``pdserve.io/pool=prefill`` and a *decode* node carrying the
+custom resource ``decode_node``. The shared app is deployed through Serve's REST API exactly
+as ``pdserve up`` does; :func:`reset_to_baseline` puts it back in its baseline state (one
+prefill and one decode replica, not draining, no KV in use) after every test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+from ray import serve
+from ray.cluster_utils import Cluster
+
+from cluster.ops.launcher import deploy
+from cluster.ops.rest import ServeRest
+from cluster.serve.config_file import load_cluster_config
+from cluster.serve.pool_options import BOARD_DEPLOYMENT, INGRESS_DEPLOYMENT
+from core.config import ClusterConfig
+from tests.integration.support import (
+    APP_NAME,
+    DECODE_RESOURCE,
+    PREFILL_LABEL,
+    app_config,
+    app_tiers,
+    descendant_pids,
+    free_port,
+    is_running,
+)
+from tests.waiting import wait_until
+
+_MIB = 1024 * 1024
+
+
+@dataclass
+class SimCluster:
+    """The running multi-node simulation."""
+
+    cluster: Cluster
+    dashboard_url: str
+    head_node_id: str
+    prefill_node_id: str
+    decode_node_id: str
+
+
+@dataclass
+class ServingApp:
+    """The shared app: its config, endpoint and the handles tests poke at."""
+
+    config: ClusterConfig
+    endpoint: str
+    rest: ServeRest
+
+    def board(self) -> dict[str, list[dict[str, Any]]]:
+        """The stats board's reports by role."""
+        handle = serve.get_deployment_handle(BOARD_DEPLOYMENT, APP_NAME)
+        reports: dict[str, list[dict[str, Any]]] = handle.snapshot.remote().result(timeout_s=30)
+        return reports
+
+    def set_draining(self, draining: bool) -> None:
+        """Drain (or undrain) the ingress replica."""
+        handle = serve.get_deployment_handle(INGRESS_DEPLOYMENT, APP_NAME)
+        handle.set_draining.remote(draining).result(timeout_s=30)
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        """Serve's REST details of one deployment (replicas with their nodes)."""
+        app = self.rest.app_details(APP_NAME) or {}
+        details: dict[str, Any] = app.get("deployments", {}).get(name, {})
+        return details
+
+    def running_replicas(self, name: str) -> list[dict[str, Any]]:
+        """RUNNING replicas of deployment ``name``."""
+        return [r for r in self.deployment(name).get("replicas", []) if r["state"] == "RUNNING"]
+
+    def url(self, path: str) -> str:
+        """Absolute URL of ``path`` on the endpoint."""
+        return f"{self.endpoint}{path}"
+
+
+@contextlib.contextmanager
+def running_sim_cluster() -> Iterator[SimCluster]:
+    """Head + prefill node + decode node, with the dashboard; torn down on exit."""
+    dashboard_port = free_port()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 4,
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": dashboard_port,
+            "object_store_memory": 100 * _MIB,
+        },
+    )
+    try:
+        prefill = cluster.add_node(
+            num_cpus=2, labels=dict(PREFILL_LABEL), object_store_memory=80 * _MIB
+        )
+        decode = cluster.add_node(
+            num_cpus=2, resources={DECODE_RESOURCE: 4}, object_store_memory=80 * _MIB
+        )
+        ray.init(address=cluster.address, namespace="pdserve-tests", log_to_driver=False)
+        yield SimCluster(
+            cluster=cluster,
+            dashboard_url=f"http://127.0.0.1:{dashboard_port}",
+            head_node_id=cluster.head_node.node_id,
+            prefill_node_id=prefill.node_id,
+            decode_node_id=decode.node_id,
+        )
+    finally:
+        started = descendant_pids(os.getpid())
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+        cluster.shutdown()
+        _assert_processes_gone(started)
+
+
+def _assert_processes_gone(pids: list[int]) -> None:
+    """Every process the cluster started (descendants of this test process) exits."""
+    wait_until(
+        lambda: not [pid for pid in pids if is_running(pid)],
+        60,
+        "Ray processes still alive after shutdown",
+    )
+
+
+def deploy_serving_app(sim_cluster: SimCluster, disk_dir: Path) -> ServingApp:
+    """The shared app, deployed through Serve's REST API, with small host (write-through) and
+    disk KV tiers (in ``disk_dir``) so finished prompts reach the disk tier at once."""
+    tiers = app_tiers(str(disk_dir))
+    config = load_cluster_config(app_config(free_port(), engine={"kv_tiers": tiers}))
+    endpoint = deploy(config, sim_cluster.dashboard_url, timeout_s=300)
+    return ServingApp(config, endpoint, ServeRest(sim_cluster.dashboard_url))
+
+
+def reset_to_baseline(serving_app: ServingApp) -> None:
+    """Back to 1 prefill + 1 decode, undrained, no KV in use."""
+    serving_app.set_draining(False)
+    counts = {name: len(serving_app.deployment(name).get("replicas", [])) for name in POOLS}
+    if any(count != 1 for count in counts.values()) or _targets(serving_app) != {1}:
+        serving_app.rest.scale(APP_NAME, dict.fromkeys(POOLS, 1))
+    wait_until(lambda: _at_baseline(serving_app), 120, "app back to 1 prefill + 1 decode, idle")
+
+
+POOLS = ("Prefill", "Decode")
+
+
+def _targets(app: ServingApp) -> set[int]:
+    return {int(app.deployment(name).get("target_num_replicas", -1)) for name in POOLS}
+
+
+def _at_baseline(app: ServingApp) -> bool:
+    if any(len(app.running_replicas(name)) != 1 for name in POOLS):
+        return False
+    board = app.board()
+    live = [r for role in ("prefill", "decode") for r in board.get(role, [])]
+    idle = all(r["stats"]["kv_blocks_used"] == 0 for r in live)
+    response = httpx.get(app.url("/ready"), timeout=10)
+    ready = response.status_code == 200 and not response.json()["degraded"]
+    return len(live) == 2 and idle and ready
