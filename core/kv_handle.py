@@ -31,6 +31,19 @@ class KVHandle:
     """Wall-clock time (ms since the Unix epoch) the export is freed unless pulled or extended."""
     exporter_epoch: str
     """Random id of the exporter's lifetime; differs after the exporter restarts."""
+    pipelined: bool = False
+    """The export was opened before its prompt was computed: blocks become ready in prompt order
+    as the prefill computes them, and the importer learns the prefill's first token (an
+    :class:`ExportDone`) from the exporter once it finished."""
+
+
+@dataclass(frozen=True)
+class ExportDone:
+    """What a pipelined export's prefill ended with: the token it sampled after the prompt and
+    where its prompt chunks ended (a recompute on the decode side follows them)."""
+
+    first_token_id: int
+    prompt_chunk_ends: tuple[int, ...] = ()
 
 
 class TransferState(enum.Enum):
@@ -76,6 +89,8 @@ class TransferFailure(enum.StrEnum):
     """Block indices out of range or repeated, or destination blocks that do not fit."""
     CANCELLED = "cancelled"
     """The importer cancelled the transfer or shut down."""
+    NOT_READY = "not_ready"
+    """A pull asked for blocks a pipelined export has not computed yet."""
     INTERNAL = "internal"
     """An unexpected error in the transfer layer itself."""
 

@@ -1,9 +1,11 @@
 """The import side over gRPC: pull exported blocks into a decode worker's block store.
 
 :class:`KVImportClient` keeps one channel per exporter address, shared by every transfer to that
-peer, and runs pulls on the :class:`~transfer.importer.ImportRunner` thread pool. Every call has
-a deadline (``pull_deadline_s`` for a whole stream, ``rpc_deadline_s`` for Heartbeat and
-Release), carries the auth token and uses mTLS when configured. Each Pull offers the checksum
+peer, and runs pulls on the :class:`~transfer.importer.ImportRunner` thread pool, spread over
+several concurrent streams when large (``transfer.num_streams``) and segment by segment for a
+pipelined export (``Await``). Every call has a deadline (``pull_deadline_s`` for a stream,
+``rpc_deadline_s`` for Heartbeat and Release, plus the wait for Await), carries the auth token
+and uses mTLS when configured. Each Pull offers the checksum
 algorithms this importer verifies (``transfer.checksums``). gRPC failures become
 ``TransferError`` with a ``TransferFailure`` reason (``transfer.status_codes``).
 """
@@ -21,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.config import TransferConfig
 from core.errors import TransferError
-from core.kv_handle import KVHandle, TransferFailure
+from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS, ChecksumAlgorithm
 from transfer.codec import ChunkDecodeError, ChunkView, decode_chunk
@@ -30,6 +32,7 @@ from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import SERVICE_NAME, KVTransferClientMethods, message_options
 from transfer.security import call_metadata, channel_credentials, resolve_auth_token
 from transfer.status_codes import details_of, reason_for
+from transfer.streams import StreamPlan
 from transfer.task import TransferTask
 from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
 
@@ -95,7 +98,12 @@ class KVImportClient:
         ]
         if config.tls_server_name:
             self._options.append(("grpc.ssl_target_name_override", config.tls_server_name))
-        self._runner = ImportRunner(store, num_threads=config.import_threads, metrics=self.metrics)
+        self._runner = ImportRunner(
+            store,
+            num_threads=config.import_threads,
+            metrics=self.metrics,
+            plan=StreamPlan.from_config(config),
+        )
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, KVTransferClientMethods]] = {}
         self._connecting: dict[str, grpc.Future] = {}
@@ -112,9 +120,7 @@ class KVImportClient:
         Returns at once; the task ends DONE or FAILED(reason). On failure the exporter is told
         to release the export. Raises ``TransferError(invalid_request)`` for bad arguments.
         """
-        return self._runner.submit(
-            handle, dst_block_ids, wanted_indices, self._open_stream, self.release
-        )
+        return self._runner.submit(handle, dst_block_ids, wanted_indices, self)
 
     def heartbeat(self, handle: KVHandle) -> int:
         """Extend the export's lease; returns the new deadline (ms since the Unix epoch)."""
@@ -122,28 +128,50 @@ class KVImportClient:
         response = self._unary("heartbeat", handle, request)
         return int(response.lease_deadline_unix_ms)
 
-    def release(self, handle: KVHandle) -> None:
-        """Tell the exporter to free the export now; ``TransferError`` if it cannot."""
-        self._unary("release", handle, pb.ReleaseRequest(transfer_id=handle.transfer_id))
+    def release(self, handle: KVHandle, completed: bool = False) -> None:
+        """Tell the exporter to free the export now (``completed``: every block this importer
+        wanted arrived); ``TransferError`` if it cannot."""
+        request = pb.ReleaseRequest(transfer_id=handle.transfer_id, completed=completed)
+        self._unary("release", handle, request)
 
-    def _unary(self, method: str, handle: KVHandle, request: object) -> Any:
+    def await_ready(
+        self, handle: KVHandle, min_ready_blocks: int, wait_s: float
+    ) -> tuple[int, ExportDone | None]:
+        """A pipelined export's ready blocks and, once its prefill finished, what it ended with
+        (the exporter answers once ``min_ready_blocks`` are ready or after ``wait_s``)."""
+        request = pb.AwaitRequest(
+            transfer_id=handle.transfer_id,
+            min_ready_blocks=min_ready_blocks,
+            wait_ms=int(wait_s * 1000),
+        )
+        response = self._unary("await_", handle, request, extra_s=wait_s)
+        if not response.done:
+            return int(response.num_ready_blocks), None
+        done = ExportDone(int(response.first_token_id), tuple(response.prompt_chunk_ends))
+        return int(response.num_ready_blocks), done
+
+    def _unary(self, method: str, handle: KVHandle, request: object, extra_s: float = 0.0) -> Any:
         methods = self._methods(handle.address)
         try:
             return getattr(methods, method)(
-                request, timeout=self._config.rpc_deadline_s, metadata=self._metadata
+                request, timeout=self._config.rpc_deadline_s + extra_s, metadata=self._metadata
             )
         except grpc.RpcError as e:
             raise TransferError(
                 f"{method} of {handle.transfer_id} failed: {details_of(e)}", reason=reason_for(e)
             ) from e
 
-    def _open_stream(self, handle: KVHandle, wanted: list[int]) -> _GrpcChunkStream:
+    def open_stream(
+        self, handle: KVHandle, wanted: list[int], keep_export: bool = False
+    ) -> _GrpcChunkStream:
+        """One Pull stream of ``wanted`` (see :class:`~transfer.importer.ExportPeer`)."""
         request = pb.PullRequest(
             transfer_id=handle.transfer_id,
             block_indices=wanted,
             layout_fingerprint=handle.layout_fingerprint,
             exporter_epoch=handle.exporter_epoch,
             accepted_checksums=self._accepted_checksums,
+            keep_export=keep_export,
         )
         call = self._methods(handle.address).pull(
             request, timeout=self._config.pull_deadline_s, metadata=self._metadata

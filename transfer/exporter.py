@@ -1,8 +1,10 @@
 """The export side's logic, independent of the wire: exports, leases and chunk streams.
 
 :class:`KVExporter` lives in the prefill worker's process next to its block store. ``export``
-pins blocks under a lease and returns the :class:`~core.kv_handle.KVHandle`; ``pull`` validates a
-pull (epoch, layout fingerprint, block indices, one pull at a time) and yields its chunks read
+pins blocks under a lease and returns the :class:`~core.kv_handle.KVHandle`; ``open_export``
+does so before the prompt is computed (a pipelined export that ``add_ready`` and ``finish`` grow,
+and ``await_ready`` reports on); ``pull`` validates a pull (epoch, layout fingerprint, block
+indices, ready blocks, one whole pull or disjoint split streams) and yields its chunks read
 straight from the store, each checksummed (with the algorithm negotiated from the importer's
 offer, ``transfer.checksums``) and copied once into the caller's message type by an
 encoder (``transfer.codec.encode_chunk`` for gRPC). The gRPC servicer
@@ -22,7 +24,7 @@ from typing import TypeVar
 
 from core.errors import TransferError
 from core.ids import new_transfer_id
-from core.kv_handle import KVHandle, TransferFailure
+from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore, check_block_ids
 from transfer.checksums import ChecksumAlgorithm, checksum_pieces, negotiate
 from transfer.chunks import BlockViews, chunk_pieces, plan_chunks, pull_chunk_bytes
@@ -70,30 +72,64 @@ class KVExporter:
     def export(self, block_ids: Sequence[int], on_release: OnRelease | None = None) -> KVHandle:
         """Pin ``block_ids`` (in prompt order) until pulled, released or expired."""
         check_block_ids(self.store, block_ids, "exported")
-        lease = Lease(new_transfer_id(), tuple(block_ids), on_release)
+        return self._handle(Lease(new_transfer_id(), block_ids, on_release))
+
+    def open_export(self, num_blocks: int, on_release: OnRelease | None = None) -> KVHandle:
+        """A pipelined export of ``num_blocks`` blocks, none ready yet: :meth:`add_ready` adds them
+        as the prefill computes them, :meth:`finish` ends it. ``on_release`` as for
+        :meth:`export` (a freed export also stops growing)."""
+        if num_blocks < 1:
+            raise TransferError(
+                f"an export holds at least one block, not {num_blocks}",
+                reason=TransferFailure.INVALID_REQUEST,
+            )
+        return self._handle(Lease(new_transfer_id(), (), on_release, num_blocks=num_blocks))
+
+    def _handle(self, lease: Lease) -> KVHandle:
         self._leases.add(lease)
         return KVHandle(
             transfer_id=lease.transfer_id,
             address=self.address,
-            num_blocks=len(lease.block_ids),
+            num_blocks=lease.num_blocks,
             block_bytes=self.store.layout.block_bytes,
             layout_fingerprint=self._fingerprint,
             lease_deadline_unix_ms=int((time.time() + self._leases.lease_s) * 1000),
             exporter_epoch=self.epoch,
+            pipelined=lease.pipelined,
         )
+
+    def add_ready(self, transfer_id: str, block_ids: Sequence[int]) -> None:
+        """The next ready blocks of a pipelined export, in prompt order (computed and, on a GPU,
+        staged where the store reads them)."""
+        check_block_ids(self.store, block_ids, "exported")
+        self._leases.add_ready(transfer_id, block_ids)
+
+    def finish(self, transfer_id: str, block_ids: Sequence[int], done: ExportDone) -> None:
+        """A pipelined export's last ready blocks and what its prefill ended with."""
+        check_block_ids(self.store, block_ids, "exported")
+        self._leases.finish(transfer_id, block_ids, done)
+
+    def await_ready(
+        self, transfer_id: str, min_ready_blocks: int, wait_s: float
+    ) -> tuple[int, ExportDone | None]:
+        """Wait (at most ``wait_s``) for ``min_ready_blocks`` ready blocks or the export's end;
+        see :meth:`LeaseTable.await_ready`."""
+        return self._leases.await_ready(transfer_id, min_ready_blocks, wait_s)
 
     def heartbeat(self, transfer_id: str) -> int:
         """Extend a lease; returns the new deadline in ms since the Unix epoch."""
         remaining_s = self._leases.extend(transfer_id)
         return int((time.time() + remaining_s) * 1000)
 
-    def release(self, transfer_id: str) -> None:
-        """Free an export now; ``TransferError`` if it is unknown (then nothing changes)."""
+    def release(self, transfer_id: str, *, completed: bool = False) -> None:
+        """Free an export now (``completed``: its importer pulled every block it wanted over
+        split streams); ``TransferError`` if it is unknown (then nothing changes)."""
         self._leases.get(transfer_id)
         if self.faults.drop_release:
             logger.warning("fault injection: ignoring release of kv export %s", transfer_id)
             return
-        self._leases.reclaim(transfer_id, ReleaseCause.RELEASED)
+        cause = ReleaseCause.COMPLETED if completed else ReleaseCause.RELEASED
+        self._leases.reclaim(transfer_id, cause)
 
     def pull(
         self,
@@ -104,13 +140,16 @@ class KVExporter:
         cancelled: threading.Event,
         encode: ChunkEncoder[EncodedChunk],
         accepted_checksums: Sequence[int] = (),
+        *,
+        keep_export: bool = False,
     ) -> Generator[EncodedChunk, None, None]:
         """Validate a pull and stream its chunks, each made by ``encode``.
 
-        ``block_indices`` are positions in the export (empty: all, in order). ``cancelled`` is
-        set when the puller goes away; it cuts injected delays short. ``accepted_checksums`` is
-        the importer's offer (empty: CRC-32 only). Validation errors raise here; failures while
-        streaming raise from ``next()``.
+        ``block_indices`` are positions in the export (empty: all, in order), every one ready.
+        ``cancelled`` is set when the puller goes away; it cuts injected delays short.
+        ``accepted_checksums`` is the importer's offer (empty: CRC-32 only). ``keep_export``:
+        one of several streams over disjoint blocks; the export stays pinned after it. Validation
+        errors raise here; failures while streaming raise from ``next()``.
         """
         if exporter_epoch and exporter_epoch != self.epoch:
             raise TransferError(
@@ -124,16 +163,17 @@ class KVExporter:
                 f"({self.store.layout})",
                 reason=TransferFailure.LAYOUT_MISMATCH,
             )
-        wanted = list(block_indices) or list(range(len(lease.block_ids)))
-        bad = [i for i in wanted if not 0 <= i < len(lease.block_ids)]
+        wanted = list(block_indices) or list(range(lease.num_blocks))
+        bad = [i for i in wanted if not 0 <= i < lease.num_blocks]
         if bad or len(set(wanted)) != len(wanted):
             raise TransferError(
-                f"block indices out of range [0, {len(lease.block_ids)}) or repeated: "
-                f"{wanted[:16]}",
+                f"block indices out of range [0, {lease.num_blocks}) or repeated: {wanted[:16]}",
                 reason=TransferFailure.INVALID_REQUEST,
             )
         algorithm = negotiate(accepted_checksums)
-        return self._stream(transfer_id, wanted, self.faults, cancelled, encode, algorithm)
+        return self._stream(
+            transfer_id, wanted, self.faults, cancelled, encode, algorithm, keep_export
+        )
 
     def _stream(
         self,
@@ -143,8 +183,10 @@ class KVExporter:
         cancelled: threading.Event,
         encode: ChunkEncoder[EncodedChunk],
         algorithm: ChecksumAlgorithm,
+        keep_export: bool,
     ) -> Generator[EncodedChunk, None, None]:
-        lease = self._leases.begin_pull(transfer_id)  # on the first next(): paired with end_pull
+        # on the first next(): paired with end_pull
+        lease = self._leases.begin_pull(transfer_id, wanted, keep_export=keep_export)
         block_bytes = self.store.layout.block_bytes
         total_bytes = len(wanted) * block_bytes
         started_s = time.perf_counter()
@@ -178,7 +220,7 @@ class KVExporter:
             failure = TransferFailure.INTERNAL
             raise
         finally:
-            self._leases.end_pull(lease, completed)
+            self._leases.end_pull(lease, completed, wanted, keep_export=keep_export)
             duration_s = time.perf_counter() - started_s
             self._metrics.transfer_finished(TransferSide.EXPORT, sent_bytes, duration_s, failure)
 

@@ -2,26 +2,35 @@
 
 :class:`ImportRunner` validates a pull request, hands back a :class:`~transfer.task.TransferTask`
 at once and runs the pull on a small thread pool, so a decode engine keeps stepping while KV
-arrives. A transport supplies two callables: ``open_stream`` (start the pull, return a
-:class:`ChunkStream`) and ``release`` (free the export on the exporter). Every chunk goes through
-a :class:`~transfer.chunks.ChunkWriter` (offset, size, checksum, then one copy into the
-destination block). Any failure ends the task FAILED(reason) with the destination blocks that lack
-verified data, cancels the stream and releases the export, so neither side leaks.
+arrives. A transport supplies an :class:`ExportPeer`: how to open a stream of some blocks of an
+export, release the export, and ask a pipelined export how far its prefill got.
+
+How a pull is cut up (:class:`~transfer.streams.StreamPlan`): a small pull of a complete export
+is one stream (completing it frees the export, the v1 protocol); a large one is split into
+several concurrent streams over disjoint blocks; a pipelined export is pulled in segments as its
+blocks become ready, each segment split the same way, so the transfer runs while the prefill
+still computes. Split and pipelined pulls keep the export pinned until every wanted block
+arrived and then release it as completed. Every stream writes through its own
+:class:`~transfer.chunks.ChunkWriter` (offset, size, checksum, then one copy into the
+destination blocks). Any failure ends the task FAILED(reason) with the destination blocks that
+lack verified data, cancels the other streams and releases the export, so neither side leaks.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from core.errors import TransferError
-from core.kv_handle import KVHandle, TransferFailure
+from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore, check_block_ids
 from transfer.chunks import ChunkWriter
+from transfer.streams import StreamPlan
 from transfer.task import TransferTask
 from transfer.transfer_metrics import TransferMetrics, TransferSide
 
@@ -36,6 +45,8 @@ _NO_RELEASE = {
     TransferFailure.UNAUTHENTICATED,
     TransferFailure.ALREADY_PULLING,
 }
+_AWAIT_WAIT_S = 0.5
+"""How long one Await asks the exporter to hold on (it answers at once when ready)."""
 
 
 class ChunkLike(Protocol):
@@ -68,31 +79,60 @@ class ChunkLike(Protocol):
 
 
 class ChunkStream(Protocol):
-    """A running pull: iterate for chunks, cancel to abandon it."""
+    """A running stream of some blocks of an export: iterate for chunks, cancel to abandon it."""
 
     def __iter__(self) -> Iterator[ChunkLike]:
         """Chunks in stream order; failures raise ``TransferError`` with a reason."""
         ...
 
     def cancel(self) -> None:
-        """Stop the pull and free what it holds; safe to call from any thread, twice."""
+        """Stop the stream and free what it holds; safe to call from any thread, twice."""
         ...
 
 
-OpenStream = Callable[[KVHandle, list[int]], ChunkStream]
-Release = Callable[[KVHandle], None]
+class ExportPeer(Protocol):
+    """The exporter side of a pull, as a transport reaches it."""
+
+    def open_stream(self, handle: KVHandle, wanted: list[int], keep_export: bool) -> ChunkStream:
+        """Start streaming ``wanted`` (export indices, in this order). ``keep_export``: one of
+        several streams; the export stays pinned after it."""
+        ...
+
+    def release(self, handle: KVHandle, completed: bool = False) -> None:
+        """Free the export (``completed``: every wanted block arrived)."""
+        ...
+
+    def await_ready(
+        self, handle: KVHandle, min_ready_blocks: int, wait_s: float
+    ) -> tuple[int, ExportDone | None]:
+        """A pipelined export's ready blocks (waiting up to ``wait_s`` for
+        ``min_ready_blocks``) and, once its prefill finished, what it ended with."""
+        ...
 
 
 class ImportRunner:
     """Runs pulls into one block store on a thread pool and reports through tasks."""
 
-    def __init__(self, store: BlockStore, *, num_threads: int, metrics: TransferMetrics) -> None:
+    def __init__(
+        self,
+        store: BlockStore,
+        *,
+        num_threads: int,
+        metrics: TransferMetrics,
+        plan: StreamPlan | None = None,
+    ) -> None:
+        """``num_threads`` pulls run at once; ``plan`` says how each is cut into streams
+        (default: one stream per pull)."""
         self.store = store
+        self.plan = plan or StreamPlan(max_streams=1)
         self._metrics = metrics
         self._fingerprint = store.layout.fingerprint()
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="pdserve-kv-import")
+        self._streams = ThreadPoolExecutor(
+            num_threads * self.plan.max_streams, thread_name_prefix="pdserve-kv-stream"
+        )
         self._lock = threading.Lock()
-        self._running: dict[TransferTask, tuple[Future[None], KVHandle, Release]] = {}
+        self._running: dict[TransferTask, tuple[Future[None], KVHandle, ExportPeer]] = {}
         self._closed = False
 
     def submit(
@@ -100,8 +140,7 @@ class ImportRunner:
         handle: KVHandle,
         dst_block_ids: Sequence[int],
         wanted_indices: Sequence[int] | None,
-        open_stream: OpenStream,
-        release: Release,
+        peer: ExportPeer,
     ) -> TransferTask:
         """Start pulling ``wanted_indices`` of ``handle`` (default: all) into ``dst_block_ids``.
 
@@ -127,8 +166,8 @@ class ImportRunner:
         with self._lock:
             if self._closed:
                 raise TransferError("importer is closed", reason=TransferFailure.CANCELLED)
-            future = self._executor.submit(self._run, task, handle, wanted, open_stream, release)
-            self._running[task] = (future, handle, release)
+            future = self._executor.submit(self._run, task, handle, wanted, peer)
+            self._running[task] = (future, handle, peer)
         future.add_done_callback(lambda _: self._forget(task))
         return task
 
@@ -142,59 +181,165 @@ class ImportRunner:
             return len(self._running)
 
     def _run(
-        self,
-        task: TransferTask,
-        handle: KVHandle,
-        wanted: list[int],
-        open_stream: OpenStream,
-        release: Release,
+        self, task: TransferTask, handle: KVHandle, wanted: list[int], peer: ExportPeer
     ) -> None:
         started_s = time.perf_counter()
         self._metrics.transfer_started(TransferSide.IMPORT)
-        writer = ChunkWriter(self.store, task.dst_block_ids)
+        pull = _Pull(self, task, handle, wanted, peer)
         failure: TransferError | None = None
         try:
-            failure = self._pull(task, handle, wanted, writer, open_stream)
+            failure = pull.run()
         except Exception as e:  # a bug, not a transfer failure: still end the task
             logger.exception("kv transfer %s: unexpected error", handle.transfer_id)
+            pull.cancel_streams()
             failure = TransferError(repr(e), reason=TransferFailure.INTERNAL)
         duration_s = time.perf_counter() - started_s
         reason = None if failure is None else TransferFailure(failure.reason)
-        self._metrics.transfer_finished(TransferSide.IMPORT, writer.bytes_done, duration_s, reason)
+        self._metrics.transfer_finished(TransferSide.IMPORT, pull.bytes_done, duration_s, reason)
         if failure is None:
-            task.mark_done()
-            if not wanted:  # nothing pulled, so the exporter still pins the blocks
-                self._release_quietly(handle, release)
+            task.mark_done(pull.export_done)
+            if pull.release_when_done is not None:  # the exporter still pins it
+                self._release_quietly(handle, peer, completed=pull.release_when_done)
             return
         logger.warning("kv transfer %s failed (%s): %s", handle.transfer_id, reason, failure)
-        task.mark_failed(
-            TransferFailure(failure.reason), failure.message, writer.invalid_block_ids()
-        )
+        task.mark_failed(TransferFailure(failure.reason), failure.message, pull.invalid_block_ids())
         if failure.reason not in _NO_RELEASE:
-            self._release_quietly(handle, release)
+            self._release_quietly(handle, peer)
 
-    def _pull(
+    @staticmethod
+    def _release_quietly(handle: KVHandle, peer: ExportPeer, *, completed: bool = False) -> None:
+        try:
+            peer.release(handle, completed)
+        except TransferError as e:
+            logger.debug("release of kv export %s failed: %s", handle.transfer_id, e)
+
+    def close(self) -> None:
+        """Cancel every queued or running pull (they end FAILED(cancelled)) and stop the pool."""
+        with self._lock:
+            self._closed = True
+            running = list(self._running.items())
+        for task, (future, handle, peer) in running:
+            if future.cancel():  # never started: end it here and free its export
+                task.mark_failed(TransferFailure.CANCELLED, "importer closed", task.dst_block_ids)
+                self._release_quietly(handle, peer)
+            else:
+                task.cancel()
+        self._executor.shutdown(wait=True)
+        self._streams.shutdown(wait=True)
+
+
+class _Pull:
+    """One task's pull: its streams, their writers, and how far it got."""
+
+    def __init__(
         self,
+        runner: ImportRunner,
         task: TransferTask,
         handle: KVHandle,
         wanted: list[int],
-        writer: ChunkWriter,
-        open_stream: OpenStream,
-    ) -> TransferError | None:
+        peer: ExportPeer,
+    ) -> None:
+        self._runner = runner
+        self._task = task
+        self._handle = handle
+        self._peer = peer
+        order = sorted(range(len(wanted)), key=wanted.__getitem__)
+        self._wanted = [wanted[i] for i in order]  # export indices, ascending
+        self._dst = [task.dst_block_ids[i] for i in order]
+        self._lock = threading.Lock()
+        self._streams: list[tuple[ChunkStream, ChunkWriter, Future[TransferError | None]]] = []
+        self._num_started = 0  # wanted blocks handed to a stream so far
+        self.export_done: ExportDone | None = None
+        self.release_when_done: bool | None = None
+        """Once every block arrived: None, the export is already freed (a v1 stream completed);
+        True, release it as completed (split or pipelined); False, release it (nothing
+        pulled)."""
+
+    @property
+    def bytes_done(self) -> int:
+        """Verified bytes written by every stream so far."""
+        with self._lock:
+            return sum(writer.bytes_done for _, writer, _ in self._streams)
+
+    def run(self) -> TransferError | None:
+        """Pull every wanted block; the first failure (None: all arrived)."""
+        task, handle = self._task, self._handle
         task.mark_transferring()
-        if handle.layout_fingerprint != self._fingerprint:
+        if handle.layout_fingerprint != self._runner._fingerprint:
             return TransferError(
                 f"exporter layout {handle.layout_fingerprint} != importer layout "
-                f"{self._fingerprint} ({self.store.layout})",
+                f"{self._runner._fingerprint} ({self._runner.store.layout})",
                 reason=TransferFailure.LAYOUT_MISMATCH,
             )
-        if not wanted:
-            return None
+        task.set_cancel_hook(self.cancel_streams)
         try:
-            stream = open_stream(handle, wanted)
-        except TransferError as e:
-            return e
-        task.set_cancel_hook(stream.cancel)
+            if handle.pipelined:
+                return self._pull_as_ready()
+            return self._pull_all()
+        finally:
+            task.set_cancel_hook(None)
+
+    def _pull_all(self) -> TransferError | None:
+        """A complete export: one stream, or several over disjoint blocks."""
+        if not self._wanted:
+            self.release_when_done = False
+            return None
+        parts = self._runner.plan.split(len(self._wanted), self._handle.block_bytes)
+        if len(parts) == 1:  # the v1 pull: completing the stream frees the export
+            self._start(0, len(self._wanted), keep_export=False)
+            return self._wait_streams()
+        self.release_when_done = True
+        for start, end in parts:
+            self._start(start, end, keep_export=True)
+        return self._wait_streams()
+
+    def _pull_as_ready(self) -> TransferError | None:
+        """A pipelined export: pull each run of ready blocks as the prefill computes them."""
+        self.release_when_done = True
+        plan, block_bytes = self._runner.plan, self._handle.block_bytes
+        segment = plan.min_segment_blocks(block_bytes)
+        while True:
+            if (failure := self._first_failure()) is not None:
+                return self._wait_streams() or failure
+            if self._task.cancel_requested:
+                return self._cancelled()
+            next_needed = self._wanted[self._num_started] if self._unstarted() else 0
+            try:
+                num_ready, done = self._peer.await_ready(
+                    self._handle,
+                    min(next_needed + segment, self._handle.num_blocks),
+                    _AWAIT_WAIT_S,
+                )
+            except TransferError as e:
+                self.cancel_streams()
+                self._wait_streams()
+                return e
+            if done is not None:
+                self.export_done = done
+            ready = bisect.bisect_left(self._wanted, num_ready)  # wanted blocks now ready
+            first = self._num_started
+            if ready - first >= segment or (done is not None and self._unstarted()):
+                for start, end in plan.split(ready - first, block_bytes):
+                    self._start(first + start, first + end, keep_export=True)
+            if done is not None and not self._unstarted():
+                return self._wait_streams()
+
+    def _unstarted(self) -> bool:
+        return self._num_started < len(self._wanted)
+
+    def _start(self, start: int, end: int, keep_export: bool) -> None:
+        """Open a stream of ``wanted[start:end]`` and run it on the stream pool."""
+        writer = ChunkWriter(self._runner.store, self._dst[start:end])
+        stream = self._peer.open_stream(self._handle, self._wanted[start:end], keep_export)
+        future = self._runner._streams.submit(self._drain, stream, writer)
+        with self._lock:
+            self._streams.append((stream, writer, future))
+            self._num_started = max(self._num_started, end)
+        if self._task.cancel_requested:
+            stream.cancel()
+
+    def _drain(self, stream: ChunkStream, writer: ChunkWriter) -> TransferError | None:
+        """One stream's chunks into its writer (on the stream pool)."""
         chunks = iter(stream)
         try:
             writer.prepare()  # overlaps the exporter's work on the first chunk
@@ -206,39 +351,62 @@ class ImportRunner:
                     chunk.checksum,
                     chunk.payload,
                 )
-                task.mark_progress(writer.bytes_done)
+                self._task.mark_progress(self.bytes_done)
             writer.finish()
         except TransferError as e:
             stream.cancel()
-            if task.cancel_requested:
-                return TransferError("cancelled by the importer", reason=TransferFailure.CANCELLED)
             return e
-        except BaseException:
+        except BaseException as e:
             stream.cancel()
-            raise
+            return TransferError(repr(e), reason=TransferFailure.INTERNAL)
         finally:
-            task.set_cancel_hook(None)
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()  # end the stream's generator now, not at garbage collection
         return None
 
-    @staticmethod
-    def _release_quietly(handle: KVHandle, release: Release) -> None:
-        try:
-            release(handle)
-        except TransferError as e:
-            logger.debug("release of kv export %s failed: %s", handle.transfer_id, e)
-
-    def close(self) -> None:
-        """Cancel every queued or running pull (they end FAILED(cancelled)) and stop the pool."""
+    def _first_failure(self) -> TransferError | None:
         with self._lock:
-            self._closed = True
-            running = list(self._running.items())
-        for task, (future, handle, release) in running:
-            if future.cancel():  # never started: end it here and free its export
-                task.mark_failed(TransferFailure.CANCELLED, "importer closed", task.dst_block_ids)
-                self._release_quietly(handle, release)
-            else:
-                task.cancel()
-        self._executor.shutdown(wait=True)
+            done = [future for _, _, future in self._streams if future.done()]
+        return next((f.result() for f in done if f.result() is not None), None)
+
+    def _wait_streams(self) -> TransferError | None:
+        """Wait for every stream; on the first failure cancel the others."""
+        with self._lock:
+            futures = [future for _, _, future in self._streams]
+        failure: TransferError | None = None
+        for future in futures:
+            result = future.result()
+            if result is not None and failure is None:
+                failure = result
+                self.cancel_streams()
+        if failure is not None and self._task.cancel_requested:
+            return self._cancelled()
+        return failure
+
+    def _cancelled(self) -> TransferError:
+        self.cancel_streams()
+        self._wait_streams_quietly()
+        return TransferError("cancelled by the importer", reason=TransferFailure.CANCELLED)
+
+    def _wait_streams_quietly(self) -> None:
+        with self._lock:
+            futures = [future for _, _, future in self._streams]
+        for future in futures:
+            future.result()
+
+    def cancel_streams(self) -> None:
+        """Cancel every stream started so far (any thread)."""
+        with self._lock:
+            streams = [stream for stream, _, _ in self._streams]
+        for stream in streams:
+            stream.cancel()
+
+    def invalid_block_ids(self) -> tuple[int, ...]:
+        """Destination blocks without verified data: what each stream missed, and every block
+        no stream was started for."""
+        with self._lock:
+            writers = [writer for _, writer, _ in self._streams]
+            missed = [block for writer in writers for block in writer.invalid_block_ids()]
+            missed += self._dst[self._num_started :]
+        return tuple(missed)

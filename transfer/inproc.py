@@ -15,14 +15,15 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from core.errors import TransferError
-from core.kv_handle import KVHandle, TransferFailure
+from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS
 from transfer.chunks import ChunkData, to_chunk_data
 from transfer.exporter import KVExporter
 from transfer.faults import FaultInjection
-from transfer.importer import ImportRunner
+from transfer.importer import ChunkStream, ImportRunner
 from transfer.leases import OnRelease
+from transfer.streams import StreamPlan
 from transfer.task import TransferTask
 from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
 
@@ -63,10 +64,13 @@ class InProcKVHub:
 class _InProcChunkStream:
     """A pull served by calling the exporter directly."""
 
-    def __init__(self, hub: InProcKVHub, handle: KVHandle, wanted: list[int]) -> None:
+    def __init__(
+        self, hub: InProcKVHub, handle: KVHandle, wanted: list[int], keep_export: bool
+    ) -> None:
         self._hub = hub
         self._handle = handle
         self._wanted = wanted
+        self._keep_export = keep_export
         self._cancelled = threading.Event()
 
     def __iter__(self) -> Iterator[ChunkData]:
@@ -79,6 +83,7 @@ class _InProcChunkStream:
             self._cancelled,
             to_chunk_data,
             ACCEPTED_CHECKSUMS,
+            keep_export=self._keep_export,
         )
         try:
             for chunk in chunks:
@@ -105,7 +110,9 @@ class InProcKVTransport:
         num_threads: int = 2,
         metrics: TransferMetrics | None = None,
         faults: FaultInjection | None = None,
+        plan: StreamPlan | None = None,
     ) -> None:
+        """``plan``: how pulls are cut into streams (default: one stream a pull)."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self._hub = hub
         self.exporter = KVExporter(
@@ -117,7 +124,7 @@ class InProcKVTransport:
             faults=faults,
         )
         hub.register(self.exporter)
-        self._runner = ImportRunner(store, num_threads=num_threads, metrics=self.metrics)
+        self._runner = ImportRunner(store, num_threads=num_threads, metrics=self.metrics, plan=plan)
 
     @property
     def address(self) -> str:
@@ -128,6 +135,18 @@ class InProcKVTransport:
         """Pin ``block_ids`` under a lease; see ``KVTransport.export``."""
         return self.exporter.export(block_ids, on_release)
 
+    def open_export(self, num_blocks: int, on_release: OnRelease | None = None) -> KVHandle:
+        """A pipelined export; see ``KVTransport.open_export``."""
+        return self.exporter.open_export(num_blocks, on_release)
+
+    def add_ready(self, handle: KVHandle, block_ids: Sequence[int]) -> None:
+        """A pipelined export's next ready blocks; see ``KVTransport.add_ready``."""
+        self.exporter.add_ready(handle.transfer_id, block_ids)
+
+    def finish_export(self, handle: KVHandle, block_ids: Sequence[int], done: ExportDone) -> None:
+        """A pipelined export's last blocks and its end; see ``KVTransport.finish_export``."""
+        self.exporter.finish(handle.transfer_id, block_ids, done)
+
     def pull(
         self,
         handle: KVHandle,
@@ -135,13 +154,18 @@ class InProcKVTransport:
         wanted_indices: Sequence[int] | None = None,
     ) -> TransferTask:
         """Pull from the exporter at ``handle.address``; see ``KVTransport.pull``."""
-        return self._runner.submit(
-            handle,
-            dst_block_ids,
-            wanted_indices,
-            lambda h, wanted: _InProcChunkStream(self._hub, h, wanted),
-            self.release,
-        )
+        return self._runner.submit(handle, dst_block_ids, wanted_indices, self)
+
+    def open_stream(self, handle: KVHandle, wanted: list[int], keep_export: bool) -> ChunkStream:
+        """A stream served by calling the exporter at ``handle.address`` directly."""
+        return _InProcChunkStream(self._hub, handle, wanted, keep_export)
+
+    def await_ready(
+        self, handle: KVHandle, min_ready_blocks: int, wait_s: float
+    ) -> tuple[int, ExportDone | None]:
+        """See ``ExportPeer.await_ready``."""
+        exporter = self._hub.lookup(handle.address)
+        return exporter.await_ready(handle.transfer_id, min_ready_blocks, wait_s)
 
     def connect(self, address: str) -> None:
         """Nothing to do in one process."""
@@ -150,9 +174,9 @@ class InProcKVTransport:
         """Extend the export's lease."""
         return self._hub.lookup(handle.address).heartbeat(handle.transfer_id)
 
-    def release(self, handle: KVHandle) -> None:
+    def release(self, handle: KVHandle, completed: bool = False) -> None:
         """Free an export on its exporter."""
-        self._hub.lookup(handle.address).release(handle.transfer_id)
+        self._hub.lookup(handle.address).release(handle.transfer_id, completed=completed)
 
     def set_faults(self, faults: FaultInjection) -> None:
         """Inject ``faults`` into every pull this worker serves from now on."""

@@ -6,6 +6,13 @@ calls the exporter's ``on_release(cause)`` exactly once, outside every lock. A r
 expired leases; a bounded set of tombstones remembers recently freed ids so a late message gets a
 precise NOT_FOUND reason and changes nothing.
 
+A *pipelined* export is opened before its prompt is computed: its blocks become ready in prompt
+order (:meth:`LeaseTable.add_ready`) and it finishes with the prefill's :class:`ExportDone`
+(:meth:`LeaseTable.finish`); :meth:`LeaseTable.await_ready` lets an importer wait for either. A
+pull is one stream over the whole export (v1: completing it frees the export) or one of several
+streams over disjoint blocks that keep the export pinned until the importer releases it as
+completed.
+
 NOTE: chunk reads happen under ``Lease.lock`` after checking ``released``; reclaiming takes the
 same lock, so a freed (and possibly reused) block is never read.
 """
@@ -17,10 +24,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from core.errors import TransferError
-from core.kv_handle import TransferFailure
+from core.kv_handle import ExportDone, TransferFailure
 
 logger = logging.getLogger(__name__)
 
@@ -40,18 +47,45 @@ OnRelease = Callable[[ReleaseCause], None]
 
 
 class Lease:
-    """One export: its blocks, layout fingerprint, deadline and pull state."""
+    """One export: its blocks, deadline and pull state.
+
+    ``block_ids`` holds the ready blocks in prompt order: all of them for a complete export,
+    a growing prefix of ``num_blocks`` for a pipelined one until it is ``finished``."""
 
     def __init__(
-        self, transfer_id: str, block_ids: tuple[int, ...], on_release: OnRelease | None
+        self,
+        transfer_id: str,
+        block_ids: Sequence[int],
+        on_release: OnRelease | None,
+        *,
+        num_blocks: int | None = None,
     ) -> None:
         self.transfer_id = transfer_id
-        self.block_ids = block_ids
+        self.block_ids: list[int] = list(block_ids)
+        self.num_blocks = len(self.block_ids) if num_blocks is None else num_blocks
+        self.pipelined = num_blocks is not None
+        self.finished = not self.pipelined
+        self.done: ExportDone | None = None
         self.on_release = on_release
         self.deadline_s = 0.0  # seconds on the table's clock (time.monotonic)
-        self.pulling = False
+        self.whole_pull = False  # a v1 stream over the whole export is running
+        self.pulling: set[int] = set()  # indices streams of a split pull are reading
+        self.pulled: set[int] = set()  # indices a split pull's streams completed
         self.released: ReleaseCause | None = None
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        """Notified when blocks become ready, the export finishes or it is freed."""
+
+    def check_ready(self, indices: Sequence[int]) -> None:
+        """Raise ``TransferError(not_ready)`` unless every index is a ready block (lock held)."""
+        num_ready = len(self.block_ids)
+        late = [i for i in indices if i >= num_ready]
+        if late:
+            raise TransferError(
+                f"blocks {late[:8]} of {self.transfer_id} are not computed yet "
+                f"({num_ready} of {self.num_blocks} ready)",
+                reason=TransferFailure.NOT_READY,
+            )
 
 
 class LeaseTable:
@@ -105,16 +139,28 @@ class LeaseTable:
             lease.deadline_s = max(lease.deadline_s, now + self.lease_s)
             return lease.deadline_s - now
 
-    def begin_pull(self, transfer_id: str) -> Lease:
-        """Mark the lease as being pulled (only one pull at a time) and push its deadline."""
+    def begin_pull(
+        self, transfer_id: str, indices: Sequence[int] = (), *, keep_export: bool = False
+    ) -> Lease:
+        """Mark ``indices`` of the lease as being pulled and push its deadline. Without
+        ``keep_export`` the stream pulls the whole export and no other may run; with it, streams
+        of one importer pull disjoint ready blocks side by side."""
         with self._cond:
             lease = self._get_locked(transfer_id)
-            if lease.pulling:
-                raise TransferError(
-                    f"transfer {transfer_id} is already being pulled",
-                    reason=TransferFailure.ALREADY_PULLING,
-                )
-            lease.pulling = True
+            with lease.lock:
+                busy = lease.whole_pull or (not keep_export and bool(lease.pulling))
+                overlap = lease.pulling.intersection(indices) | lease.pulled.intersection(indices)
+                if busy or overlap:
+                    raise TransferError(
+                        f"transfer {transfer_id} is already being pulled"
+                        + (f" (blocks {sorted(overlap)[:8]})" if overlap else ""),
+                        reason=TransferFailure.ALREADY_PULLING,
+                    )
+                lease.check_ready(indices)
+                if keep_export:
+                    lease.pulling.update(indices)
+                else:
+                    lease.whole_pull = True
             lease.deadline_s = max(lease.deadline_s, self._clock() + self.lease_s)
             return lease
 
@@ -132,12 +178,88 @@ class LeaseTable:
             f"unknown transfer {transfer_id} ({detail})", reason=TransferFailure.UNKNOWN_TRANSFER
         )
 
-    def end_pull(self, lease: Lease, completed: bool) -> None:
-        """A pull ended: free the blocks if it completed, else keep them under the lease."""
-        with self._cond:
-            lease.pulling = False
-        if completed:
+    def end_pull(
+        self,
+        lease: Lease,
+        completed: bool,
+        indices: Sequence[int] = (),
+        *,
+        keep_export: bool = False,
+    ) -> None:
+        """A pull ended. A whole pull that completed frees the blocks; a stream of a split pull
+        only records its blocks as pulled (the importer releases the export when it has all)."""
+        with self._cond, lease.lock:
+            if keep_export:
+                lease.pulling.difference_update(indices)
+                if completed:
+                    lease.pulled.update(indices)
+            else:
+                lease.whole_pull = False
+        if completed and not keep_export:
             self.reclaim(lease.transfer_id, ReleaseCause.COMPLETED)
+
+    def add_ready(self, transfer_id: str, block_ids: Sequence[int]) -> None:
+        """A pipelined export's next ready blocks (in prompt order); pushes its deadline."""
+        self._grow(transfer_id, block_ids, None)
+
+    def finish(self, transfer_id: str, block_ids: Sequence[int], done: ExportDone) -> None:
+        """A pipelined export's last ready blocks and what its prefill ended with."""
+        self._grow(transfer_id, block_ids, done)
+
+    def _grow(self, transfer_id: str, block_ids: Sequence[int], done: ExportDone | None) -> None:
+        with self._cond:
+            lease = self._get_locked(transfer_id)
+            with lease.lock:
+                if lease.finished:
+                    raise TransferError(
+                        f"kv export {transfer_id} is already complete",
+                        reason=TransferFailure.INVALID_REQUEST,
+                    )
+                if len(lease.block_ids) + len(block_ids) > lease.num_blocks:
+                    raise TransferError(
+                        f"kv export {transfer_id} holds {lease.num_blocks} blocks; "
+                        f"{len(lease.block_ids)} + {len(block_ids)} would overrun it",
+                        reason=TransferFailure.INVALID_REQUEST,
+                    )
+                lease.block_ids.extend(block_ids)
+                if done is not None:
+                    if len(lease.block_ids) != lease.num_blocks:
+                        raise TransferError(
+                            f"kv export {transfer_id} finished with {len(lease.block_ids)} of "
+                            f"{lease.num_blocks} blocks",
+                            reason=TransferFailure.INVALID_REQUEST,
+                        )
+                    lease.finished, lease.done = True, done
+                lease.changed.notify_all()
+            lease.deadline_s = max(lease.deadline_s, self._clock() + self.lease_s)
+
+    def await_ready(
+        self, transfer_id: str, min_ready_blocks: int, wait_s: float
+    ) -> tuple[int, ExportDone | None]:
+        """Wait up to ``wait_s`` until ``min_ready_blocks`` blocks are ready or the export
+        finished; ``(ready blocks, ExportDone once finished)``. ``TransferError`` naming why
+        when the export is (or becomes) gone."""
+        lease = self.get(transfer_id)
+        deadline_s = time.monotonic() + wait_s
+        with lease.lock:
+            while (
+                lease.released is None
+                and not lease.finished
+                and len(lease.block_ids) < min_ready_blocks
+            ):
+                left_s = deadline_s - time.monotonic()
+                if left_s <= 0:
+                    break
+                lease.changed.wait(left_s)
+            if lease.released is None:
+                return len(lease.block_ids), lease.done
+        return 0, self._gone(transfer_id)
+
+    def _gone(self, transfer_id: str) -> ExportDone | None:
+        """Raise why ``transfer_id`` was freed (it was: see :meth:`_get_locked`)."""
+        with self._cond:
+            self._get_locked(transfer_id)
+        return None  # pragma: no cover - _get_locked raised: the lease is freed
 
     def touch(self, lease: Lease) -> None:
         """Pull progress: push the deadline to at least now + lease_s."""
@@ -165,6 +287,7 @@ class LeaseTable:
     def _free(self, lease: Lease, cause: ReleaseCause) -> None:
         with lease.lock:  # waits for a chunk read in progress
             lease.released = cause
+            lease.changed.notify_all()
         logger.debug("kv export %s freed (%s)", lease.transfer_id, cause)
         self._on_released(cause)
         if lease.on_release is not None:

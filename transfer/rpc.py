@@ -20,6 +20,7 @@ SERVICE_NAME = "pdserve.kv.v1.KVTransfer"
 PULL_METHOD = f"/{SERVICE_NAME}/Pull"
 HEARTBEAT_METHOD = f"/{SERVICE_NAME}/Heartbeat"
 RELEASE_METHOD = f"/{SERVICE_NAME}/Release"
+AWAIT_METHOD = f"/{SERVICE_NAME}/Await"
 
 
 def message_options(config: TransferConfig) -> list[tuple[str, str | int]]:
@@ -31,7 +32,7 @@ def message_options(config: TransferConfig) -> list[tuple[str, str | int]]:
 
 
 class KVTransferHandlers(Protocol):
-    """The server-side behaviour of the three methods."""
+    """The server-side behaviour of the four methods."""
 
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         """Yield serialized ``Chunk`` messages (``transfer.codec.encode_chunk``)."""
@@ -47,6 +48,10 @@ class KVTransferHandlers(Protocol):
         self, request: pb.ReleaseRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseResponse:
         """Free an export."""
+        ...
+
+    def Await(self, request: pb.AwaitRequest, context: grpc.ServicerContext) -> pb.AwaitResponse:
+        """Wait for a pipelined export's blocks or its end."""
         ...
 
 
@@ -70,12 +75,17 @@ def generic_handler(handlers: KVTransferHandlers) -> grpc.GenericRpcHandler:
                 request_deserializer=pb.ReleaseRequest.FromString,
                 response_serializer=pb.ReleaseResponse.SerializeToString,
             ),
+            "Await": grpc.unary_unary_rpc_method_handler(
+                handlers.Await,
+                request_deserializer=pb.AwaitRequest.FromString,
+                response_serializer=pb.AwaitResponse.SerializeToString,
+            ),
         },
     )
 
 
 class KVTransferClientMethods:
-    """Callables for the three methods on one channel."""
+    """Callables for the four methods on one channel."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         self.pull: Callable[..., Any] = channel.unary_stream(
@@ -92,4 +102,9 @@ class KVTransferClientMethods:
             RELEASE_METHOD,
             request_serializer=pb.ReleaseRequest.SerializeToString,
             response_deserializer=pb.ReleaseResponse.FromString,
+        )
+        self.await_: Callable[..., Any] = channel.unary_unary(
+            AWAIT_METHOD,
+            request_serializer=pb.AwaitRequest.SerializeToString,
+            response_deserializer=pb.AwaitResponse.FromString,
         )

@@ -1,7 +1,7 @@
 """The export side over gRPC: a sync server in the prefill worker's process.
 
-:class:`KVExportServer` serves ``pdserve.kv.v1.KVTransfer`` (Pull, Heartbeat, Release) and the
-standard ``grpc.health.v1`` service from a thread pool (a sync server: it streams bulk bytes
+:class:`KVExportServer` serves ``pdserve.kv.v1.KVTransfer`` (Pull, Heartbeat, Release, Await) and
+the standard ``grpc.health.v1`` service from a thread pool (a sync server: it streams bulk bytes
 faster than grpc.aio). It binds the node's address (``transfer.addressing``), sets message size
 limits explicitly, checks the auth token before any handler runs and serves mTLS when configured.
 The wire-independent rules (leases, validation, faults) live in :class:`KVExporter`.
@@ -35,6 +35,10 @@ from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
 
 logger = logging.getLogger(__name__)
 
+AWAIT_MAX_WAIT_S = 5.0
+"""Longest an Await call holds a server thread before answering anyway (the importer asks
+again)."""
+
 
 class _KVTransferServicer:
     def __init__(self, exporter: KVExporter) -> None:
@@ -52,6 +56,7 @@ class _KVTransferServicer:
                 cancelled,
                 encode_chunk,
                 list(request.accepted_checksums),
+                keep_export=request.keep_export,
             )
             with closing(chunks):
                 yield from chunks
@@ -71,10 +76,27 @@ class _KVTransferServicer:
         self, request: pb.ReleaseRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseResponse:
         try:
-            self._exporter.release(request.transfer_id)
+            self._exporter.release(request.transfer_id, completed=request.completed)
         except TransferError as e:
             _abort(context, e)
         return pb.ReleaseResponse()
+
+    def Await(self, request: pb.AwaitRequest, context: grpc.ServicerContext) -> pb.AwaitResponse:
+        wait_s = min(request.wait_ms / 1000, AWAIT_MAX_WAIT_S)
+        try:
+            num_ready, done = self._exporter.await_ready(
+                request.transfer_id, request.min_ready_blocks, wait_s
+            )
+        except TransferError as e:
+            _abort(context, e)
+        if done is None:
+            return pb.AwaitResponse(num_ready_blocks=num_ready)
+        return pb.AwaitResponse(
+            num_ready_blocks=num_ready,
+            done=True,
+            first_token_id=done.first_token_id,
+            prompt_chunk_ends=list(done.prompt_chunk_ends),
+        )
 
 
 def _abort(context: grpc.ServicerContext, error: TransferError) -> None:

@@ -20,6 +20,7 @@ _CODE_FOR_REASON: dict[TransferFailure, grpc.StatusCode] = {
     TransferFailure.LAYOUT_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
     TransferFailure.ALREADY_PULLING: grpc.StatusCode.FAILED_PRECONDITION,
     TransferFailure.INVALID_REQUEST: grpc.StatusCode.OUT_OF_RANGE,
+    TransferFailure.NOT_READY: grpc.StatusCode.FAILED_PRECONDITION,
     TransferFailure.EXPORTER_ERROR: grpc.StatusCode.ABORTED,
     TransferFailure.EXPORTER_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     TransferFailure.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,

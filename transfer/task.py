@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from core.errors import TransferError
-from core.kv_handle import TransferFailure, TransferState, TransferStatus
+from core.kv_handle import ExportDone, TransferFailure, TransferState, TransferStatus
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +33,18 @@ class TransferTask:
         self._callbacks: list[DoneCallback] = []
         self._cancel_requested = False
         self._cancel_hook: Callable[[], None] | None = None
+        self._export_done: ExportDone | None = None
 
     def status(self) -> TransferStatus:
         """The current state, byte progress and, once FAILED, the reason."""
         with self._cond:
             return self._status
+
+    @property
+    def export_done(self) -> ExportDone | None:
+        """What a pipelined export's prefill ended with (set when DONE; None otherwise)."""
+        with self._cond:
+            return self._export_done
 
     @property
     def state(self) -> TransferState:
@@ -118,8 +125,11 @@ class TransferTask:
         """Record verified bytes written so far."""
         self._update(bytes_done=bytes_done)
 
-    def mark_done(self) -> None:
-        """-> DONE; fires the callbacks."""
+    def mark_done(self, export_done: ExportDone | None = None) -> None:
+        """-> DONE (with a pipelined export's :class:`ExportDone`); fires the callbacks."""
+        with self._cond:
+            if not self._status.state.is_terminal:
+                self._export_done = export_done
         self._finish(TransferState.DONE, None, "", ())
 
     def mark_failed(

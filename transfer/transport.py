@@ -1,6 +1,7 @@
 """The ``KVTransport`` contract the roles program against, and its gRPC implementation.
 
-A prefill worker exports blocks and hands the :class:`~core.kv_handle.KVHandle` on; a decode
+A prefill worker exports blocks and hands the :class:`~core.kv_handle.KVHandle` on (or opens a
+pipelined export before its prompt is computed and adds the blocks as they complete); a decode
 worker pulls (some of) them into blocks it already allocated, heartbeats while it waits, and
 releases an export it will not pull. :class:`GrpcKVTransport` is the real data plane;
 ``transfer.inproc.InProcKVTransport`` implements the same contract in one process for unit tests
@@ -14,7 +15,7 @@ from typing import Protocol
 
 from core.config import TransferConfig
 from core.errors import TransferError
-from core.kv_handle import KVHandle, TransferFailure
+from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.client import KVImportClient
 from transfer.faults import FaultInjection
@@ -33,6 +34,19 @@ class KVTransport(Protocol):
         ``on_release(cause)`` is called exactly once when the blocks are no longer needed:
         the pull completed, the importer released them, the lease expired, or shutdown.
         """
+        ...
+
+    def open_export(self, num_blocks: int, on_release: OnRelease | None = None) -> KVHandle:
+        """A pipelined export of ``num_blocks`` blocks of which none is computed yet: its handle
+        can be pulled from at once, blocks arriving as :meth:`add_ready` adds them."""
+        ...
+
+    def add_ready(self, handle: KVHandle, block_ids: Sequence[int]) -> None:
+        """The next computed blocks of a pipelined export, in prompt order."""
+        ...
+
+    def finish_export(self, handle: KVHandle, block_ids: Sequence[int], done: ExportDone) -> None:
+        """A pipelined export's last computed blocks and what its prefill ended with."""
         ...
 
     def pull(
@@ -102,12 +116,27 @@ class GrpcKVTransport:
 
     def export(self, block_ids: Sequence[int], on_release: OnRelease | None = None) -> KVHandle:
         """Pin ``block_ids`` under a lease; needs ``serve=True``."""
+        return self._serving().export(block_ids, on_release)
+
+    def open_export(self, num_blocks: int, on_release: OnRelease | None = None) -> KVHandle:
+        """A pipelined export; needs ``serve=True``."""
+        return self._serving().exporter.open_export(num_blocks, on_release)
+
+    def add_ready(self, handle: KVHandle, block_ids: Sequence[int]) -> None:
+        """A pipelined export's next computed blocks; needs ``serve=True``."""
+        self._serving().exporter.add_ready(handle.transfer_id, block_ids)
+
+    def finish_export(self, handle: KVHandle, block_ids: Sequence[int], done: ExportDone) -> None:
+        """A pipelined export's last blocks and its end; needs ``serve=True``."""
+        self._serving().exporter.finish(handle.transfer_id, block_ids, done)
+
+    def _serving(self) -> KVExportServer:
         if self.server is None:
             raise TransferError(
                 "this transport does not serve exports (serve=False)",
                 reason=TransferFailure.EXPORTER_UNAVAILABLE,
             )
-        return self.server.export(block_ids, on_release)
+        return self.server
 
     def pull(
         self,
@@ -132,12 +161,7 @@ class GrpcKVTransport:
 
     def set_faults(self, faults: FaultInjection) -> None:
         """Inject ``faults`` into the export server's pulls; needs ``serve=True``."""
-        if self.server is None:
-            raise TransferError(
-                "this transport does not serve exports (serve=False)",
-                reason=TransferFailure.EXPORTER_UNAVAILABLE,
-            )
-        self.server.set_faults(faults)
+        self._serving().set_faults(faults)
 
     def close(self) -> None:
         """Close the client, then stop the server."""

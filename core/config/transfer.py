@@ -40,6 +40,19 @@ class TransferConfig(StrictModel):
     import_threads: int = Field(
         4, ge=1, le=256, description="Importer threads (pulls run at once per decode worker)."
     )
+    num_streams: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Concurrent gRPC streams one large pull is spread over; None: the decode "
+        "host's cores, at most 8.",
+    )
+    min_stream_bytes: int = Field(
+        4 * MIB,
+        ge=64 * 1024,
+        description="Fewest bytes one stream of a split pull carries (smaller pulls stay one "
+        "stream); also the smallest segment a pipelined pull starts as the prefill computes.",
+    )
     auth_token_env: str | None = Field(
         "PDSERVE_KV_TOKEN", description="Environment variable holding the shared auth token."
     )

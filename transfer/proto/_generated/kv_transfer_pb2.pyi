@@ -15,18 +15,20 @@ CHECKSUM_ALGORITHM_CRC32: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_XXH3_64: ChecksumAlgorithm
 
 class PullRequest(_message.Message):
-    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch", "accepted_checksums")
+    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch", "accepted_checksums", "keep_export")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     EXPORTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_EXPORT_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_indices: _containers.RepeatedScalarFieldContainer[int]
     layout_fingerprint: str
     exporter_epoch: str
     accepted_checksums: _containers.RepeatedScalarFieldContainer[ChecksumAlgorithm]
-    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ..., accepted_checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ...) -> None: ...
+    keep_export: bool
+    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ..., accepted_checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ..., keep_export: _Optional[bool] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("offset_bytes", "total_bytes", "crc32", "payload", "checksum_algorithm", "checksum64")
@@ -57,10 +59,34 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, lease_deadline_unix_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("transfer_id",)
+    __slots__ = ("transfer_id", "completed")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
-    def __init__(self, transfer_id: _Optional[str] = ...) -> None: ...
+    completed: bool
+    def __init__(self, transfer_id: _Optional[str] = ..., completed: _Optional[bool] = ...) -> None: ...
+
+class AwaitRequest(_message.Message):
+    __slots__ = ("transfer_id", "min_ready_blocks", "wait_ms")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_READY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    min_ready_blocks: int
+    wait_ms: int
+    def __init__(self, transfer_id: _Optional[str] = ..., min_ready_blocks: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class AwaitResponse(_message.Message):
+    __slots__ = ("num_ready_blocks", "done", "first_token_id", "prompt_chunk_ends")
+    NUM_READY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CHUNK_ENDS_FIELD_NUMBER: _ClassVar[int]
+    num_ready_blocks: int
+    done: bool
+    first_token_id: int
+    prompt_chunk_ends: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_ready_blocks: _Optional[int] = ..., done: _Optional[bool] = ..., first_token_id: _Optional[int] = ..., prompt_chunk_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ()
