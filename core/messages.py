@@ -107,6 +107,16 @@ class PrefillResult:
 
 
 @dataclass(frozen=True)
+class PrefillStarted:
+    """Prefill -> ingress, first on a pipelined prefill: the export the decode can pull from at
+    once (``kv_handle.pipelined``), while the prompt is still being computed. The
+    :class:`PrefillReply` follows once the first token is sampled."""
+
+    request_id: str
+    kv_handle: KVHandle
+
+
+@dataclass(frozen=True)
 class PrefillReply:
     """What a prefill replica answers: exactly one of ``result`` and ``error``."""
 
@@ -135,6 +145,7 @@ class DecodeRequest:
     sampling: SamplingParams
     routing: RoutingKeys = RoutingKeys()
     first_token_id: int | None = None
+    """None with a ``kv_handle``: a pipelined handle, whose export tells the first token."""
     kv_handle: KVHandle | None = None
     prompt_chunk_ends: tuple[int, ...] = ()
     """The prefill's chunk ends (``PrefillResult.prompt_chunk_ends``), for a recompute."""

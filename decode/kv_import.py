@@ -71,12 +71,13 @@ class KVImport:
         self,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        first_token_id: int,
+        first_token_id: int | None,
         prompt_chunk_ends: tuple[int, ...] = (),
         cache_salt: str | None = None,
     ) -> None:
         """Check the layout, then reserve blocks (reusing local prefix hits of the same
-        ``cache_salt``) on the engine."""
+        ``cache_salt``) on the engine; ``first_token_id`` None for a pipelined handle (the
+        export tells it)."""
         mine = self._engine.layout
         if self.handle.layout_fingerprint != mine.fingerprint():
             raise LayoutMismatchError(

@@ -4,10 +4,13 @@
 advanced the request. Without a handle it prefills locally and streams from the first token.
 With one, a :class:`~decode.kv_import.KVImport` reserves blocks, pulls only those the local
 prefix cache lacks and hands the request to the batch; its chunks carry the tokens *after*
-``first_token_id`` (the ingress already sent that one). A failed pull recomputes the prompt
-locally (``kv_failure_policy="recompute"``, identical output) or ends the stream with a chunk
-carrying its :class:`~core.errors.ErrorReport` (``"fail"``). Closing the iterator (client gone)
-aborts the request, cancels the pull and frees every block on both sides.
+``first_token_id`` (the ingress already sent that one). A pipelined handle comes before the
+prefill finished and without the first token: the pull takes each block as the prefill
+completes it and the export tells the first token at the end. A failed pull recomputes the
+prompt locally (``kv_failure_policy="recompute"``, identical output) or ends the stream with a
+chunk carrying its :class:`~core.errors.ErrorReport` (``"fail"``, or any failed pipelined pull:
+the ingress then continues the request elsewhere). Closing the iterator (client gone) aborts the
+request, cancels the pull and frees every block on both sides.
 """
 
 from __future__ import annotations
@@ -74,9 +77,12 @@ class DecodeWorker:
         request_id = request.request_id
         try:
             params = request.sampling
-            if (request.kv_handle is None) != (request.first_token_id is None):
+            handle = request.kv_handle
+            pipelined = handle is not None and handle.pipelined
+            if (handle is None) != (request.first_token_id is None) and not pipelined:
                 raise InvalidRequestError(
-                    f"request {request_id}: first_token_id and kv_handle go together",
+                    f"request {request_id}: first_token_id and kv_handle go together "
+                    "(only a pipelined handle comes without the first token)",
                     param="kv_handle",
                 )
             if request.kv_handle is None:
@@ -108,7 +114,7 @@ class DecodeWorker:
         self, request: DecodeRequest, params: SamplingParams
     ) -> AsyncGenerator[TokenChunk, None]:
         request_id, handle = request.request_id, request.kv_handle
-        assert handle is not None and request.first_token_id is not None
+        assert handle is not None
         started_s = time.monotonic()
         kv = KVImport(
             self._engine,
@@ -131,7 +137,12 @@ class DecodeWorker:
                 cache_salt=request.routing.cache_salt,
             )
             status = await kv.pull()
-            num_cached = await self._hand_off(kv, status, len(request.prompt_token_ids))
+            num_cached = await self._hand_off(
+                kv,
+                status,
+                len(request.prompt_token_ids),
+                knows_first=request.first_token_id is not None,
+            )
             ready_s: float | None = time.monotonic()
             assert kv.stream is not None
             async for output in kv.stream:
@@ -153,17 +164,19 @@ class DecodeWorker:
             kv.close()
 
     async def _hand_off(
-        self, kv: KVImport, status: TransferStatus, num_prompt_tokens: int
+        self, kv: KVImport, status: TransferStatus, num_prompt_tokens: int, *, knows_first: bool
     ) -> int | None:
         """Join the batch after the pull; the prompt tokens not computed here (None: ask the
-        engine, after a recompute)."""
+        engine, after a recompute). A pipelined import learns its first token from the
+        export (``knows_first`` False)."""
         request_id = kv.request_id
         if not kv.hand_off():
             await self._engine.abort(request_id)  # the stream then ends with finish "abort"
             return 0
         if status.state is TransferState.DONE:
             pulled = [] if kv.task is None else list(kv.task.dst_block_ids)
-            await self._engine.finish_import(request_id, pulled)
+            done = None if knows_first or kv.task is None else kv.task.export_done
+            await self._engine.finish_import(request_id, pulled, done)
             logger.info(
                 "request %s: pulled %d of %d blocks (%d bytes); decoding",
                 request_id,
@@ -172,7 +185,9 @@ class DecodeWorker:
                 status.bytes_done,
             )
             return num_prompt_tokens
-        recompute = self.kv_failure_policy == "recompute"
+        # NOTE: without its first token a recompute would sample (and stream) a token the client
+        # already has: the request fails here and the ingress continues it elsewhere (migration)
+        recompute = self.kv_failure_policy == "recompute" and knows_first
         logger.warning(
             "request %s: kv transfer %s failed (%s: %s); %s",
             request_id,

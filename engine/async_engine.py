@@ -36,10 +36,12 @@ from typing import Any, Protocol, TypeVar
 from core.config import EngineConfig, ModelConfig
 from core.errors import PdserveError, UnavailableError
 from core.kv_events import KVEventBatch
+from core.kv_handle import ExportDone
 from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.engine import LLMEngine
+from engine.export_progress import ExportProgress, ExportWatcher
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.request import RequestStatus
 from engine.scheduler.output import ImportAllocation, PinnedBlocks, SchedulerStats
@@ -174,6 +176,7 @@ class AsyncEngine:
         self._stalled = False
         self._stats = engine.scheduler.stats()  # replaced whole, never mutated: safe to read
         self._prefill_totals = (0, 0.0)  # (tokens, seconds) of prompt compute, replaced whole
+        self._exports = ExportProgress(engine)  # engine thread only
         self._lock = threading.Lock()
         self._closed = False
         self._stop_reason = "the engine is shut down"
@@ -209,8 +212,11 @@ class AsyncEngine:
         *,
         prefill_only: bool = False,
         cache_salt: str | None = None,
+        watcher: ExportWatcher | None = None,
     ) -> RequestStream:
-        """Add a request; raises its admission error (``PromptTooLongError``, ...)."""
+        """Add a request; raises its admission error (``PromptTooLongError``, ...). A
+        prefill-only request's ``watcher`` follows its KV as it completes (a pipelined export,
+        :mod:`engine.export_progress`)."""
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(
@@ -220,6 +226,8 @@ class AsyncEngine:
                 prefill_only=prefill_only,
                 cache_salt=cache_salt,
             )
+            if watcher is not None:
+                self._exports.watch(request_id, watcher)
 
         stream, _ = await self._open(request_id, prompt_token_ids, add)
         return stream
@@ -229,12 +237,13 @@ class AsyncEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        first_token_id: int,
+        first_token_id: int | None,
         prompt_chunk_ends: tuple[int, ...] = (),
         cache_salt: str | None = None,
     ) -> tuple[ImportAllocation, RequestStream]:
         """``add_import_request`` on the engine thread plus the stream of its outputs (the
-        tokens after ``first_token_id``, once ``mark_kv_ready`` or ``mark_kv_failed`` ran)."""
+        tokens after ``first_token_id``, once ``mark_kv_ready`` or ``mark_kv_failed`` ran;
+        ``first_token_id`` None: a pipelined import, see :meth:`finish_import`)."""
 
         def add(engine: LLMEngine) -> ImportAllocation:
             return engine.add_import_request(
@@ -328,12 +337,23 @@ class AsyncEngine:
 
         return self.submit(stage)
 
-    async def finish_import(self, request_id: str, block_ids: list[int]) -> bool:
+    async def finish_import(
+        self, request_id: str, block_ids: list[int], done: ExportDone | None = None
+    ) -> bool:
         """The pulled KV is in ``block_ids``: stage it to the device and let the request join
-        the batch. False when the request is gone (aborted meanwhile)."""
+        the batch. ``done`` brings a pipelined import's first token; should that token already
+        end the request, its stream gets the final output instead. False when the request is
+        gone (aborted meanwhile) or ended by its first token."""
 
         def ready(engine: LLMEngine) -> bool:
             engine.parts.storage.stage_to_device(block_ids)
+            if done is not None:
+                ended = engine.accept_first_token(
+                    request_id, done.first_token_id, done.prompt_chunk_ends
+                )
+                if ended is not None:
+                    self._deliver(ended)
+                    return False
             return engine.mark_kv_ready(request_id)
 
         return await self.call(ready)
@@ -480,14 +500,10 @@ class AsyncEngine:
                 return False
             self._fail_batch(e)
             return True
+        self._exports.report()  # NOTE: before the outputs: a finished export completes first
         self._refresh_stats()
         for output in outputs:
-            sink = self._sinks.get(output.request_id)
-            if sink is None:
-                continue
-            if output.finished:
-                del self._sinks[output.request_id]
-            self._push(output.request_id, sink, output)
+            self._deliver(output)
         stats = self._stats
         # NOTE: nothing running and nothing produced means the plan was empty (waiting requests
         # do not fit); only a command (release, abort, ...) can change that, so wait for one.
@@ -497,6 +513,15 @@ class AsyncEngine:
             and stats.num_preemptions_total == preemptions_before
         )
         return True
+
+    def _deliver(self, output: RequestOutput) -> None:
+        """Hand ``output`` to its request's stream (the last one when finished); engine thread."""
+        sink = self._sinks.get(output.request_id)
+        if sink is None:
+            return
+        if output.finished:
+            del self._sinks[output.request_id]
+        self._push(output.request_id, sink, output)
 
     def _push(self, request_id: str, sink: _Sink, item: _Item) -> None:
         try:

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from core.errors import InvalidRequestError
 from core.sampling import SamplingParams
 from engine.admission import check_request, request_generator
 from engine.model_runner import ModelRunner
@@ -129,16 +130,18 @@ class LLMEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        first_token_id: int,
+        first_token_id: int | None,
         prompt_chunk_ends: tuple[int, ...] = (),
         cache_salt: str | None = None,
     ) -> ImportAllocation:
         """Reserve blocks for a prompt whose KV will be written from outside (reusing local
         prefix-cache hits); the request decodes after :meth:`mark_kv_ready`. Its outputs
-        continue after ``first_token_id``, which the prefill side already returned. Should the
-        import fail and the prompt be recomputed here, its chunks end at ``prompt_chunk_ends``
-        (where the prefill replica's chunks ended), so the output is the same. ``cache_salt``
-        must be the prefill's: the imported blocks are cached under its hashes."""
+        continue after ``first_token_id``, which the prefill side already returned (None: a
+        pipelined import, whose first token arrives with its KV, :meth:`accept_first_token`).
+        Should the import fail and the prompt be recomputed here, its chunks end at
+        ``prompt_chunk_ends`` (where the prefill replica's chunks ended), so the output is the
+        same. ``cache_salt`` must be the prefill's: the imported blocks are cached under its
+        hashes."""
         self.check_request(request_id, prompt_token_ids, params, first_token_id=first_token_id)
         request = Request(
             request_id=request_id,
@@ -149,17 +152,42 @@ class LLMEngine:
         )
         request.follow_chunk_ends = tuple(prompt_chunk_ends)
         state = self.outputs.new_state(request_id, list(prompt_token_ids), params)
-        state.token_ids.append(first_token_id)
-        # the prefill already sent this token's settled text; replaying it here keeps the
-        # bytes of a character it left unfinished, which the next token's text completes
-        state.detokenizer.step([first_token_id])
         # NOTE: a non-greedy first token drew from the request's generator on the prefill side.
         generator = request_generator(params, num_draws=0 if params.greedy else 1)
         with self._admitting(request):
             allocation = self.scheduler.add_import_request(request, first_token_id)
             self._track(request_id, state, generator)
-            self.grammars.start(request_id, params.structured_output, (first_token_id,))
+            if first_token_id is not None:
+                self._replay_first_token(request_id, first_token_id)
         return allocation
+
+    def _replay_first_token(self, request_id: str, first_token_id: int) -> None:
+        state = self._states[request_id]
+        state.token_ids.append(first_token_id)
+        # the prefill already sent this token's settled text; replaying it here keeps the
+        # bytes of a character it left unfinished, which the next token's text completes
+        state.detokenizer.step([first_token_id])
+        self.grammars.start(request_id, state.params.structured_output, (first_token_id,))
+
+    def accept_first_token(
+        self, request_id: str, first_token_id: int, prompt_chunk_ends: tuple[int, ...] = ()
+    ) -> RequestOutput | None:
+        """A pipelined import's first token (and the prefill's chunk ends), learnt with its KV.
+        None while the request goes on; its final output when the token already ends it (an
+        EOS, a stop token, ``max_tokens=1``): then it is over and its blocks are freed."""
+        state = self._states.get(request_id)
+        if state is None:
+            raise InvalidRequestError(f"request {request_id} is not importing", param="request_id")
+        ended = self.scheduler.set_first_token(request_id, first_token_id)
+        request = self.scheduler.get_request(request_id)
+        if request is not None:
+            request.follow_chunk_ends = tuple(prompt_chunk_ends)
+        self._replay_first_token(request_id, first_token_id)
+        if ended is None:
+            return None
+        output = self.outputs.process(state, ended, None).output
+        self._forget(request_id)
+        return output
 
     def mark_kv_ready(self, request_id: str) -> bool:
         """The imported KV is in place: the request joins the batch."""

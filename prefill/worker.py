@@ -16,15 +16,17 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import AsyncGenerator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from core.errors import TransferError, UnavailableError
 from core.kv_handle import KVHandle
-from core.messages import PrefillRequest, PrefillResult
+from core.messages import PrefillRequest, PrefillResult, PrefillStarted
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, RequestStream
 from engine.outputs import RequestOutput
+from prefill.pipelined_export import PipelinedExport
 from prefill.result import prefill_result
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import (
@@ -99,6 +101,55 @@ class PrefillWorker:
         )
         return prefill_result(first, request.sampling, handle, chunk_ends, export_s)
 
+    async def prefill_stream(
+        self, request: PrefillRequest
+    ) -> AsyncGenerator[PrefillStarted | PrefillResult, None]:
+        """The pipelined prefill: a :class:`PrefillStarted` with an export the decode can pull
+        from at once (its blocks are added as the prompt's chunks complete), then the
+        :class:`PrefillResult` once the first token is sampled (the export then holds every
+        block and knows the first token). Raises as :meth:`prefill`; every way out (an error,
+        the caller going away) frees the export and the blocks."""
+        request_id = request.request_id
+        block_size = self._engine.layout.block_size
+        num_blocks = -(-len(request.prompt_token_ids) // block_size)
+        export = PipelinedExport(
+            self._transport, self._engine, request_id, num_blocks, self._export_freed
+        )
+        with self._lock:
+            self._pinned.add(request_id)
+        stream: RequestStream | None = None
+        answered = False
+        try:
+            stream = await self._engine.open(
+                request_id,
+                request.prompt_token_ids,
+                request.sampling,
+                prefill_only=True,
+                cache_salt=request.routing.cache_salt,
+                watcher=export,
+            )
+            yield PrefillStarted(request_id, export.handle)
+            first = await self._final_output(request_id, stream)
+            handle = export.handle if export.done is not None else None
+            if first.finish_reason is not None or handle is None:
+                export.abandon()  # ended by its first token, or the export is gone
+                handle = None
+            chunk_ends = () if export.done is None else export.done.prompt_chunk_ends
+            answered = True  # NOTE: from here the export is the decode's to pull and release
+            yield prefill_result(first, request.sampling, handle, chunk_ends)
+        except BaseException:
+            if not answered:
+                if stream is not None:
+                    stream.close()  # aborts the prefill (its blocks free the export first)
+                export.abandon()
+            raise
+
+    def _export_freed(self, request_id: str, cause: ReleaseCause) -> None:
+        """Any thread: a pipelined export is over (its blocks are unpinned by the export)."""
+        with self._lock:
+            self._pinned.discard(request_id)
+        logger.info("request %s: pipelined kv export freed (%s)", request_id, cause)
+
     async def _first_token(
         self,
         request_id: str,
@@ -106,14 +157,23 @@ class PrefillWorker:
         params: SamplingParams,
         cache_salt: str | None,
     ) -> RequestOutput:
-        stream = self._engine.generate(
+        stream = await self._engine.open(
             request_id, prompt_token_ids, params, prefill_only=True, cache_salt=cache_salt
         )
+        return await self._final_output(request_id, stream)
+
+    @staticmethod
+    async def _final_output(request_id: str, stream: RequestStream) -> RequestOutput:
+        """The finished output of a prefill-only request (its first token); closing early
+        aborts it."""
         final: RequestOutput | None = None
-        async for output in stream:
-            if output.finished:
-                final = output
-                break
+        try:
+            async for output in stream:
+                if output.finished:
+                    final = output
+                    break
+        finally:
+            stream.close()
         if final is None or not final.token_ids:
             reason = "aborted" if final is None else final.finish_reason
             raise UnavailableError(

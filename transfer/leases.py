@@ -238,7 +238,8 @@ class LeaseTable:
     ) -> tuple[int, ExportDone | None]:
         """Wait up to ``wait_s`` until ``min_ready_blocks`` blocks are ready or the export
         finished; ``(ready blocks, ExportDone once finished)``. ``TransferError`` naming why
-        when the export is (or becomes) gone."""
+        when the export is (or becomes) gone. A waiting importer counts as a heartbeat."""
+        self.extend(transfer_id)
         lease = self.get(transfer_id)
         deadline_s = time.monotonic() + wait_s
         with lease.lock:

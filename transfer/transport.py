@@ -156,7 +156,10 @@ class GrpcKVTransport:
         return self.client.heartbeat(handle)
 
     def release(self, handle: KVHandle) -> None:
-        """Free an export on its exporter."""
+        """Free an export on its exporter (this process's own exports without a round trip)."""
+        if self.server is not None and handle.address == self.server.address:
+            self.server.exporter.release(handle.transfer_id)
+            return
         self.client.release(handle)
 
     def set_faults(self, faults: FaultInjection) -> None:

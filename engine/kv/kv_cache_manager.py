@@ -58,6 +58,9 @@ class KVCacheManager:
         self._num_offered_blocks: dict[str, int] = {}  # leading blocks already offered to cache
         self.on_cached: Callable[[int, BlockHash], None] | None = None
         """Called with (block id, hash) for each block that joins the prefix cache."""
+        self.before_free: Callable[[str], None] | None = None
+        """Called with a request id just before its blocks are freed (for any reason): whoever
+        still reads them from another thread (a pipelined export) must stop first."""
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -217,6 +220,8 @@ class KVCacheManager:
         """Release the request's whole table, tail block first (the prefix stays cached
         longest), its idle clock starting ``keep_s`` late (a keep-alive); a request without a
         table is a no-op."""
+        if self.before_free is not None and request_id in self._tables:
+            self.before_free(request_id)
         table = self._tables.pop(request_id, None)
         self._num_offered_blocks.pop(request_id, None)
         if table:  # entries released behind a sliding window are the null block

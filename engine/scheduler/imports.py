@@ -51,15 +51,18 @@ class KVImports:
         self._fail = fail
         self._loads = ImportLoads()
 
-    def add(self, request: Request, first_token_id: int) -> ImportAllocation:
+    def add(self, request: Request, first_token_id: int | None) -> ImportAllocation:
         """Reserve blocks for ``request``'s prompt and park it until its KV is in place (see
-        ``Scheduler.add_import_request``)."""
-        request.append_output_token(first_token_id)
-        try:
+        ``Scheduler.add_import_request``); ``first_token_id`` None: it comes with the KV."""
+        if first_token_id is None:
             computed = self._reserve(request)
-        except PdserveError:
-            del request.output_token_ids[-1], request.all_token_ids[-1]  # leave it as given
-            raise
+        else:
+            request.append_output_token(first_token_id)
+            try:
+                computed = self._reserve(request)
+            except PdserveError:
+                del request.output_token_ids[-1], request.all_token_ids[-1]  # leave it as given
+                raise
         num_lower = self._load_prefix(request, len(computed.block_ids))
         request.num_cached_tokens = computed.num_tokens + num_lower * self._kv.block_size
         request.status = RequestStatus.WAITING_FOR_KV
@@ -72,7 +75,7 @@ class KVImports:
         )
 
     def _reserve(self, request: Request) -> ComputedBlocks:
-        if check_stop(request, self._max_model_len) is not None:
+        if request.output_token_ids and check_stop(request, self._max_model_len) is not None:
             raise InvalidRequestError(
                 f"request {request.request_id}: its first token already ends it; nothing to decode",
                 param="first_token_id",
@@ -112,8 +115,16 @@ class KVImports:
     def pull_done(self, request_id: str, outcome: ImportOutcome) -> bool:
         """The pull into an importing request ended with ``outcome``; the request moves on at
         once unless its tier load still writes. False if ``request_id`` is not importing."""
-        if request_id not in self._queues.importing:
+        request = self._queues.importing.get(request_id)
+        if request is None:
             return False
+        if outcome is not ImportOutcome.FAIL and not request.output_token_ids:
+            # NOTE: its first token never arrived: ready KV could not be decoded from, and a
+            # recompute would sample (and stream) a first token the client already has
+            raise InvalidRequestError(
+                f"request {request_id}: an import whose first token is unknown can only fail",
+                param="first_token_id",
+            )
         if request_id in self._loads:
             settled = self._loads.pull_done(request_id, outcome)
             if settled is None:

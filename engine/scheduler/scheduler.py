@@ -19,7 +19,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from core.config import EngineConfig
-from core.errors import KVCacheError, PromptTooLongError, SamplingParamsError
+from core.errors import (
+    InvalidRequestError,
+    KVCacheError,
+    PromptTooLongError,
+    SamplingParamsError,
+)
 from core.stats import KVTierStats
 from engine.kv.event_publisher import KVEventCallback, KVEventPublisher
 from engine.kv.kv_cache_manager import KVCacheManager
@@ -310,15 +315,36 @@ class Scheduler:
 
     # -- disaggregation: imports --------------------------------------------------------------
 
-    def add_import_request(self, request: Request, first_token_id: int) -> ImportAllocation:
+    def add_import_request(
+        self, request: Request, first_token_id: int | None
+    ) -> ImportAllocation:
         """Reserve blocks for a prompt whose KV will be written from outside, reusing locally
         cached prefix blocks (device hits, and blocks copied back from a host or disk tier);
-        ``first_token_id`` was sampled by the prefill. The request waits (``WAITING_FOR_KV``)
-        until :meth:`mark_kv_ready` or :meth:`mark_kv_failed` (and its tier load, if any,
-        ended). Raises ``KVCacheError`` when the pool lacks the blocks now,
-        ``InvalidRequestError`` when the first token already ends the request."""
+        ``first_token_id`` was sampled by the prefill (None: a pipelined import learns it with
+        the KV, :meth:`set_first_token`). The request waits (``WAITING_FOR_KV``) until
+        :meth:`mark_kv_ready` or :meth:`mark_kv_failed` (and its tier load, if any, ended).
+        Raises ``KVCacheError`` when the pool lacks the blocks now, ``InvalidRequestError`` when
+        the first token already ends the request."""
         self._check_prompt_len(request)
         return self._imports.add(request, first_token_id)
+
+    def set_first_token(self, request_id: str, token_id: int) -> RequestUpdate | None:
+        """A pipelined import's first token, learnt with its KV. None while the request goes
+        on; its final update when the token already ends it (then it is ended and freed)."""
+        request = self._queues.importing.get(request_id)
+        if request is None or request.output_token_ids:
+            raise InvalidRequestError(
+                f"request {request_id} is not an import waiting for its first token",
+                param="first_token_id",
+            )
+        request.append_output_token(token_id)
+        decision = check_stop(request, self.max_model_len)
+        if decision is None:
+            return None
+        request.stop_reason = decision.stop_reason
+        self._finish(request, decision.status)
+        self.events.flush()
+        return _update_of(request, [])
 
     def mark_kv_ready(self, request_id: str) -> bool:
         """The imported KV is in place: cache its full blocks and queue the request at the head
