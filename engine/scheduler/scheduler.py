@@ -315,9 +315,7 @@ class Scheduler:
 
     # -- disaggregation: imports --------------------------------------------------------------
 
-    def add_import_request(
-        self, request: Request, first_token_id: int | None
-    ) -> ImportAllocation:
+    def add_import_request(self, request: Request, first_token_id: int | None) -> ImportAllocation:
         """Reserve blocks for a prompt whose KV will be written from outside, reusing locally
         cached prefix blocks (device hits, and blocks copied back from a host or disk tier);
         ``first_token_id`` was sampled by the prefill (None: a pipelined import learns it with
