@@ -132,6 +132,11 @@ class PrefillReply:
         return self.result
 
 
+PrefillUpdate = PrefillStarted | PrefillReply
+"""What a pipelined prefill streams: a :class:`PrefillStarted`, then its :class:`PrefillReply`
+(just the reply when it fails before the export opened)."""
+
+
 @dataclass(frozen=True)
 class DecodeRequest:
     """Ingress -> decode: continue after ``first_token_id`` with KV pulled from ``kv_handle``.

@@ -10,12 +10,13 @@ reply a ``PrefillReply`` holding the ``PrefillResult`` or, on a typed failure, t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from core.codec import from_plain, to_plain
 from core.errors import PdserveError
-from core.messages import PrefillReply, PrefillRequest
+from core.messages import PrefillReply, PrefillRequest, PrefillStarted
 from core.transfer_faults import FaultInjection
 from prefill.build import build_prefill_worker
 from prefill.worker import PrefillWorker
@@ -45,6 +46,23 @@ class PrefillDeployment(RoleReplica[PrefillWorker]):
     def drain_timeout_s(self) -> float:
         """An export not pulled within its lease has expired anyway."""
         return self.spec.transfer.lease_s
+
+    async def prefill_stream(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The pipelined prefill (a Serve streaming method): a plain ``PrefillStarted``, then a
+        plain ``PrefillReply`` (only the reply when it fails first). Serve closes this
+        generator when the caller goes away, which aborts the prefill and frees its export."""
+        self.count_request()
+        prefill_request = from_plain(PrefillRequest, request)
+        updates = self.worker.prefill_stream(prefill_request)
+        try:
+            async with contextlib.aclosing(updates):
+                async for update in updates:
+                    if isinstance(update, PrefillStarted):
+                        yield to_plain(update)
+                    else:
+                        yield to_plain(PrefillReply(result=update))
+        except PdserveError as e:
+            yield to_plain(PrefillReply(error=self.report_failure(prefill_request.request_id, e)))
 
     async def prefill(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run one prompt (a plain ``PrefillRequest``); a plain ``PrefillReply``."""

@@ -32,6 +32,10 @@ class IngressSettings:
     """The routing policy and the migration limit."""
     disaggregation: DisaggregationConfig = field(default_factory=DisaggregationConfig)
     """Disaggregation threshold and fallback."""
+    pipelined_from_tokens: int | None = None
+    """Prompts of at least this many tokens take the pipelined handoff (the decode starts with
+    the prefill, pulling as the chunks complete); None: none do (``disaggregation.
+    pipelined_handoff``)."""
     prefill_required: bool = True
     """True when the prefill pool always keeps a replica: ``/ready`` then waits for one. False
     without a prefill pool (colocated) or when it may scale to zero: every prompt then prefills

@@ -32,7 +32,15 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from cluster.serve.stats_board import decode_reports
 from core.codec import from_plain, to_plain
 from core.errors import OverloadedError, UnavailableError
-from core.messages import DecodeRequest, PrefillReply, PrefillRequest, PrefillResult, TokenChunk
+from core.messages import (
+    DecodeRequest,
+    PrefillReply,
+    PrefillRequest,
+    PrefillResult,
+    PrefillStarted,
+    PrefillUpdate,
+    TokenChunk,
+)
 from core.stats import ReplicaReport, ReplicaStats
 
 logger = logging.getLogger(__name__)
@@ -112,6 +120,7 @@ class ServePrefillClient:
 
     def __init__(self, handle: DeploymentHandle, watch: PoolWatch, pool: str = "prefill") -> None:
         self._prefill = handle.options(method_name="prefill")
+        self._prefill_stream = handle.options(method_name="prefill_stream", stream=True)
         self._watch = watch
         self._pool = pool
 
@@ -135,6 +144,25 @@ class ServePrefillClient:
             raise UnavailableError(f"prefill replica unavailable: {type(e).__name__}") from e
         return from_plain(PrefillReply, plain).unwrap()
 
+    async def prefill_stream(
+        self, request: PrefillRequest
+    ) -> AsyncIterator[PrefillStarted | PrefillResult]:
+        """The pipelined prefill on one replica (errors as :meth:`prefill`); closing this
+        iterator cancels the replica's stream, which aborts the prefill and frees its export."""
+        with _own_call_id():
+            stream = self._prefill_stream.remote(to_plain(request))
+        assert isinstance(stream, DeploymentResponseGenerator)  # stream=True handle
+        try:
+            async for data in stream:
+                update: PrefillUpdate = from_plain(PrefillUpdate, data)  # type: ignore[arg-type]
+                yield update if isinstance(update, PrefillStarted) else update.unwrap()
+        except BackPressureError as e:
+            raise OverloadedError(f"prefill pool is at capacity: {e}") from e
+        except _SERVE_UNAVAILABLE as e:
+            raise UnavailableError(f"prefill replica unavailable: {type(e).__name__}") from e
+        finally:
+            stream.cancel()  # no-op once the stream finished; aborts the prefill otherwise
+
     def healthy(self) -> bool:
         """True while at least one prefill replica reports to the board."""
         return self._watch.num_live(self._pool) > 0
@@ -147,6 +175,13 @@ class NoPrefillPool:
     async def prefill(self, request: PrefillRequest) -> PrefillResult:
         """Always unavailable."""
         raise UnavailableError(f"request {request.request_id}: this app has no prefill pool")
+
+    async def prefill_stream(
+        self, request: PrefillRequest
+    ) -> AsyncIterator[PrefillStarted | PrefillResult]:
+        """Always unavailable."""
+        raise UnavailableError(f"request {request.request_id}: this app has no prefill pool")
+        yield  # an async generator, as the protocol's callers iterate it
 
     def healthy(self) -> bool:
         """Always False."""

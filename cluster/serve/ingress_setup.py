@@ -71,6 +71,20 @@ def build_ingress_settings(
         server=config.server,
         routing=config.routing,
         disaggregation=config.disaggregation,
+        pipelined_from_tokens=pipelined_from_tokens(config, served),
         prefill_required=served.prefill.min_replicas > 0,
         api_keys=load_api_keys(config.server, environ),
     )
+
+
+def pipelined_from_tokens(config: ClusterConfig, served: ServedModel) -> int | None:
+    """The shortest prompt the pipelined handoff is used for: every one (``on``), none
+    (``off``), or those longer than one chunk of the prefill pool's engine (``auto``: a
+    one-chunk prompt finishes before its transfer could start)."""
+    mode = config.disaggregation.pipelined_handoff
+    if mode == "off":
+        return None
+    if mode == "on":
+        return 0
+    engine = served.engine_for("prefill")
+    return (engine.long_prefill_token_threshold or engine.max_num_batched_tokens) + 1

@@ -49,6 +49,12 @@ class DisaggregationConfig(StrictModel):
         "capacity (dead replica, unavailable pool, timeout), prefill locally for this long "
         "before trying the pool again.",
     )
+    pipelined_handoff: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Start the decode (and its KV pull) as soon as the prefill starts, pulling "
+        "each chunk's blocks while the next chunk computes: on, off, or auto (prompts longer "
+        "than one prefill chunk, whose transfer can hide behind the rest of the prefill).",
+    )
 
 
 MOVED_KEYS: dict[str, str] = {

@@ -254,3 +254,20 @@ def test_draining_is_a_503(app: ServingApp) -> None:
     assert httpx.get(app.url("/ready"), timeout=30).status_code == 503
     app.set_draining(False)
     assert httpx.get(app.url("/ready"), timeout=30).status_code == 200
+
+
+def test_a_long_prompt_takes_the_pipelined_handoff_and_matches_offline(
+    app: ServingApp, offline: LLM
+) -> None:
+    prompt = [(7 * i) % 300 + 3 for i in range(3 * BATCHED_TOKENS + 20)]  # four prefill chunks
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    reference = offline.generate(prompt_token_ids=[prompt], sampling_params=params)[0]
+    body = complete(app, prompt)
+    assert body["choices"][0]["text"] == reference.text
+    breakdown = body["usage"]["ttft_breakdown"]
+    assert breakdown["path"] == "remote" and breakdown["prefill_ms"] > 0
+    assert breakdown["transfer_ms"] > 0 and breakdown["first_decode_ms"] > 0
+    metrics = httpx.get(app.url("/metrics"), timeout=30).text
+    assert re.search(r'^pdserve:kv_handoffs_total\{mode="pipelined"\} [1-9]', metrics, re.M)
+    streamed, _ = stream_text(app, prompt)
+    assert streamed == reference.text

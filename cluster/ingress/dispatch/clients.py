@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
-from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
+from core.messages import (
+    DecodeRequest,
+    PrefillRequest,
+    PrefillResult,
+    PrefillStarted,
+    TokenChunk,
+)
 from core.stats import ReplicaStats
 
 StatsProvider = Callable[[], Awaitable[Mapping[str, Mapping[str, ReplicaStats]]]]
@@ -26,6 +32,14 @@ class PrefillClient(Protocol):
         Raises a ``core.errors.PdserveError`` subclass on a typed failure; any other
         exception (a dead replica) is treated as the replica being unavailable.
         """
+        ...
+
+    def prefill_stream(
+        self, request: PrefillRequest
+    ) -> AsyncIterator[PrefillStarted | PrefillResult]:
+        """The pipelined prefill: a :class:`PrefillStarted` (an export the decode can pull from
+        at once), then the :class:`PrefillResult`. Raises as :meth:`prefill`; closing the
+        iterator early aborts the prefill and frees its export."""
         ...
 
     def healthy(self) -> bool:

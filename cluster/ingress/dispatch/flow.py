@@ -2,15 +2,19 @@
 
 Remote path: the prefill pool computes the prompt and returns the first token plus a KV handle;
 the first token is yielded at once (TTFT never waits for the KV transfer), then the decode pool
-pulls the KV and streams the rest, one chunk per engine step. Local path (short or cached
-prompt, no healthy prefill replica, or a failed remote prefill): decode runs the whole request.
-Every await is bounded; closing the event iterator closes the decode stream, which aborts the
-request on its replica and frees its blocks.
+pulls the KV and streams the rest, one chunk per engine step. Pipelined remote path (prompts of
+``pipelined_from_tokens`` and more): the prefill answers at once with an export the decode can
+pull from while the prompt is computed, so the decode call starts right away and the transfer
+hides behind the rest of the prefill; the first token follows as before. Local path (short or
+cached prompt, no healthy prefill capacity, or a failed remote prefill): decode runs the whole
+request. Every await is bounded; closing the event iterator closes the decode stream, which
+aborts the request on its replica and frees its blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -36,6 +40,7 @@ from core.messages import (
     DecodeRequest,
     PrefillRequest,
     PrefillResult,
+    PrefillStarted,
     StageTimes,
     TokenChunk,
     TokenLogprobs,
@@ -165,10 +170,14 @@ class RequestRun:
         )
         self._count(decision)
         if decision.remote:
-            result = await self._remote_prefill()
-            if result is not None:
+            prefilled = await (
+                self._pipelined_prefill() if self._pipelined() else self._remote_prefill()
+            )
+            if prefilled is not None:
                 self.prefill_path = "remote"
-                async with aclosing(self._after_remote_prefill(result)) as deltas:
+                result, opened = prefilled
+                flow.metrics.kv_handoffs.labels("pipelined" if opened else "one_shot").inc()
+                async with aclosing(self._after_remote_prefill(result, opened)) as deltas:
                     async for delta in deltas:
                         yield delta
                 return
@@ -177,43 +186,91 @@ class RequestRun:
             async for delta in deltas:
                 yield delta
 
-    async def _remote_prefill(self) -> PrefillResult | None:
-        """The prefill result, or None to fall back to local prefill."""
-        request = PrefillRequest(
+    def _pipelined(self) -> bool:
+        threshold = self._flow.settings.pipelined_from_tokens
+        return threshold is not None and self.prompt.num_prompt_tokens >= threshold
+
+    def _prefill_request(self) -> PrefillRequest:
+        return PrefillRequest(
             self.request_id,
             list(self.prompt.prompt_token_ids),
             self.prompt.sampling,
             self.prompt.routing,
         )
+
+    async def _remote_prefill(self) -> tuple[PrefillResult, None] | None:
+        """The prefill result, or None to fall back to local prefill."""
         try:
             async with asyncio.timeout(self._flow.settings.server.prefill_timeout_s):
-                result = await self._flow.prefill.prefill(request)
+                result = await self._flow.prefill.prefill(self._prefill_request())
             self._flow.breaker.succeeded()
-            return result
-        except InvalidRequestError:
-            raise  # the request itself is at fault: local prefill would fail the same way
-        except Exception as e:  # a dead replica surfaces as any exception type
-            if not isinstance(e, OverloadedError):  # a busy pool is alive: no failover
-                self._flow.prefill_failed()
-            if not self._flow.settings.disaggregation.fallback_to_local_prefill:
-                if isinstance(e, PdserveError | TimeoutError):
-                    raise
-                logger.warning(
-                    "request %s: remote prefill failed: %s: %s",
-                    self.request_id,
-                    type(e).__name__,
-                    e,
-                )
-                raise UnavailableError(
-                    f"request {self.request_id}: the prefill pool failed to serve it"
-                ) from e
-            logger.warning(
-                "request %s: remote prefill failed (%s: %s); prefilling locally on decode",
-                self.request_id, type(e).__name__, e,
-            )  # fmt: skip
+            return result, None
+        except Exception as e:
+            self._prefill_failed(e)
             return None
 
-    async def _after_remote_prefill(self, result: PrefillResult) -> AsyncGenerator[Delta, None]:
+    async def _pipelined_prefill(self) -> tuple[PrefillResult, _OpenDecode | None] | None:
+        """The pipelined prefill: the decode call starts on the prefill's first answer (its
+        open export), then the prefill result arrives; None to fall back to local prefill (the
+        decode call, if started, is closed)."""
+        opened: _OpenDecode | None = None
+        try:
+            async with asyncio.timeout(self._flow.settings.server.prefill_timeout_s):
+                updates = self._flow.prefill.prefill_stream(self._prefill_request())
+                async with aclosing(updates):  # type: ignore[type-var]
+                    async for update in updates:
+                        if isinstance(update, PrefillStarted):
+                            opened = _OpenDecode.start(
+                                self._flow.decode, self._pipelined_decode_request(update)
+                            )
+                            continue
+                        self._flow.breaker.succeeded()
+                        if update.finish_reason is not None or update.kv_handle is None:
+                            await _close_opened(opened)  # nothing to decode after all
+                            opened = None
+                        return update, opened
+            raise UnavailableError(f"request {self.request_id}: the prefill stream ended early")
+        except BaseException as e:
+            await _close_opened(opened)
+            if not isinstance(e, Exception):
+                raise
+            self._prefill_failed(e)
+            return None
+
+    def _prefill_failed(self, error: Exception) -> None:
+        """Re-raise a remote prefill's failure, or return to fall back to local prefill."""
+        if isinstance(error, InvalidRequestError):
+            raise error  # the request itself is at fault: local prefill would fail the same way
+        # a dead replica surfaces as any exception type
+        if not isinstance(error, OverloadedError):  # a busy pool is alive: no failover
+            self._flow.prefill_failed()
+        if not self._flow.settings.disaggregation.fallback_to_local_prefill:
+            if isinstance(error, PdserveError | TimeoutError):
+                raise error
+            logger.warning(
+                "request %s: remote prefill failed: %s: %s",
+                self.request_id, type(error).__name__, error,
+            )  # fmt: skip
+            raise UnavailableError(
+                f"request {self.request_id}: the prefill pool failed to serve it"
+            ) from error
+        logger.warning(
+            "request %s: remote prefill failed (%s: %s); prefilling locally on decode",
+            self.request_id, type(error).__name__, error,
+        )  # fmt: skip
+
+    def _pipelined_decode_request(self, started: PrefillStarted) -> DecodeRequest:
+        return DecodeRequest(
+            request_id=self.request_id,
+            prompt_token_ids=list(self.prompt.prompt_token_ids),
+            sampling=self.prompt.sampling,
+            routing=self.prompt.routing,
+            kv_handle=started.kv_handle,
+        )
+
+    async def _after_remote_prefill(
+        self, result: PrefillResult, opened: _OpenDecode | None
+    ) -> AsyncGenerator[Delta, None]:
         self.usage.num_cached_tokens = result.num_cached_tokens
         self._stages = with_prefill(self._stages, result.stage_times)
         done = result.finish_reason is not None or result.kv_handle is None
@@ -224,7 +281,8 @@ class RequestRun:
             first_logprobs, result.prompt_logprobs,
         )  # fmt: skip
         if not done:
-            async with aclosing(self._decode_stream(self._decode_request(result))) as deltas:
+            request = opened.request if opened is not None else self._decode_request(result)
+            async with aclosing(self._decode_stream(request, opened)) as deltas:
                 async for delta in deltas:
                     yield delta
 
@@ -239,13 +297,16 @@ class RequestRun:
             prompt_chunk_ends=() if result is None else result.prompt_chunk_ends,
         )
 
-    async def _decode_stream(self, request: DecodeRequest) -> AsyncGenerator[Delta, None]:
-        """The decode pool's deltas; a stream that dies mid-way continues on another replica
+    async def _decode_stream(
+        self, request: DecodeRequest, opened: _OpenDecode | None = None
+    ) -> AsyncGenerator[Delta, None]:
+        """The decode pool's deltas (the first attempt on ``opened`` when the call already
+        started); a stream that dies mid-way continues on another replica
         (``cluster.ingress.dispatch.migration``) up to ``migration_limit`` times."""
         attempt = 0
         while True:
             try:
-                async with aclosing(self._one_decode_stream(request)) as deltas:
+                async with aclosing(self._one_decode_stream(request, opened)) as deltas:
                     async for delta in deltas:
                         yield delta
                 return
@@ -260,6 +321,7 @@ class RequestRun:
                     "request %s: decode stream failed after %d tokens (%s); migrating (%d/%d)",
                     self.request_id, len(self._sent), e, attempt, limit,
                 )  # fmt: skip
+                opened = None
                 request = migrated_request(
                     self._decode_request(None),
                     list(self._sent),
@@ -275,11 +337,15 @@ class RequestRun:
                 # let Serve drop the dead replica from its routing before the next try
                 await asyncio.sleep(min(_MIGRATION_BACKOFF_S * 2 ** (attempt - 1), 2.0))
 
-    async def _one_decode_stream(self, request: DecodeRequest) -> AsyncGenerator[Delta, None]:
-        stream = self._flow.decode.generate(request)
+    async def _one_decode_stream(
+        self, request: DecodeRequest, opened: _OpenDecode | None
+    ) -> AsyncGenerator[Delta, None]:
+        stream = self._flow.decode.generate(request) if opened is None else opened.stream
+        pending = None if opened is None else opened.first
         try:
             while True:
-                chunk = await self._next_chunk(stream)
+                chunk = await self._next_chunk(stream, pending)
+                pending = None
                 if chunk.error is not None:
                     raise chunk.error.to_error()
                 if chunk.finished and chunk.finish_reason in _FAILED_FINISH_REASONS:
@@ -289,11 +355,11 @@ class RequestRun:
                         f"request {self.request_id} ended on the decode worker "
                         f"({chunk.finish_reason})"
                     )
-                if request.first_token_id is None and not self._sent:
+                if request.kv_handle is None and not self._sent:
                     self.usage.num_cached_tokens = chunk.num_cached_tokens
                     if chunk.stage_times is not None:
                         self._stages = with_prefill(self._stages, chunk.stage_times)
-                elif chunk.stage_times is not None and request.first_token_id is not None:
+                elif chunk.stage_times is not None and request.kv_handle is not None:
                     self._stages = with_import(self._stages, chunk.stage_times)
                 finish_reason = (chunk.finish_reason or "stop") if chunk.finished else None
                 text = chunk.text
@@ -308,10 +374,13 @@ class RequestRun:
         finally:
             await _close(stream)
 
-    async def _next_chunk(self, stream: AsyncIterator[TokenChunk]) -> TokenChunk:
+    async def _next_chunk(
+        self, stream: AsyncIterator[TokenChunk], pending: asyncio.Future[TokenChunk] | None = None
+    ) -> TokenChunk:
+        """The stream's next chunk (``pending``: the first one, already asked for)."""
         try:
             async with asyncio.timeout(self._flow.settings.server.chunk_timeout_s):
-                return await anext(stream)
+                return await (anext(stream) if pending is None else pending)
         except StopAsyncIteration as e:
             raise UnavailableError("the decode stream ended before the request finished") from e
         except (PdserveError, TimeoutError):
@@ -368,3 +437,29 @@ async def _close(stream: AsyncIterator[TokenChunk]) -> None:
     aclose = getattr(stream, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+@dataclass
+class _OpenDecode:
+    """A decode call started ahead of its first token (the pipelined handoff): its request,
+    its stream, and the task already waiting for its first chunk (which sends the call)."""
+
+    request: DecodeRequest
+    stream: AsyncIterator[TokenChunk]
+    first: asyncio.Future[TokenChunk]
+
+    @classmethod
+    def start(cls, decode: DecodeClient, request: DecodeRequest) -> _OpenDecode:
+        """Send ``request`` to the decode pool now."""
+        stream = decode.generate(request)
+        return cls(request, stream, asyncio.ensure_future(anext(stream)))
+
+
+async def _close_opened(opened: _OpenDecode | None) -> None:
+    """Abandon a started decode call: cancel its wait and close its stream (both sides free)."""
+    if opened is None:
+        return
+    opened.first.cancel()
+    with contextlib.suppress(BaseException):
+        await opened.first
+    await _close(opened.stream)

@@ -111,6 +111,12 @@ class IngressMetrics:
             "Times a failed remote prefill switched the ingress to local prefill for a cooldown.",
             registry=r,
         )  # fmt: skip
+        self.kv_handoffs = Counter(
+            "pdserve:kv_handoffs",
+            "Remote prefills by how their KV reached decode: pipelined (pulled while the prompt "
+            "was computed) or one_shot (after it).",
+            ["mode"], registry=r,
+        )  # fmt: skip
 
     def for_model(self, model_name: str) -> IngressMetrics:
         """These metrics (same registry and series) labelling requests with ``model_name``."""

@@ -28,6 +28,7 @@ from core.messages import (
     PrefillReply,
     PrefillRequest,
     PrefillResult,
+    PrefillStarted,
     StageTimes,
     TokenChunk,
 )
@@ -46,6 +47,7 @@ HANDLE = KVHandle(
     lease_deadline_unix_ms=int(time.time() * 1000) + 60_000,
     exporter_epoch="epoch-1",
 )
+PIPELINED_HANDLE = replace(HANDLE, pipelined=True)
 
 
 def run(coro: Coroutine[Any, Any, T], timeout_s: float = 10.0) -> T:
@@ -83,9 +85,26 @@ class FakePrefill:
     delay_s: float = 0.0
     stage_times: StageTimes = field(default_factory=StageTimes)
     requests: list[PrefillRequest] = field(default_factory=list)
+    error_after_start: BaseException | None = None
+    """The pipelined prefill fails with this after it announced its export."""
 
     async def prefill(self, request: PrefillRequest) -> PrefillResult:
         self.requests.append(request)
+        return await self._result(request)
+
+    async def prefill_stream(
+        self, request: PrefillRequest
+    ) -> AsyncIterator[PrefillStarted | PrefillResult]:
+        self.requests.append(request)
+        if self.error is None:
+            yield over_the_wire(PrefillStarted(request.request_id, PIPELINED_HANDLE))
+        if self.error_after_start is not None:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            raise self.error_after_start
+        yield await self._result(request)
+
+    async def _result(self, request: PrefillRequest) -> PrefillResult:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if isinstance(self.error, PdserveError):
@@ -146,7 +165,7 @@ class FakeDecode:
         try:
             if self.release is not None:
                 await self.release.wait()
-            steps = self.steps if request.first_token_id is not None else self.local_steps
+            steps = self.steps if request.kv_handle is not None else self.local_steps
             for i, (token_id, text) in enumerate(steps):
                 if i == self.fail_after:
                     yield self._chunk(request, [], "", error=PULL_FAILED)
