@@ -15,7 +15,6 @@ from tests.waiting import async_wait_until
 
 from .conftest import MODEL, PULL_FAILED, FakeDecode, FakePrefill, Harness, run
 
-
 LONG = "hello world, this is a long prompt"
 
 
