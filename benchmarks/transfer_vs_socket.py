@@ -5,17 +5,21 @@ serves them two ways: a raw TCP socket that ``sendall``s the whole buffer, and a
 ``KVExportServer``. An importer process receives the same bytes
 
 - over the socket with ``recv_into`` 1 MiB reads into a preallocated buffer, and
-- with ``KVImportClient.pull`` into preallocated destination blocks (checksummed, verified),
+- with ``KVImportClient.pull`` into preallocated destination blocks (checksummed, verified)
+  three ways: over gRPC on one stream, over gRPC on several (``transfer.num_streams`` as by
+  default, at least two), and on the same-node path (the exporter's blocks live in shared
+  memory; the stream carries locations and checksums, the importer copies),
 
-alternating the two ``--repeats`` times after a warm-up (``--compare-crc32`` adds a third run
-per round: a client that offers only the v1 CRC-32 checksum). Each round also times
-``--prompt-pulls`` pulls of the KV of a 4096-token prompt of tiny-llama (8 MiB) from handle to
-DONE on the warm channel. Reported: medians over rounds (the machine is shared and noisy), with
-``ratio`` the median of each round's socket time over its pull time (target >= 0.45) and the
-best runs alongside; the CPU seconds per MiB that each side spent (a measure that load on other
-cores does not inflate); the prompt pull's median and best (target < 10 ms); the 1-minute load
-average. Both processes start with ``transfer.process_env.MALLOC_ENV`` (what the deployments
-set) unless ``--no-malloc-env``. Prints one JSON line.
+alternating them ``--repeats`` times after a warm-up (``--compare-crc32`` adds a run per round: a
+client that offers only the v1 CRC-32 checksum). Each round also times ``--prompt-pulls`` pulls of
+the KV of a 4096-token prompt of tiny-llama (8 MiB) from handle to DONE on the warm channel.
+Reported: medians over rounds (the machine is shared and noisy), with ``ratio`` the median of each
+round's socket time over its gRPC pull time as configured by default (target >= 0.45) and the best
+runs alongside; ``parallel_over_single_stream`` (target >= 1.3) and ``same_node_over_grpc`` (target
+>= 3), medians of per-round ratios; the CPU seconds per MiB that each side spent (a measure that
+load on other cores does not inflate); the prompt pull's median and best (target < 10 ms); the
+1-minute load average. Both processes start with ``transfer.process_env.MALLOC_ENV`` (what the
+deployments set) unless ``--no-malloc-env``. Prints one JSON line.
 
 Usage: ``python benchmarks/transfer_vs_socket.py [--mib 256] [--repeats 5] [--compare-crc32]``
 """
@@ -23,6 +27,7 @@ Usage: ``python benchmarks/transfer_vs_socket.py [--mib 256] [--repeats 5] [--co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import multiprocessing as mp
@@ -44,6 +49,7 @@ from core.kv_layout import KVLayout
 from transfer import KVExportServer, KVImportClient, NumpyBlockStore
 from transfer.checksums import ChecksumAlgorithm
 from transfer.process_env import MALLOC_ENV
+from transfer.streams import StreamPlan
 
 MIB = 1024 * 1024
 # builtin:tiny-llama: 4 layers, 2 KV heads, head_dim 32, fp32, 16-token blocks -> 32 KiB blocks.
@@ -68,11 +74,11 @@ def cpu_s() -> float:
 
 
 def exporter_main(conn: Connection, num_blocks: int, chunk_bytes: int) -> None:
-    """Serve the blocks over a raw socket and over gRPC until told to stop."""
-    store = NumpyBlockStore(LAYOUT, num_blocks)
+    """Serve the blocks (in shared memory) over a raw socket and over gRPC until told to stop."""
+    store = NumpyBlockStore(LAYOUT, num_blocks, shared=True)
     store.fill_random(seed=0)
     listener = socket.create_server((HOST, 0))
-    with KVExportServer(store, make_config(chunk_bytes)) as server:
+    with contextlib.closing(store), KVExportServer(store, make_config(chunk_bytes)) as server:
         conn.send(("ready", listener.getsockname()[1]))
         while True:
             command, arg = conn.recv()
@@ -134,7 +140,13 @@ def importer_main(conn: Connection, result: Connection, args: argparse.Namespace
     buffer = memoryview(bytearray(num_blocks * LAYOUT.block_bytes))
     store = NumpyBlockStore(LAYOUT, num_blocks)
     config = make_config(int(args.chunk_mib * MIB))
-    clients = {"grpc": KVImportClient(store, config)}
+    wire = config.model_copy(update={"same_node": "off"})
+    streams = parallel(config)
+    clients = {
+        "single_stream": KVImportClient(store, wire.model_copy(update={"num_streams": 1})),
+        "parallel": KVImportClient(store, wire.model_copy(update={"num_streams": streams})),
+        "same_node": KVImportClient(store, config),
+    }
     if args.compare_crc32:
         clients["crc32"] = KVImportClient(
             store, config, accepted_checksums=(ChecksumAlgorithm.CRC32,)
@@ -150,11 +162,15 @@ def importer_main(conn: Connection, result: Connection, args: argparse.Namespace
             for name, client in clients.items():
                 run = functools.partial(time_pull, conn, client, num_blocks)
                 samples[name].append(measure(conn, run))
+            default = clients[default_client(config)]
             prompt_s.extend(
-                time_pull(conn, clients["grpc"], prompt_blocks) for _ in range(args.prompt_pulls)
+                time_pull(conn, default, prompt_blocks) for _ in range(args.prompt_pulls)
             )
         if not np.array_equal(np.frombuffer(buffer, dtype=np.uint8), store.data.reshape(-1)):
             raise RuntimeError("socket and gRPC copies differ")
+        paths = clients["same_node"].metrics.snapshot().pulls_by_path or {}
+        if set(paths) != {"same_node"}:
+            raise RuntimeError(f"the same-node client pulled over {paths}")
     finally:
         for client in clients.values():
             client.close()
@@ -177,6 +193,21 @@ def summarize(samples: list[Sample], socket: list[Sample], total_mib: float) -> 
     }
 
 
+def parallel(config: TransferConfig) -> int:
+    """The streams of the parallel client: the configured default, at least two."""
+    return max(2, StreamPlan.from_config(config).max_streams)
+
+
+def default_client(config: TransferConfig) -> str:
+    """The client that pulls over gRPC as configured by default."""
+    return "single_stream" if StreamPlan.from_config(config).max_streams == 1 else "parallel"
+
+
+def speedup(fast: list[Sample], slow: list[Sample]) -> float:
+    """Median over rounds of ``slow``'s wall time over ``fast``'s."""
+    return round(statistics.median(s[0] / f[0] for f, s in zip(fast, slow, strict=True)), 3)
+
+
 def report(
     args: argparse.Namespace, samples: dict[str, list[Sample]], prompt_s: list[float]
 ) -> str:
@@ -184,7 +215,9 @@ def report(
     num_blocks = args.mib * MIB // LAYOUT.block_bytes
     total_mib = num_blocks * LAYOUT.block_bytes / MIB
     socket_rounds = samples["socket"]
-    ours = summarize(samples["grpc"], socket_rounds, total_mib)
+    config = make_config(MIB)
+    grpc = samples[default_client(config)]
+    ours = summarize(grpc, socket_rounds, total_mib)
     socket_cpu = summarize(socket_rounds, socket_rounds, total_mib)["cpu_ms_per_mib"]
     result: dict[str, Any] = {
         "benchmark": "transfer_vs_socket",
@@ -197,6 +230,15 @@ def report(
         "ratio": ours["ratio"],
         "ratio_best": ours["ratio_best"],
         "target_ratio": 0.45,
+        "default_num_streams": StreamPlan.from_config(config).max_streams,
+        "parallel_num_streams": parallel(config),
+        "single_stream_gbps": summarize(samples["single_stream"], socket_rounds, total_mib)["gbps"],
+        "parallel_gbps": summarize(samples["parallel"], socket_rounds, total_mib)["gbps"],
+        "same_node_gbps": summarize(samples["same_node"], socket_rounds, total_mib)["gbps"],
+        "parallel_over_single_stream": speedup(samples["parallel"], samples["single_stream"]),
+        "target_parallel_over_single_stream": 1.3,
+        "same_node_over_grpc": speedup(samples["same_node"], grpc),
+        "target_same_node_over_grpc": 3.0,
         "cpu_ms_per_mib": {"socket": socket_cpu, "grpc": ours["cpu_ms_per_mib"]},
         "cpu_ratio": round(sum(socket_cpu) / sum(ours["cpu_ms_per_mib"]), 3),
         "prompt_tokens": PROMPT_TOKENS,

@@ -35,6 +35,11 @@ class KVHandle:
     """The export was opened before its prompt was computed: blocks become ready in prompt order
     as the prefill computes them, and the importer learns the prefill's first token (an
     :class:`ExportDone`) from the exporter once it finished."""
+    node_id: str = ""
+    """The exporter's node (host name and boot id): an importer with the same one may read the
+    blocks from ``shared_region`` instead of the wire."""
+    shared_region: str = ""
+    """The named shared-memory segment holding the exporter's KV bytes; empty: none."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,11 @@ class TransferStats:
     leases_expired_total: int = 0
     unauthenticated_calls_total: int = 0
     """Export side: calls refused for a missing or wrong auth token."""
+    pulls_by_path: dict[str, int] = field(default_factory=dict)
+    """Import side: pulls by the path that moved their bytes (``grpc``, ``same_node``)."""
+    same_node_fallbacks_by_reason: dict[str, int] = field(default_factory=dict)
+    """Import side: pulls that went over gRPC instead of the same-node path, by why (``off``,
+    ``no_region``, ``other_node``, ``unmapped``)."""
 
 
 @dataclass(frozen=True)

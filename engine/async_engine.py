@@ -598,8 +598,11 @@ def build_async_engine(
     engine: EngineConfig,
     *,
     kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    shared_kv: bool = False,
 ) -> AsyncEngine:
-    """A fresh engine for ``model`` on this process's device, running on its own thread."""
-    return AsyncEngine(
-        LLMEngine(build_engine_parts(model, engine, kv_event_callback=kv_event_callback))
+    """A fresh engine for ``model`` on this process's device, running on its own thread
+    (``shared_kv``: its KV's host bytes readable by same-node peers)."""
+    parts = build_engine_parts(
+        model, engine, kv_event_callback=kv_event_callback, shared_kv=shared_kv
     )
+    return AsyncEngine(LLMEngine(parts))

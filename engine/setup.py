@@ -78,8 +78,10 @@ def build_engine_parts(
     *,
     kv_event_callback: Callable[[KVEventBatch], None] | None = None,
     expert_ids: Sequence[int] | None = None,
+    shared_kv: bool = False,
 ) -> EngineParts:
-    """Load the model and size the KV cache as the configs say."""
+    """Load the model and size the KV cache as the configs say (``shared_kv``: its host bytes
+    in named shared memory, for same-node pulls)."""
     threads = env.num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -114,7 +116,7 @@ def build_engine_parts(
     budget = kv_budget_bytes(
         device, engine_cfg.kv_cache_memory_bytes, engine_cfg.kv_cache_memory_fraction, weights_bytes
     )
-    storage = KVStorage(layout, num_blocks_for_budget(layout, budget), device)
+    storage = KVStorage(layout, num_blocks_for_budget(layout, budget), device, shared=shared_kv)
     tiers = (
         KVTiers(engine_cfg.kv_tiers, layout, storage.block_bytes_view())
         if engine_cfg.kv_tiers.host is not None or engine_cfg.kv_tiers.disk is not None

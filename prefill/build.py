@@ -26,10 +26,16 @@ def build_prefill_worker(
 ) -> PrefillWorker:
     """A prefill worker on a real engine and a serving :class:`GrpcKVTransport`.
 
-    ``async_engine``: an engine built elsewhere (an expert-parallel rank's); default: build one.
+    ``async_engine``: an engine built elsewhere (an expert-parallel rank's); default: build one,
+    its KV in shared memory unless ``transfer.same_node`` is off (same-node decodes copy from it).
     """
     if async_engine is None:
-        async_engine = build_async_engine(model, engine, kv_event_callback=kv_event_callback)
+        async_engine = build_async_engine(
+            model,
+            engine,
+            kv_event_callback=kv_event_callback,
+            shared_kv=transfer.same_node == "auto",
+        )
     parts = async_engine.engine.parts
     metrics = InMemoryTransferMetrics()
     transport = GrpcKVTransport(

@@ -16,6 +16,7 @@ import numpy as np
 from core.errors import TransferError
 from core.kv_handle import TransferFailure
 from core.kv_layout import KVLayout
+from core.shared_memory import SharedSegment
 
 
 @runtime_checkable
@@ -32,11 +33,12 @@ class BlockStore(Protocol):
         """Number of blocks; valid ids are ``range(num_blocks)``."""
         ...
 
-    def block_view(self, block_id: int) -> memoryview:
-        """A writable, C-contiguous, 1-D unsigned-byte view of one whole block.
+    def blocks_view(self, first_block_id: int, num_blocks: int) -> memoryview:
+        """A writable, C-contiguous, 1-D unsigned-byte view of ``num_blocks`` consecutive blocks
+        from ``first_block_id`` (a run of ids moves as one piece).
 
-        The view is ``layout.block_bytes`` long and aliases the storage: writing into it writes
-        the block.
+        The view is ``num_blocks * layout.block_bytes`` long and aliases the storage: writing
+        into it writes the blocks.
         """
         ...
 
@@ -58,14 +60,30 @@ def check_block_ids(store: BlockStore, block_ids: Sequence[int], what: str) -> N
 
 
 class NumpyBlockStore:
-    """A :class:`BlockStore` over one ``uint8[num_blocks, block_bytes]`` numpy array."""
+    """A :class:`BlockStore` over one ``uint8[num_blocks, block_bytes]`` numpy array (in named
+    shared memory with ``shared=True``, for same-node pulls: :attr:`shared_region`)."""
 
-    def __init__(self, layout: KVLayout, num_blocks: int) -> None:
+    def __init__(self, layout: KVLayout, num_blocks: int, *, shared: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self._layout = layout
         self._num_blocks = num_blocks
-        self.data = np.zeros((num_blocks, layout.block_bytes), dtype=np.uint8)  # [N, block_bytes]
+        shape = (num_blocks, layout.block_bytes)  # [N, block_bytes]
+        self._segment = SharedSegment(num_blocks * layout.block_bytes) if shared else None
+        if self._segment is None:
+            self.data = np.zeros(shape, dtype=np.uint8)
+        else:
+            self.data = np.frombuffer(self._segment.buf, dtype=np.uint8).reshape(shape)
+
+    @property
+    def shared_region(self) -> str | None:
+        """The shared-memory segment holding the blocks (None: private memory)."""
+        return None if self._segment is None else self._segment.name
+
+    def close(self) -> None:
+        """Remove the shared segment's name, if any."""
+        if self._segment is not None:
+            self._segment.unlink()
 
     @property
     def layout(self) -> KVLayout:
@@ -77,11 +95,18 @@ class NumpyBlockStore:
         """Number of blocks."""
         return self._num_blocks
 
+    def blocks_view(self, first_block_id: int, num_blocks: int) -> memoryview:
+        """A writable byte view of ``num_blocks`` blocks from ``first_block_id``."""
+        end = first_block_id + num_blocks
+        if num_blocks < 1 or not 0 <= first_block_id < end <= self._num_blocks:
+            raise IndexError(
+                f"blocks [{first_block_id}, {end}) out of range [0, {self._num_blocks})"
+            )
+        return self.data[first_block_id:end].reshape(-1).data
+
     def block_view(self, block_id: int) -> memoryview:
         """A writable byte view of block ``block_id``."""
-        if not 0 <= block_id < self._num_blocks:
-            raise IndexError(f"block id {block_id} out of range [0, {self._num_blocks})")
-        return memoryview(self.data[block_id])
+        return self.blocks_view(block_id, 1)
 
     def fill_random(self, seed: int) -> None:
         """Fill every block with reproducible random bytes (test and benchmark data)."""

@@ -14,13 +14,17 @@ fetched from the store as chunks need them (:class:`BlockViews`), not all before
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from core.errors import TransferError
 from core.kv_handle import TransferFailure
 from transfer.block_store import BlockStore
-from transfer.checksums import ChecksumAlgorithm, checksum
+from transfer.checksums import ChecksumAlgorithm, checksum_pieces
+
+Payload = bytes | memoryview | tuple[memoryview, ...]
+"""A chunk's bytes: one buffer, or (same-node) the views of its blocks, in order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +35,7 @@ class ChunkData:
     total_bytes: int
     checksum_algorithm: int
     checksum: int
-    payload: bytes
+    payload: Payload
 
 
 MIN_CHUNK_BYTES = 1 << 20
@@ -60,56 +64,76 @@ def plan_chunks(total_bytes: int, chunk_bytes: int) -> Iterator[tuple[int, int]]
         yield offset, min(chunk_bytes, total_bytes - offset)
 
 
-class BlockViews:
-    """Flat unsigned-byte views of a list of blocks, each fetched from the store on first use.
+def runs(block_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """``(index, length)`` of each run of consecutive ids in ``block_ids``."""
+    found: list[tuple[int, int]] = []
+    start = 0
+    for index in range(1, len(block_ids) + 1):
+        if index == len(block_ids) or block_ids[index] != block_ids[index - 1] + 1:
+            found.append((start, index - start))
+            start = index
+    return found
 
-    ``store.block_view`` costs microseconds per block (more on torch-backed storage), so a pull
-    fetches views as its chunks reach them instead of all of them before the first byte moves.
-    Each view is checked to be exactly ``layout.block_bytes`` long.
+
+class BlockViews:
+    """Flat unsigned-byte views of a list of blocks: each run of consecutive ids one view,
+    fetched from the store on first use.
+
+    A view costs microseconds (more on torch-backed storage) and every piece moved costs a copy
+    call, so a run of blocks moves as one piece and a pull fetches views as its chunks reach
+    them instead of all before the first byte moves. Each view is checked to be exactly as long
+    as its blocks.
     """
 
     def __init__(self, store: BlockStore, block_ids: Sequence[int]) -> None:
         self.block_ids = tuple(block_ids)
         self.block_bytes = store.layout.block_bytes
         self._store = store
-        self._views: list[memoryview | None] = [None] * len(self.block_ids)
+        self._runs = runs(self.block_ids)
+        self._starts = [index for index, _ in self._runs]
+        self._views: list[memoryview | None] = [None] * len(self._runs)
 
     def __len__(self) -> int:
         return len(self.block_ids)
 
-    def __getitem__(self, index: int) -> memoryview:
-        view = self._views[index]
+    def span(self, offset: int) -> memoryview:
+        """The bytes from ``offset`` (into the concatenation of the blocks) to the end of the
+        run of blocks it falls in."""
+        index, start = divmod(offset, self.block_bytes)
+        run = bisect.bisect_right(self._starts, index) - 1
+        view = self._views[run]
         if view is None:
-            view = self._views[index] = self._fetch(self.block_ids[index])
-        return view
+            view = self._views[run] = self._fetch(*self._runs[run])
+        return view[(index - self._starts[run]) * self.block_bytes + start :]
 
     def fetch_all(self) -> None:
         """Fetch every view now (e.g. while waiting for the first chunk)."""
-        for index in range(len(self._views)):
-            self[index]
+        for index, _ in self._runs:
+            self.span(index * self.block_bytes)
 
-    def _fetch(self, block_id: int) -> memoryview:
-        view = self._store.block_view(block_id)
+    def _fetch(self, index: int, length: int) -> memoryview:
+        first = self.block_ids[index]
+        view = self._store.blocks_view(first, length)
         if view.ndim != 1 or view.format != "B":
             view = view.cast("B")
-        if view.nbytes != self.block_bytes:
+        if view.nbytes != length * self.block_bytes:
             raise TransferError(
-                f"block {block_id} view has {view.nbytes} bytes, layout says {self.block_bytes}",
+                f"view of blocks [{first}, {first + length}) has {view.nbytes} bytes, layout "
+                f"says {length * self.block_bytes}",
                 reason=TransferFailure.INTERNAL,
             )
         return view
 
 
 def chunk_pieces(views: BlockViews, offset: int, size: int) -> list[bytes | memoryview]:
-    """Views of the ``size`` bytes at ``offset`` of the concatenation of ``views`` (no copy)."""
-    block_bytes = views.block_bytes
+    """Views of the ``size`` bytes at ``offset`` of the concatenation of ``views`` (no copy):
+    one per run of consecutive blocks."""
     pieces: list[bytes | memoryview] = []
     while size > 0:
-        index, start = divmod(offset, block_bytes)
-        take = min(block_bytes - start, size)
-        pieces.append(views[index][start : start + take])
-        offset += take
-        size -= take
+        piece = views.span(offset)[:size]
+        pieces.append(piece)
+        offset += piece.nbytes
+        size -= piece.nbytes
     return pieces
 
 
@@ -144,14 +168,15 @@ class ChunkWriter:
         total_bytes: int,
         algorithm: int,
         checksum_value: int,
-        payload: bytes | memoryview,
+        payload: Payload,
     ) -> None:
         """Check one chunk and copy it into place; raise ``TransferError`` if it is wrong.
 
         ``algorithm`` is the chunk's ``ChecksumAlgorithm`` number (an unknown one is a bad
-        chunk) and ``checksum_value`` its checksum of ``payload``.
+        chunk) and ``checksum_value`` its checksum of ``payload`` (of its pieces in order).
         """
-        size = len(payload)
+        pieces = list(payload) if isinstance(payload, tuple) else [memoryview(payload)]
+        size = sum(piece.nbytes for piece in pieces)
         if total_bytes != self.total_bytes or offset_bytes != self.bytes_done:
             raise TransferError(
                 f"chunk at offset {offset_bytes} of {total_bytes} bytes; expected offset "
@@ -163,19 +188,25 @@ class ChunkWriter:
                 f"chunk of {size} bytes at offset {offset_bytes} overruns {self.total_bytes}",
                 reason=TransferFailure.BAD_CHUNK,
             )
-        source = memoryview(payload)
-        if checksum(algorithm, source) != checksum_value:
+        if checksum_pieces(algorithm, pieces) != checksum_value:
             raise TransferError(
                 f"chunk at offset {offset_bytes} fails its {_name(algorithm)} check",
                 reason=TransferFailure.CORRUPT_CHUNK,
             )
-        done = 0
-        while done < size:
-            index, start = divmod(offset_bytes + done, self._block_bytes)
-            take = min(self._block_bytes - start, size - done)
-            self._views[index][start : start + take] = source[done : done + take]
-            done += take
+        offset = offset_bytes
+        for source in pieces:
+            self._place(offset, source)
+            offset += source.nbytes
         self.bytes_done += size
+
+    def _place(self, offset_bytes: int, source: memoryview) -> None:
+        """Copy verified bytes to ``offset_bytes`` of the destination blocks."""
+        done, size = 0, source.nbytes
+        while done < size:
+            target = self._views.span(offset_bytes + done)
+            take = min(target.nbytes, size - done)
+            target[:take] = source[done : done + take]
+            done += take
 
     def finish(self) -> None:
         """Raise ``TransferError(bad_chunk)`` unless every byte arrived."""

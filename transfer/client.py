@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import grpc
 import grpc.experimental
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.config import TransferConfig
@@ -27,9 +28,18 @@ from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS, ChecksumAlgorithm
 from transfer.codec import ChunkDecodeError, ChunkView, decode_chunk
-from transfer.importer import ImportRunner
+from transfer.importer import ChunkStream, ImportRunner
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import SERVICE_NAME, KVTransferClientMethods, message_options
+from transfer.same_node import (
+    GRPC_PATH,
+    SAME_NODE_PATH,
+    Locations,
+    SameNodeStream,
+    SharedRegion,
+    SharedRegions,
+    choose_path,
+)
 from transfer.security import call_metadata, channel_credentials, resolve_auth_token
 from transfer.status_codes import details_of, reason_for
 from transfer.streams import StreamPlan
@@ -75,6 +85,36 @@ class _GrpcChunkStream:
         self._call.cancel()
 
 
+class _GrpcLocations:
+    """A same-node Pull call's chunks, decoded as :class:`~transfer.same_node.Locations`."""
+
+    def __init__(self, call: grpc.Call, transfer_id: str) -> None:
+        self._call = call
+        self._transfer_id = transfer_id
+
+    def __iter__(self) -> Iterator[Locations]:
+        try:
+            for message in self._call:
+                chunk = pb.Chunk.FromString(message)
+                algorithm = int(chunk.checksum_algorithm)
+                yield Locations(
+                    chunk.offset_bytes,
+                    chunk.total_bytes,
+                    algorithm,
+                    chunk.crc32 if algorithm == ChecksumAlgorithm.CRC32 else chunk.checksum64,
+                    tuple(chunk.source_block_ids),
+                )
+        except grpc.RpcError as e:
+            raise TransferError(
+                f"pull of {self._transfer_id} failed: {details_of(e)}", reason=reason_for(e)
+            ) from e
+        except DecodeError as e:
+            raise TransferError(
+                f"pull of {self._transfer_id}: undecodable chunk: {e}",
+                reason=TransferFailure.BAD_CHUNK,
+            ) from e
+
+
 class KVImportClient:
     """Pulls exports into one block store; one channel per peer, pulls on a thread pool."""
 
@@ -102,10 +142,12 @@ class KVImportClient:
             store,
             num_threads=config.import_threads,
             metrics=self.metrics,
+            stall_s=config.pull_deadline_s,
             plan=StreamPlan.from_config(config),
         )
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, KVTransferClientMethods]] = {}
+        self._regions = SharedRegions()
         self._connecting: dict[str, grpc.Future] = {}
         self._closed = False
 
@@ -162,21 +204,37 @@ class KVImportClient:
             ) from e
 
     def open_stream(
-        self, handle: KVHandle, wanted: list[int], keep_export: bool = False
-    ) -> _GrpcChunkStream:
-        """One Pull stream of ``wanted`` (see :class:`~transfer.importer.ExportPeer`)."""
+        self,
+        handle: KVHandle,
+        wanted: list[int],
+        keep_export: bool = False,
+        region: SharedRegion | None = None,
+    ) -> ChunkStream:
+        """One Pull stream of ``wanted`` (see :class:`~transfer.importer.ExportPeer`): its
+        bytes, or on the same-node path (``region``) their locations, read from the region."""
         request = pb.PullRequest(
             transfer_id=handle.transfer_id,
             block_indices=wanted,
             layout_fingerprint=handle.layout_fingerprint,
             exporter_epoch=handle.exporter_epoch,
             accepted_checksums=self._accepted_checksums,
-            keep_export=keep_export,
+            keep_export=keep_export or region is not None,
+            same_node=region is not None,
         )
         call = self._methods(handle.address).pull(
             request, timeout=self._config.pull_deadline_s, metadata=self._metadata
         )
-        return _GrpcChunkStream(call, handle.transfer_id)
+        if region is None:
+            return _GrpcChunkStream(call, handle.transfer_id)
+        locations = _GrpcLocations(call, handle.transfer_id)
+        return SameNodeStream(locations, region, call.cancel)
+
+    def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
+        """The exporter's shared region when this pull may take the same-node path (the
+        choice and a gRPC pull's reason are counted)."""
+        region, reason = choose_path(self._config, handle, self._regions)
+        self.metrics.pull_path(GRPC_PATH if region is None else SAME_NODE_PATH, reason)
+        return region
 
     def connect(self, address: str) -> None:
         """Open the channel to ``address`` and start connecting, without waiting.

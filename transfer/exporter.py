@@ -38,6 +38,9 @@ EncodedChunk = TypeVar("EncodedChunk")
 ChunkEncoder = Callable[[int, int, ChecksumAlgorithm, int, list[bytes | memoryview]], EncodedChunk]
 """``encode(offset_bytes, total_bytes, algorithm, checksum, pieces)``: copies the pieces into a
 message."""
+LocationEncoder = Callable[[int, int, ChecksumAlgorithm, int, list[int]], EncodedChunk]
+"""``encode(offset_bytes, total_bytes, algorithm, checksum, block_ids)``: a same-node chunk (the
+checksum is of the blocks' bytes in order)."""
 
 _GONE_REASON = {
     ReleaseCause.EXPIRED: TransferFailure.LEASE_EXPIRED,
@@ -59,8 +62,13 @@ class KVExporter:
         chunk_bytes: int,
         metrics: TransferMetrics,
         faults: FaultInjection | None = None,
+        node_id: str = "",
     ) -> None:
+        """``node_id``: this node's identity, put on every handle with the store's shared
+        region (if its KV lives in shared memory) for same-node importers."""
         self.store = store
+        self.node_id = node_id
+        self.shared_region: str = getattr(store, "shared_region", None) or ""
         self.address = address
         self.epoch = secrets.token_hex(8)
         self.chunk_bytes = chunk_bytes
@@ -96,6 +104,8 @@ class KVExporter:
             lease_deadline_unix_ms=int((time.time() + self._leases.lease_s) * 1000),
             exporter_epoch=self.epoch,
             pipelined=lease.pipelined,
+            node_id=self.node_id,
+            shared_region=self.shared_region,
         )
 
     def add_ready(self, transfer_id: str, block_ids: Sequence[int]) -> None:
@@ -151,6 +161,46 @@ class KVExporter:
         one of several streams over disjoint blocks; the export stays pinned after it. Validation
         errors raise here; failures while streaming raise from ``next()``.
         """
+        wanted, algorithm = self._check_pull(
+            transfer_id, block_indices, layout_fingerprint, exporter_epoch, accepted_checksums
+        )
+        return self._stream(
+            transfer_id, wanted, self.faults, cancelled, encode, algorithm, keep_export
+        )
+
+    def pull_locations(
+        self,
+        transfer_id: str,
+        block_indices: Sequence[int],
+        layout_fingerprint: str,
+        exporter_epoch: str,
+        cancelled: threading.Event,
+        encode: LocationEncoder[EncodedChunk],
+        accepted_checksums: Sequence[int] = (),
+    ) -> Generator[EncodedChunk, None, None]:
+        """A same-node pull: validated as :meth:`pull`, then the wanted blocks' ids in this
+        exporter's shared region and a checksum of each, a chunk's worth at a time, each made
+        by ``encode``. The export stays pinned after the stream (the importer copies the blocks
+        afterwards and releases it as completed)."""
+        if not self.shared_region:
+            raise TransferError(
+                "this exporter's KV is not in shared memory: pull its bytes instead",
+                reason=TransferFailure.INVALID_REQUEST,
+            )
+        wanted, algorithm = self._check_pull(
+            transfer_id, block_indices, layout_fingerprint, exporter_epoch, accepted_checksums
+        )
+        return self._locate(transfer_id, wanted, self.faults, cancelled, encode, algorithm)
+
+    def _check_pull(
+        self,
+        transfer_id: str,
+        block_indices: Sequence[int],
+        layout_fingerprint: str,
+        exporter_epoch: str,
+        accepted_checksums: Sequence[int],
+    ) -> tuple[list[int], ChecksumAlgorithm]:
+        """The wanted indices and the checksum algorithm of a valid pull; raises otherwise."""
         if exporter_epoch and exporter_epoch != self.epoch:
             raise TransferError(
                 f"exporter restarted: handle epoch {exporter_epoch}, now {self.epoch}",
@@ -170,10 +220,7 @@ class KVExporter:
                 f"block indices out of range [0, {lease.num_blocks}) or repeated: {wanted[:16]}",
                 reason=TransferFailure.INVALID_REQUEST,
             )
-        algorithm = negotiate(accepted_checksums)
-        return self._stream(
-            transfer_id, wanted, self.faults, cancelled, encode, algorithm, keep_export
-        )
+        return wanted, negotiate(accepted_checksums)
 
     def _stream(
         self,
@@ -223,6 +270,55 @@ class KVExporter:
             self._leases.end_pull(lease, completed, wanted, keep_export=keep_export)
             duration_s = time.perf_counter() - started_s
             self._metrics.transfer_finished(TransferSide.EXPORT, sent_bytes, duration_s, failure)
+
+    def _locate(
+        self,
+        transfer_id: str,
+        wanted: list[int],
+        faults: FaultInjection,
+        cancelled: threading.Event,
+        encode: LocationEncoder[EncodedChunk],
+        algorithm: ChecksumAlgorithm,
+    ) -> Generator[EncodedChunk, None, None]:
+        # on the first next(): paired with end_pull (the blocks stay pinned for the copy)
+        lease = self._leases.begin_pull(transfer_id, wanted, keep_export=True)
+        block_bytes = self.store.layout.block_bytes
+        total_bytes = len(wanted) * block_bytes
+        per_chunk = max(1, self.chunk_bytes // block_bytes)
+        started_s = time.perf_counter()
+        self._metrics.transfer_started(TransferSide.EXPORT)
+        located, completed = 0, False
+        failure: TransferFailure | None = TransferFailure.CANCELLED
+        try:
+            for seq, start in enumerate(range(0, len(wanted), per_chunk)):
+                self._inject_before(seq, faults, cancelled)
+                with lease.lock:
+                    if lease.released is not None:
+                        raise TransferError(
+                            f"kv export {lease.transfer_id} was freed mid-pull ({lease.released})",
+                            reason=_GONE_REASON[lease.released],
+                        )
+                    ids = [lease.block_ids[i] for i in wanted[start : start + per_chunk]]
+                    views = BlockViews(self.store, ids)
+                    digest = checksum_pieces(
+                        algorithm, chunk_pieces(views, 0, len(ids) * block_bytes)
+                    )
+                if faults.corrupt_chunk_seq == seq:
+                    digest ^= 1  # the same fault as a flipped byte: the check fails
+                self._leases.touch(lease)
+                yield encode(start * block_bytes, total_bytes, algorithm, digest, ids)
+                located += len(ids) * block_bytes
+            completed, failure = True, None
+        except TransferError as e:
+            failure = TransferFailure(e.reason)
+            raise
+        except Exception:
+            failure = TransferFailure.INTERNAL
+            raise
+        finally:
+            self._leases.end_pull(lease, completed, wanted, keep_export=True)
+            duration_s = time.perf_counter() - started_s
+            self._metrics.transfer_finished(TransferSide.EXPORT, located, duration_s, failure)
 
     @staticmethod
     def _inject_before(seq: int, faults: FaultInjection, cancelled: threading.Event) -> None:

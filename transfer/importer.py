@@ -29,7 +29,8 @@ from typing import Protocol
 from core.errors import TransferError
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore, check_block_ids
-from transfer.chunks import ChunkWriter
+from transfer.chunks import ChunkWriter, Payload
+from transfer.same_node import SharedRegion
 from transfer.streams import StreamPlan
 from transfer.task import TransferTask
 from transfer.transfer_metrics import TransferMetrics, TransferSide
@@ -73,8 +74,8 @@ class ChunkLike(Protocol):
         ...
 
     @property
-    def payload(self) -> bytes | memoryview:
-        """The chunk's bytes."""
+    def payload(self) -> Payload:
+        """The chunk's bytes (a same-node chunk's: its blocks' views)."""
         ...
 
 
@@ -93,9 +94,21 @@ class ChunkStream(Protocol):
 class ExportPeer(Protocol):
     """The exporter side of a pull, as a transport reaches it."""
 
-    def open_stream(self, handle: KVHandle, wanted: list[int], keep_export: bool) -> ChunkStream:
+    def open_stream(
+        self,
+        handle: KVHandle,
+        wanted: list[int],
+        keep_export: bool,
+        region: SharedRegion | None = None,
+    ) -> ChunkStream:
         """Start streaming ``wanted`` (export indices, in this order). ``keep_export``: one of
-        several streams; the export stays pinned after it."""
+        several streams; the export stays pinned after it. ``region``: the same-node path,
+        reading the blocks from the exporter's shared region (always keeps the export)."""
+        ...
+
+    def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
+        """The exporter's shared region when this pull may skip the wire, else None (the
+        choice is counted)."""
         ...
 
     def release(self, handle: KVHandle, completed: bool = False) -> None:
@@ -119,12 +132,15 @@ class ImportRunner:
         *,
         num_threads: int,
         metrics: TransferMetrics,
+        stall_s: float,
         plan: StreamPlan | None = None,
     ) -> None:
         """``num_threads`` pulls run at once; ``plan`` says how each is cut into streams
-        (default: one stream per pull)."""
+        (default: one stream per pull); a pipelined pull whose export gains no block for
+        ``stall_s`` fails ``deadline_exceeded``."""
         self.store = store
-        self.plan = plan or StreamPlan(max_streams=1)
+        self.stall_s = stall_s
+        self.plan = plan or StreamPlan(max_streams=1, min_stream_bytes=1)
         self._metrics = metrics
         self._fingerprint = store.layout.fingerprint()
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="pdserve-kv-import")
@@ -249,6 +265,7 @@ class _Pull:
         self._lock = threading.Lock()
         self._streams: list[tuple[ChunkStream, ChunkWriter, Future[TransferError | None]]] = []
         self._num_started = 0  # wanted blocks handed to a stream so far
+        self._region: SharedRegion | None = None  # the same-node path's exporter region
         self.export_done: ExportDone | None = None
         self.release_when_done: bool | None = None
         """Once every block arrived: None, the export is already freed (a v1 stream completed);
@@ -272,6 +289,8 @@ class _Pull:
                 reason=TransferFailure.LAYOUT_MISMATCH,
             )
         task.set_cancel_hook(self.cancel_streams)
+        if self._wanted:
+            self._region = self._peer.same_node_region(handle)
         try:
             if handle.pipelined:
                 return self._pull_as_ready()
@@ -285,7 +304,7 @@ class _Pull:
             self.release_when_done = False
             return None
         parts = self._runner.plan.split(len(self._wanted), self._handle.block_bytes)
-        if len(parts) == 1:  # the v1 pull: completing the stream frees the export
+        if len(parts) == 1 and self._region is None:  # v1: completing the stream frees it
             self._start(0, len(self._wanted), keep_export=False)
             return self._wait_streams()
         self.release_when_done = True
@@ -298,11 +317,20 @@ class _Pull:
         self.release_when_done = True
         plan, block_bytes = self._runner.plan, self._handle.block_bytes
         segment = plan.min_segment_blocks(block_bytes)
+        progress_s, last_ready = time.monotonic(), -1
         while True:
             if (failure := self._first_failure()) is not None:
                 return self._wait_streams() or failure
             if self._task.cancel_requested:
                 return self._cancelled()
+            if time.monotonic() - progress_s > self._runner.stall_s:
+                self.cancel_streams()
+                self._wait_streams_quietly()
+                return TransferError(
+                    f"pipelined kv export {self._handle.transfer_id} gained no block for "
+                    f"{self._runner.stall_s:g}s",
+                    reason=TransferFailure.DEADLINE_EXCEEDED,
+                )
             next_needed = self._wanted[self._num_started] if self._unstarted() else 0
             try:
                 num_ready, done = self._peer.await_ready(
@@ -316,6 +344,8 @@ class _Pull:
                 return e
             if done is not None:
                 self.export_done = done
+            if num_ready > last_ready or done is not None:
+                progress_s, last_ready = time.monotonic(), num_ready
             ready = bisect.bisect_left(self._wanted, num_ready)  # wanted blocks now ready
             first = self._num_started
             if ready - first >= segment or (done is not None and self._unstarted()):
@@ -330,9 +360,10 @@ class _Pull:
     def _start(self, start: int, end: int, keep_export: bool) -> None:
         """Open a stream of ``wanted[start:end]`` and run it on the stream pool."""
         writer = ChunkWriter(self._runner.store, self._dst[start:end])
-        stream = self._peer.open_stream(self._handle, self._wanted[start:end], keep_export)
-        future = self._runner._streams.submit(self._drain, stream, writer)
-        with self._lock:
+        wanted = self._wanted[start:end]
+        stream = self._peer.open_stream(self._handle, wanted, keep_export, self._region)
+        with self._lock:  # listed before its drain can count bytes_done
+            future = self._runner._streams.submit(self._drain, stream, writer)
             self._streams.append((stream, writer, future))
             self._num_started = max(self._num_started, end)
         if self._task.cancel_requested:

@@ -14,6 +14,7 @@ import itertools
 import threading
 from collections.abc import Iterator, Sequence
 
+from core.config import TransferConfig
 from core.errors import TransferError
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
@@ -23,6 +24,16 @@ from transfer.exporter import KVExporter
 from transfer.faults import FaultInjection
 from transfer.importer import ChunkStream, ImportRunner
 from transfer.leases import OnRelease
+from transfer.same_node import (
+    GRPC_PATH,
+    SAME_NODE_PATH,
+    SameNodeStream,
+    SharedRegion,
+    SharedRegions,
+    choose_path,
+    local_node_id,
+    to_locations,
+)
 from transfer.streams import StreamPlan
 from transfer.task import TransferTask
 from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
@@ -111,8 +122,10 @@ class InProcKVTransport:
         metrics: TransferMetrics | None = None,
         faults: FaultInjection | None = None,
         plan: StreamPlan | None = None,
+        same_node: bool = True,
     ) -> None:
-        """``plan``: how pulls are cut into streams (default: one stream a pull)."""
+        """``plan``: how pulls are cut into streams (default: one stream a pull);
+        ``same_node``: read an exporter's shared KV region directly when it has one."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self._hub = hub
         self.exporter = KVExporter(
@@ -122,9 +135,14 @@ class InProcKVTransport:
             chunk_bytes=chunk_bytes,
             metrics=self.metrics,
             faults=faults,
+            node_id=local_node_id(),
         )
         hub.register(self.exporter)
-        self._runner = ImportRunner(store, num_threads=num_threads, metrics=self.metrics, plan=plan)
+        self._regions = SharedRegions()
+        self._same_node = same_node
+        self._runner = ImportRunner(
+            store, num_threads=num_threads, metrics=self.metrics, stall_s=lease_s, plan=plan
+        )
 
     @property
     def address(self) -> str:
@@ -156,9 +174,35 @@ class InProcKVTransport:
         """Pull from the exporter at ``handle.address``; see ``KVTransport.pull``."""
         return self._runner.submit(handle, dst_block_ids, wanted_indices, self)
 
-    def open_stream(self, handle: KVHandle, wanted: list[int], keep_export: bool) -> ChunkStream:
-        """A stream served by calling the exporter at ``handle.address`` directly."""
-        return _InProcChunkStream(self._hub, handle, wanted, keep_export)
+    def open_stream(
+        self,
+        handle: KVHandle,
+        wanted: list[int],
+        keep_export: bool,
+        region: SharedRegion | None = None,
+    ) -> ChunkStream:
+        """A stream served by calling the exporter at ``handle.address`` directly (its block
+        locations, read from ``region``, on the same-node path)."""
+        if region is None:
+            return _InProcChunkStream(self._hub, handle, wanted, keep_export)
+        cancelled = threading.Event()
+        locations = self._hub.lookup(handle.address).pull_locations(
+            handle.transfer_id,
+            wanted,
+            handle.layout_fingerprint,
+            handle.exporter_epoch,
+            cancelled,
+            to_locations,
+            ACCEPTED_CHECKSUMS,
+        )
+        return SameNodeStream(locations, region, cancelled.set)
+
+    def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
+        """The exporter's region when this pull may take the same-node path (counted)."""
+        mode = TransferConfig(same_node="auto" if self._same_node else "off")
+        region, reason = choose_path(mode, handle, self._regions)
+        self.metrics.pull_path(GRPC_PATH if region is None else SAME_NODE_PATH, reason)
+        return region
 
     def await_ready(
         self, handle: KVHandle, min_ready_blocks: int, wait_s: float

@@ -23,12 +23,14 @@ from core.errors import ConfigError, TransferError
 from core.kv_handle import KVHandle, TransferFailure
 from transfer.addressing import host_port, is_loopback, is_wildcard, node_address
 from transfer.block_store import BlockStore
+from transfer.checksums import ChecksumAlgorithm
 from transfer.codec import encode_chunk
 from transfer.exporter import KVExporter
 from transfer.faults import FaultInjection
 from transfer.leases import OnRelease
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import SERVICE_NAME, generic_handler, message_options
+from transfer.same_node import local_node_id
 from transfer.security import TokenAuthInterceptor, resolve_auth_token, server_credentials
 from transfer.status_codes import REASON_METADATA_KEY, code_for
 from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
@@ -48,6 +50,19 @@ class _KVTransferServicer:
         cancelled = threading.Event()
         context.add_callback(cancelled.set)
         try:
+            if request.same_node:
+                locations = self._exporter.pull_locations(
+                    request.transfer_id,
+                    list(request.block_indices),
+                    request.layout_fingerprint,
+                    request.exporter_epoch,
+                    cancelled,
+                    _encode_locations,
+                    list(request.accepted_checksums),
+                )
+                with closing(locations):
+                    yield from locations
+                return
             chunks = self._exporter.pull(
                 request.transfer_id,
                 list(request.block_indices),
@@ -97,6 +112,23 @@ class _KVTransferServicer:
             first_token_id=done.first_token_id,
             prompt_chunk_ends=list(done.prompt_chunk_ends),
         )
+
+
+def _encode_locations(
+    offset_bytes: int, total_bytes: int, algorithm: int, checksum: int, block_ids: list[int]
+) -> bytes:
+    """A same-node ``Chunk``: where its blocks lie and their bytes' checksum, no payload."""
+    chunk = pb.Chunk(
+        offset_bytes=offset_bytes,
+        total_bytes=total_bytes,
+        checksum_algorithm=algorithm,  # type: ignore[arg-type]
+        source_block_ids=block_ids,
+    )
+    if algorithm == ChecksumAlgorithm.CRC32:
+        chunk.crc32 = checksum
+    else:
+        chunk.checksum64 = checksum
+    return chunk.SerializeToString()
 
 
 def _abort(context: grpc.ServicerContext, error: TransferError) -> None:
@@ -152,6 +184,7 @@ class KVExportServer:
             chunk_bytes=config.chunk_bytes,
             metrics=self.metrics,
             faults=faults,
+            node_id=local_node_id(),
         )
         self._server.add_generic_rpc_handlers(
             (generic_handler(_KVTransferServicer(self.exporter)),)

@@ -23,13 +23,13 @@ _MAX_AUTO_STREAMS = 8
 class StreamPlan:
     """How many streams a pull of so many blocks uses, and where each starts and ends."""
 
-    max_streams: int = 1
-    min_stream_bytes: int = 4 * 1024 * 1024
+    max_streams: int
+    min_stream_bytes: int
 
     @classmethod
     def from_config(cls, config: TransferConfig) -> StreamPlan:
-        """``transfer.num_streams`` (None: this host's cores, at most 8) and its minimum size."""
-        streams = config.num_streams or min(os.cpu_count() or 1, _MAX_AUTO_STREAMS)
+        """``transfer.num_streams`` (None: half this host's cores, 1 to 8) and its minimum size."""
+        streams = config.num_streams or min((os.cpu_count() or 1) // 2, _MAX_AUTO_STREAMS)
         return cls(max(1, streams), config.min_stream_bytes)
 
     def split(self, num_blocks: int, block_bytes: int) -> list[tuple[int, int]]:

@@ -56,6 +56,11 @@ class TransferMetrics(Protocol):
         """A call to the export server was refused for a missing or wrong auth token."""
         ...
 
+    def pull_path(self, path: str, fallback_reason: str | None) -> None:
+        """An import chose its path (``grpc``, ``same_node``); a gRPC pull says why it is not
+        same-node."""
+        ...
+
 
 @dataclass(frozen=True)
 class TransferMetricsSnapshot:
@@ -70,6 +75,8 @@ class TransferMetricsSnapshot:
     duration_sum_s: dict[str, float]
     lease_releases: dict[str, int]
     rejected_calls: int = 0
+    pulls_by_path: dict[str, int] | None = None
+    same_node_fallbacks: dict[str, int] | None = None
 
     def failures(self, side: TransferSide) -> dict[str, int]:
         """Failure reason -> count for one side."""
@@ -92,6 +99,10 @@ class TransferMetricsSnapshot:
             failures_by_reason=failures,
             leases_expired_total=self.lease_releases.get("expired", 0),
             unauthenticated_calls_total=self.rejected_calls if side == "export" else 0,
+            pulls_by_path=dict(self.pulls_by_path or {}) if side == "import" else {},
+            same_node_fallbacks_by_reason=(
+                dict(self.same_node_fallbacks or {}) if side == "import" else {}
+            ),
         )
 
 
@@ -107,6 +118,8 @@ class InMemoryTransferMetrics:
         self._duration_sum_s: dict[str, float] = {}
         self._releases: Counter[str] = Counter()
         self._rejected_calls = 0
+        self._paths: Counter[str] = Counter()
+        self._fallbacks: Counter[str] = Counter()
 
     def transfer_started(self, side: TransferSide) -> None:
         """A pull began on ``side``."""
@@ -140,6 +153,13 @@ class InMemoryTransferMetrics:
         with self._lock:
             self._rejected_calls += 1
 
+    def pull_path(self, path: str, fallback_reason: str | None) -> None:
+        """An import's path, and why it is not same-node."""
+        with self._lock:
+            self._paths[path] += 1
+            if fallback_reason is not None:
+                self._fallbacks[fallback_reason] += 1
+
     def snapshot(self) -> TransferMetricsSnapshot:
         """A consistent copy of every counter."""
         with self._lock:
@@ -151,4 +171,6 @@ class InMemoryTransferMetrics:
                 duration_sum_s=dict(self._duration_sum_s),
                 lease_releases=dict(self._releases),
                 rejected_calls=self._rejected_calls,
+                pulls_by_path=dict(self._paths),
+                same_node_fallbacks=dict(self._fallbacks),
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from core.config.base import MIB, StrictModel
@@ -30,7 +32,12 @@ class TransferConfig(StrictModel):
     lease_s: float = Field(
         30.0, gt=0.0, description="Seconds an export stays pinned without a pull or heartbeat."
     )
-    pull_deadline_s: float = Field(30.0, gt=0.0, description="Deadline of one whole Pull stream.")
+    pull_deadline_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="Deadline of one whole Pull stream, and the longest a pipelined pull waits "
+        "for its export to gain a block.",
+    )
     rpc_deadline_s: float = Field(
         5.0, gt=0.0, description="Deadline of each Heartbeat and Release call."
     )
@@ -44,8 +51,16 @@ class TransferConfig(StrictModel):
         None,
         ge=1,
         le=64,
-        description="Concurrent gRPC streams one large pull is spread over; None: the decode "
-        "host's cores, at most 8.",
+        description="Concurrent gRPC streams one large pull is spread over; None: half the "
+        "decode host's cores, 1 to 8 (each stream's verify-and-copy and the gRPC threads under "
+        "it take a core each).",
+    )
+    same_node: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: a pull from an exporter on the same node copies the blocks straight "
+        "out of its shared-memory KV (no socket; gRPC stays the path across nodes and the "
+        "fallback); off: every pull goes over gRPC. A prefill keeps its KV's host bytes in "
+        "/dev/shm unless off.",
     )
     min_stream_bytes: int = Field(
         4 * MIB,

@@ -22,8 +22,9 @@ import logging
 
 import torch
 
-from core.errors import KVCacheError
+from core.errors import ConfigError, KVCacheError
 from core.kv_layout import KVLayout
+from core.shared_memory import SharedSegment
 from engine.kv.staging import BlockCopier, StagingTracker
 
 logger = logging.getLogger(__name__)
@@ -81,27 +82,36 @@ class KVStorage:
         device: torch.device,
         *,
         host_staging: bool | None = None,
+        shared: bool = False,
     ) -> None:
         """``host_staging`` (default: when ``device`` is not the CPU) keeps a host mirror for the
-        transfer layer's byte views."""
+        transfer layer's byte views. ``shared`` keeps those host bytes in named shared memory
+        (:attr:`shared_region`) that same-node peers map; without room for it in ``/dev/shm``
+        the storage stays private (logged)."""
         self.layout = layout
         self.num_blocks = num_blocks
         self.device = device
-        self.kv = torch.zeros(  # [N, L, 2, bs, Hkv, D]
-            (
-                num_blocks,
-                layout.num_layers,
-                2,
-                layout.block_size,
-                layout.num_kv_heads,
-                layout.row_elements,  # head_dim, plus the scale's bytes when 8-bit
-            ),
-            dtype=TORCH_DTYPES[layout.dtype],
-            device=device,
+        shape = (  # [N, L, 2, bs, Hkv, D]
+            num_blocks,
+            layout.num_layers,
+            2,
+            layout.block_size,
+            layout.num_kv_heads,
+            layout.row_elements,  # head_dim, plus the scale's bytes when 8-bit
         )
+        dtype = TORCH_DTYPES[layout.dtype]
         staged = device.type != "cpu" if host_staging is None else host_staging
+        self._shared = _shared_buffer(num_blocks * layout.block_bytes) if shared else None
+        self._pinned = False  # a shared host mirror registered with CUDA (unregistered at close)
+        if self._shared is not None and not staged:
+            self.kv = _as_tensor(self._shared, dtype, shape)
+        else:
+            self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.host = self.kv
-        if staged:
+        if staged and self._shared is not None:
+            self.host = _as_tensor(self._shared, dtype, shape)
+            self._pinned = _pin(self.host)
+        elif staged:
             pin = torch.cuda.is_available()
             self.host = torch.zeros(self.kv.shape, dtype=self.kv.dtype, pin_memory=pin)
         self._bytes = self.host.view(torch.uint8).view(num_blocks, layout.block_bytes)
@@ -114,6 +124,19 @@ class KVStorage:
             self.kv.numel() * self.kv.element_size() / 2**20,
             device,
         )
+
+    @property
+    def shared_region(self) -> str | None:
+        """The name of the shared-memory segment holding the host bytes (None: private)."""
+        return None if self._shared is None else self._shared.name
+
+    def close(self) -> None:
+        """Remove the shared segment's name (mappings, ours and peers', stay valid)."""
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.host.data_ptr())
+            self._pinned = False
+        if self._shared is not None:
+            self._shared.unlink()
 
     def layer(self, layer_idx: int) -> torch.Tensor:
         """Layer ``layer_idx``'s strided view ``[N, 2, bs, Hkv, D]``."""
@@ -143,13 +166,21 @@ class KVStorage:
         call on the engine thread before a step (the runner does)."""
         self.staging.fence_uploads()
 
+    def blocks_view(self, first_block_id: int, num_blocks: int) -> memoryview:
+        """A writable byte view of ``num_blocks`` consecutive blocks (all layers, K and V) in
+        host memory; waits for copies of them to the host that are still in flight."""
+        end = first_block_id + num_blocks
+        if num_blocks < 1 or not 0 <= first_block_id < end <= self.num_blocks:
+            raise KVCacheError(
+                f"blocks [{first_block_id}, {end}) out of range [0, {self.num_blocks})"
+            )
+        for block_id in range(first_block_id, end):
+            self.staging.wait_host(block_id)
+        return memoryview(self._bytes[first_block_id:end].reshape(-1).numpy().data)
+
     def block_view(self, block_id: int) -> memoryview:
-        """A writable byte view of one block (all layers, K and V) in host memory; waits for a
-        copy of the block to the host that is still in flight."""
-        if not 0 <= block_id < self.num_blocks:
-            raise KVCacheError(f"block id {block_id} out of range [0, {self.num_blocks})")
-        self.staging.wait_host(block_id)
-        return memoryview(self._bytes[block_id].numpy().data)
+        """A writable byte view of one block in host memory (see :meth:`blocks_view`)."""
+        return self.blocks_view(block_id, 1)
 
     def block_bytes_view(self) -> torch.Tensor:
         """``[num_blocks, block_bytes]`` uint8 view of the KV tensor itself (on its device), for
@@ -166,3 +197,30 @@ class KVStorage:
         src = torch.tensor(src_block_ids, dtype=torch.long, device=self.device)
         dst = torch.tensor(dst_block_ids, dtype=torch.long, device=self.device)
         self.kv.index_copy_(0, dst, self.kv.index_select(0, src))
+
+
+def _shared_buffer(nbytes: int) -> SharedSegment | None:
+    try:
+        return SharedSegment(nbytes)
+    except ConfigError as e:
+        logger.warning("KV stays in private memory (no same-node transfers): %s", e.message)
+        return None
+
+
+def _pin(host: torch.Tensor) -> bool:
+    """Page-lock a shared host mirror for fast device copies (as ``pin_memory`` does for a
+    private one); False without CUDA or when the driver refuses (then copies are pageable)."""
+    if not torch.cuda.is_available():
+        return False
+    nbytes = host.numel() * host.element_size()
+    error = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 0)
+    if int(error) != 0:
+        logger.warning("shared KV host mirror not page-locked (cudaError %d)", int(error))
+        return False
+    return True
+
+
+def _as_tensor(segment: SharedSegment, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The whole (zero-filled) segment as a tensor of ``shape``."""
+    flat = torch.frombuffer(segment.buf, dtype=torch.uint8, count=segment.nbytes)
+    return flat.view(dtype).view(shape)

@@ -99,6 +99,22 @@ def test_abort_storm(app: ServingApp, offline: LLM) -> None:
           cancelled, lambda: disconnected(app) - before)  # fmt: skip
 
 
+def pipelined(app: ServingApp) -> float:
+    return metric(app, "pdserve:kv_handoffs_total", mode="pipelined")
+
+
+def test_clients_leave_during_pipelined_handoffs(app: ServingApp, offline: LLM) -> None:
+    # long prompts outgrow one prefill chunk: the decode pulls while the prefill computes, and
+    # the client leaves at its first token, while the decode may still be pulling
+    prompts = [prompt("pipeline-leave", i, long=True) for i in range(3 * SCALE)]
+    refs = references(offline, prompts)
+    before = pipelined(app)
+    outcomes = gather(calls(app, prompts, cancel_after_tokens=1), cap(app))
+    judge(app, "client leaves mid-pipeline", outcomes, refs,
+          "kv_handoffs_total{pipelined} = requests", float(len(prompts)),
+          lambda: pipelined(app) - before)  # fmt: skip
+
+
 def _faults_active(app: ServingApp, tag: str) -> bool:
     before = metric(app, "pdserve:transfer_failures_total", role="decode")
     probe = prompt(tag, random.randrange(1 << 30), long=True)
@@ -113,10 +129,14 @@ def test_transfers_fail_and_decode_recomputes(app: ServingApp, offline: LLM) -> 
     refs = references(offline, prompts)
     failures = metric(app, "pdserve:transfer_failures_total", role="decode")
     remote = metric(app, "pdserve:disagg_decisions_total", decision="remote")
+    handoffs = pipelined(app)
     outcomes = gather(calls(app, prompts, stream=False), cap(app))
     admin(app, action="transfer_clear")
     expected = metric(app, "pdserve:disagg_decisions_total", decision="remote") - remote
     assert expected >= 1, "no request took the remote path"
+    # the prompts outgrow a prefill chunk: the failed pulls were pipelined ones, which fail the
+    # request on decode (no first token to recompute from) for the ingress to continue it
+    assert pipelined(app) - handoffs >= 1
     counter = "transfer_failures_total{decode} = remote requests"
     judge(
         app,

@@ -2,7 +2,7 @@
 
 The ``/metrics`` handler fetches fresh stats from the app's ``stats_provider`` (pool -> replica
 id -> stats) and hands them to :meth:`WorkerStatsCollector.update`; gauges sum each field over
-the live replicas of a pool. Transfer failures are labelled by reason.
+the live replicas of a pool. Transfer failures are labelled by reason, pulls by path.
 
 Counters never go down. A replica's counters start at zero in its process, so a sum over live
 replicas alone drops when one dies or is replaced. The collector therefore keeps the last stats
@@ -129,7 +129,8 @@ class WorkerStatsCollector(Collector):
         for family in _COUNTERS:
             metric = CounterMetricFamily(family.name, family.doc, labels=_LABELS)
             yield _fill(metric, family, ever)
-        yield _failures(ever)
+        for labelled in _LABELLED_COUNTERS:
+            yield _labelled(labelled, ever)
         yield from tier_families(live, ever)
 
 
@@ -142,14 +143,45 @@ def _fill(
     return metric
 
 
-def _failures(by_pool: Mapping[PoolLabels, Sequence[ReplicaStats]]) -> CounterMetricFamily:
-    family = CounterMetricFamily(
-        "pdserve:transfer_failures", "KV transfers that failed.", labels=[*_LABELS, "reason"]
-    )
+@dataclass(frozen=True)
+class _LabelledFamily:
+    name: str
+    doc: str
+    label: str
+    read: Callable[[ReplicaStats], Mapping[str, int]]
+
+
+_LABELLED_COUNTERS: tuple[_LabelledFamily, ...] = (
+    _LabelledFamily(
+        "pdserve:transfer_failures",
+        "KV transfers that failed.",
+        "reason",
+        lambda s: s.transfer.failures_by_reason,
+    ),
+    _LabelledFamily(
+        "pdserve:kv_transfer_pulls",
+        "KV pulls by the path that moved their bytes (grpc, same_node).",
+        "path",
+        lambda s: s.transfer.pulls_by_path,
+    ),
+    _LabelledFamily(
+        "pdserve:kv_same_node_fallbacks",
+        "KV pulls that went over gRPC instead of the same-node path, by why "
+        "(off, no_region, other_node, unmapped).",
+        "reason",
+        lambda s: s.transfer.same_node_fallbacks_by_reason,
+    ),
+)
+
+
+def _labelled(
+    family: _LabelledFamily, by_pool: Mapping[PoolLabels, Sequence[ReplicaStats]]
+) -> CounterMetricFamily:
+    metric = CounterMetricFamily(family.name, family.doc, labels=[*_LABELS, family.label])
     for pool, stats in sorted(by_pool.items()):
-        by_reason: Counter[str] = Counter()
+        by_label: Counter[str] = Counter()
         for s in stats:
-            by_reason.update(s.transfer.failures_by_reason)
-        for reason, value in sorted(by_reason.items()):
-            family.add_metric([*pool, reason], value)
-    return family
+            by_label.update(family.read(s))
+        for label, value in sorted(by_label.items()):
+            metric.add_metric([*pool, label], value)
+    return metric

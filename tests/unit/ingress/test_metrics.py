@@ -112,7 +112,11 @@ def test_worker_stats_per_role(make_harness: Callable[..., Harness]) -> None:
             kv_blocks_free=6,
             num_running=2,
             transfer=TransferStats(
-                failures_total=1, failures_by_reason={"deadline_exceeded": 1}, seconds_total=0.5
+                failures_total=1,
+                failures_by_reason={"deadline_exceeded": 1},
+                seconds_total=0.5,
+                pulls_by_path={"same_node": 3, "grpc": 1},
+                same_node_fallbacks_by_reason={"other_node": 1},
             ),
         )
         return {"prefill": {"p1": prefill}, "decode": {"d1": decode, "d2": decode}}
@@ -134,6 +138,11 @@ def test_worker_stats_per_role(make_harness: Callable[..., Harness]) -> None:
     assert worker(found, failures, "prefill", reason="lease_expired") == 2.0
     assert worker(found, failures, "prefill", reason="corrupt_chunk") == 1.0
     assert worker(found, failures, "decode", reason="deadline_exceeded") == 2.0
+    pulls = "pdserve:kv_transfer_pulls_total"
+    assert worker(found, pulls, "decode", path="same_node") == 6.0
+    assert worker(found, pulls, "decode", path="grpc") == 2.0
+    fallbacks = "pdserve:kv_same_node_fallbacks_total"
+    assert worker(found, fallbacks, "decode", reason="other_node") == 2.0
 
 
 def test_counters_never_go_down_when_a_replica_is_replaced() -> None:

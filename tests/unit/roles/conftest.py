@@ -3,6 +3,8 @@
 The engines are built once per session by the real builders (``build_prefill_worker`` /
 ``build_decode_worker``, gRPC on 127.0.0.1); the in-process pair wraps the same engines with
 ``InProcKVTransport``s, so every test runs over both transports without loading more models.
+The prefill's KV lives in shared memory: the in-process pair copies it on the same-node path,
+while the gRPC decode has ``transfer.same_node: off`` and pulls the bytes over the wire.
 Each test must leave both engines quiescent (no used blocks, no exports) — the ``pair`` fixture
 checks that at teardown.
 """
@@ -101,7 +103,8 @@ def reference(offline_llm: LLM) -> dict[str, list[int]]:
 def grpc_workers() -> Iterator[tuple[PrefillWorker, DecodeWorker]]:
     """Both workers from the real builders; shut down at the end of the session."""
     prefill = build_prefill_worker(MODEL, ENGINE, TRANSFER)
-    decode = build_decode_worker(MODEL, ENGINE, TRANSFER, kv_failure_policy="recompute")
+    wire = TRANSFER.model_copy(update={"same_node": "off"})  # the gRPC pair moves bytes
+    decode = build_decode_worker(MODEL, ENGINE, wire, kv_failure_policy="recompute")
     yield prefill, decode
     asyncio.run(decode.shutdown())
     asyncio.run(prefill.shutdown())

@@ -43,6 +43,10 @@ def test_disaggregated_greedy_matches_llm(pair: Pair, reference: dict[str, list[
             assert all(c.error is None for c in got.chunks)
 
     asyncio.run(main())
+    metrics = pair.decode.transport.metrics
+    assert isinstance(metrics, InMemoryTransferMetrics)
+    paths = metrics.snapshot().pulls_by_path or {}
+    assert set(paths) == {"grpc" if pair.kind == "grpc" else "same_node"}, paths
 
 
 def test_concurrent_handoffs_match_llm(pair: Pair, reference: dict[str, list[int]]) -> None:

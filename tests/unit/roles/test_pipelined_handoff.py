@@ -30,7 +30,8 @@ from tests.unit.roles.conftest import (
     reset_prefix_cache,
 )
 from tests.unit.roles.helpers import Handoff, collect
-from transfer import InProcKVHub, InProcKVTransport
+from tests.waiting import async_wait_until
+from transfer import FaultInjection, InProcKVHub, InProcKVTransport
 from transfer.streams import StreamPlan
 
 pytestmark = pytest.mark.timeout(120)
@@ -189,3 +190,62 @@ def test_a_prefill_abandoned_mid_pipeline_fails_the_decode_and_frees_everything(
     last = chunks[-1]
     assert last.finished and last.error is not None
     assert can_migrate(last.error.to_error())  # the ingress continues it on a decode replica
+
+
+@pytest.mark.parametrize("pair", ["inproc"], indirect=True)
+def test_a_stream_failing_mid_pipeline_fails_the_request_for_migration(pair: Pair) -> None:
+    # every stream fails: the first one while the prefill is still computing later chunks
+    pair.set_faults(FaultInjection(fail_after_chunks=0))
+    try:
+        handoff = asyncio.run(pipelined(pair, "pipe-stream-fails", PROMPTS["len150"]))
+    finally:
+        pair.set_faults(FaultInjection())
+    assert handoff.prefill.first_token_id is not None  # the prefill itself finished
+    last = handoff.chunks[-1]
+    assert last.finished and last.error is not None
+    assert can_migrate(last.error.to_error())
+
+
+@pytest.mark.parametrize("pair", ["inproc"], indirect=True)
+def test_a_lease_expiring_mid_pipeline_ends_the_prefill_cleanly(pair: Pair) -> None:
+    # nobody pulls (the decode never came): the export's lease runs out between chunks
+    assert pair.hub is not None
+    exporter = InProcKVTransport(pair.prefill.engine.engine.parts.storage, pair.hub, lease_s=0.01)
+    pair.closables.append(exporter)
+    prefill = PrefillWorker(pair.prefill.engine, exporter)
+
+    async def run() -> list[PrefillStarted | PrefillResult]:
+        request = PrefillRequest("pipe-lease", PROMPTS["len150"], GREEDY)
+        updates: list[PrefillStarted | PrefillResult] = []
+        async for update in prefill.prefill_stream(request):
+            updates.append(update)
+            await asyncio.sleep(0.05)  # more than the lease: it expires before the next chunk
+        return updates
+
+    updates = asyncio.run(run())
+    assert isinstance(updates[0], PrefillStarted)
+    assert isinstance(updates[-1], PrefillResult) and updates[-1].first_token_id is not None
+    assert exporter.exporter.num_live_exports() == 0
+
+
+@pytest.mark.parametrize("pair", ["inproc", "grpc"], indirect=True)
+def test_the_decode_aborting_mid_pipeline_frees_both_sides(pair: Pair) -> None:
+    async def run() -> tuple[PrefillResult, list[TokenChunk]]:
+        await reset_prefix_cache(pair.decode.engine)
+        request_id, prompt = f"pipe-{pair.kind}-abort", PROMPTS["len150"]
+        updates = pair.prefill.prefill_stream(PrefillRequest(request_id, prompt, GREEDY))
+        async with aclosing(updates):
+            started = await anext(updates)
+            assert isinstance(started, PrefillStarted)
+            request = DecodeRequest(request_id, prompt, GREEDY, kv_handle=started.kv_handle)
+            decoding = asyncio.create_task(collect(pair.decode, request))
+            importing = lambda: pair.decode.stats().imports_in_progress == 1  # noqa: E731
+            assert await async_wait_until(importing, 30, "the decode importing")
+            assert await pair.decode.abort(request_id)
+            result = await anext(updates)
+            assert isinstance(result, PrefillResult)
+        return result, await decoding
+
+    _, chunks = asyncio.run(run())
+    assert chunks and chunks[-1].finished
+    assert chunks[-1].finish_reason in ("abort", "error") or chunks[-1].error is not None

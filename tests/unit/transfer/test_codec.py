@@ -114,7 +114,7 @@ def test_small_pulls_get_smaller_chunks(
 
 
 class CountingStore:
-    """A block store that counts ``block_view`` calls."""
+    """A block store that counts ``blocks_view`` calls (by first block)."""
 
     def __init__(self, store: NumpyBlockStore, view_bytes: int | None = None) -> None:
         self.layout, self.num_blocks = store.layout, store.num_blocks
@@ -122,9 +122,9 @@ class CountingStore:
         self._view_bytes = view_bytes
         self.calls: list[int] = []
 
-    def block_view(self, block_id: int) -> memoryview:
-        self.calls.append(block_id)
-        return self._store.block_view(block_id)[: self._view_bytes]
+    def blocks_view(self, first_block_id: int, num_blocks: int) -> memoryview:
+        self.calls.append(first_block_id)
+        return self._store.blocks_view(first_block_id, num_blocks)[: self._view_bytes]
 
 
 def test_pieces_span_block_boundaries_and_views_are_fetched_on_first_use(

@@ -220,3 +220,24 @@ def test_a_stream_failing_mid_split_pull_cancels_the_others(
     assert waiter(lambda: released == [ReleaseCause.RELEASED])
     assert waiter(lambda: client.num_in_flight() == 0)
     assert threading.active_count() < 200
+
+
+def test_a_stalled_pipelined_export_fails_the_pull_after_the_deadline(
+    config: TransferConfig,
+    make_store: Callable[..., NumpyBlockStore],
+    make_server: Callable[..., KVExportServer],
+    make_client: Callable[..., KVImportClient],
+    waiter: Callable[..., bool],
+) -> None:
+    source, dest = make_store(8, seed=4), make_store(8)
+    server = make_server(source, config)
+    client = make_client(dest, config.model_copy(update={"pull_deadline_s": 0.3}))
+    released: list[ReleaseCause] = []
+    handle = server.exporter.open_export(8, released.append)
+    server.exporter.add_ready(handle.transfer_id, [0, 1])
+    status = client.pull(handle, list(range(8))).wait(20)  # the prefill hangs after 2 blocks
+    assert status.state is TransferState.FAILED
+    assert status.reason is TransferFailure.DEADLINE_EXCEEDED, status
+    assert "gained no block" in status.message
+    assert waiter(lambda: released == [ReleaseCause.RELEASED])
+    assert waiter(lambda: client.num_in_flight() == 0)

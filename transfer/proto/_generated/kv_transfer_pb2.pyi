@@ -15,36 +15,40 @@ CHECKSUM_ALGORITHM_CRC32: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_XXH3_64: ChecksumAlgorithm
 
 class PullRequest(_message.Message):
-    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch", "accepted_checksums", "keep_export")
+    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch", "accepted_checksums", "keep_export", "same_node")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     EXPORTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     KEEP_EXPORT_FIELD_NUMBER: _ClassVar[int]
+    SAME_NODE_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_indices: _containers.RepeatedScalarFieldContainer[int]
     layout_fingerprint: str
     exporter_epoch: str
     accepted_checksums: _containers.RepeatedScalarFieldContainer[ChecksumAlgorithm]
     keep_export: bool
-    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ..., accepted_checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ..., keep_export: _Optional[bool] = ...) -> None: ...
+    same_node: bool
+    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ..., accepted_checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ..., keep_export: _Optional[bool] = ..., same_node: _Optional[bool] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("offset_bytes", "total_bytes", "crc32", "payload", "checksum_algorithm", "checksum64")
+    __slots__ = ("offset_bytes", "total_bytes", "crc32", "payload", "checksum_algorithm", "checksum64", "source_block_ids")
     OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CRC32_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM64_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     offset_bytes: int
     total_bytes: int
     crc32: int
     payload: bytes
     checksum_algorithm: ChecksumAlgorithm
     checksum64: int
-    def __init__(self, offset_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., payload: _Optional[bytes] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., checksum64: _Optional[int] = ...) -> None: ...
+    source_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, offset_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., crc32: _Optional[int] = ..., payload: _Optional[bytes] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., checksum64: _Optional[int] = ..., source_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("transfer_id",)

@@ -1,0 +1,86 @@
+"""Named POSIX shared-memory segments for KV that a same-node peer reads directly.
+
+A prefill worker whose exports may be pulled over the same-node path keeps the host-visible
+bytes of its KV in a :class:`SharedSegment` under ``/dev/shm``: the export's handle names it and a
+decode process on the same node maps it read-only (:func:`open_segment_readonly`) and copies
+blocks out, with no socket in between. Names are random under one prefix; the creator unlinks
+its segment when it closes, and should it die first, Python's resource tracker unlinks it. A
+segment that would not fit in ``/dev/shm`` is refused up front (a segment too large faults on
+first touch instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import secrets
+from multiprocessing import resource_tracker
+
+from core.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+NAME_PREFIX = "pdserve-kv-"
+_NAME = re.compile(r"^pdserve-kv-[0-9a-f]{24}$")
+
+
+class SharedSegment:
+    """One named segment of ``nbytes`` this process created (and unlinks)."""
+
+    def __init__(self, nbytes: int) -> None:
+        """Raises ``ConfigError`` when ``/dev/shm`` is missing or lacks room for ``nbytes``."""
+        try:
+            stats = os.statvfs(SHM_DIR)
+        except OSError as e:
+            raise ConfigError(f"no POSIX shared memory at {SHM_DIR}: {e}") from e
+        free_bytes = stats.f_bavail * stats.f_frsize
+        if free_bytes < nbytes:
+            raise ConfigError(
+                f"{SHM_DIR} has {free_bytes} bytes free, the KV needs {nbytes}",
+                param="transfer.same_node",
+            )
+        self.name = NAME_PREFIX + secrets.token_hex(12)
+        path = os.path.join(SHM_DIR, self.name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            self._map = mmap.mmap(fd, nbytes)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        # NOTE: the resource tracker unlinks the name should this process die before unlink()
+        resource_tracker.register(f"/{self.name}", "shared_memory")
+        self.nbytes = nbytes
+        self._unlinked = False
+
+    @property
+    def buf(self) -> memoryview:
+        """The segment's bytes (writable; the mapping lives as long as a view of it)."""
+        return memoryview(self._map)
+
+    def unlink(self) -> None:
+        """Remove the name; every mapping (ours, peers') stays valid until dropped. Idempotent."""
+        if not self._unlinked:
+            self._unlinked = True
+            resource_tracker.unregister(f"/{self.name}", "shared_memory")
+            try:
+                os.unlink(os.path.join(SHM_DIR, self.name))
+            except FileNotFoundError:
+                logger.debug("shared KV segment %s was already gone", self.name)
+
+
+def open_segment_readonly(name: str) -> mmap.mmap:
+    """Map another process's segment read-only. Raises ``OSError`` when it is gone, ``ValueError``
+    for a name that is not one of ours."""
+    if not _NAME.match(name):
+        raise ValueError(f"{name!r} is not a pdserve KV segment name")
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
