@@ -91,6 +91,7 @@ class ServingApp:
 @contextlib.contextmanager
 def running_sim_cluster() -> Iterator[SimCluster]:
     """Head + prefill node + decode node, with the dashboard; torn down on exit."""
+    before = set(descendant_pids(os.getpid()))
     dashboard_port = free_port()
     cluster = Cluster(
         initialize_head=True,
@@ -102,6 +103,7 @@ def running_sim_cluster() -> Iterator[SimCluster]:
             "object_store_memory": 100 * _MIB,
         },
     )
+    roots: list[int] = []
     try:
         prefill = cluster.add_node(
             num_cpus=2, labels=dict(PREFILL_LABEL), object_store_memory=80 * _MIB
@@ -110,6 +112,9 @@ def running_sim_cluster() -> Iterator[SimCluster]:
             num_cpus=2, resources={DECODE_RESOURCE: 4}, object_store_memory=80 * _MIB
         )
         ray.init(address=cluster.address, namespace="pdserve-tests", log_to_driver=False)
+        # the cluster's own processes; later children of this process (multiprocessing's
+        # resource tracker lives as long as this process) are not the cluster's
+        roots = [pid for pid in descendant_pids(os.getpid()) if pid not in before]
         yield SimCluster(
             cluster=cluster,
             dashboard_url=f"http://127.0.0.1:{dashboard_port}",
@@ -118,12 +123,14 @@ def running_sim_cluster() -> Iterator[SimCluster]:
             decode_node_id=decode.node_id,
         )
     finally:
-        started = descendant_pids(os.getpid())
+        if not roots:  # it failed while starting: whatever appeared since is the cluster's
+            roots = [pid for pid in descendant_pids(os.getpid()) if pid not in before]
+        started = {*roots, *(pid for root in roots for pid in descendant_pids(root))}
         if ray.is_initialized():
             serve.shutdown()
             ray.shutdown()
         cluster.shutdown()
-        _assert_processes_gone(started)
+        _assert_processes_gone(sorted(started))
 
 
 def _assert_processes_gone(pids: list[int]) -> None:
