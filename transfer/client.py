@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar, cast
 
 import grpc
 import grpc.experimental
@@ -27,7 +27,7 @@ from core.errors import TransferError
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS, ChecksumAlgorithm
-from transfer.codec import ChunkDecodeError, ChunkView, decode_chunk
+from transfer.codec import ChunkDecodeError, decode_chunk
 from transfer.importer import ChunkStream, ImportRunner
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import SERVICE_NAME, KVTransferClientMethods, message_options
@@ -60,22 +60,29 @@ _CHANNEL_OPTIONS: list[tuple[str, str | int]] = [
 ]
 
 
-class _GrpcChunkStream:
-    """One Pull call as a :class:`~transfer.importer.ChunkStream`."""
+StreamItem = TypeVar("StreamItem")
 
-    def __init__(self, call: grpc.Call, transfer_id: str) -> None:
+
+class _GrpcStream(Generic[StreamItem]):
+    """One Pull call as a :class:`~transfer.importer.ChunkStream` (its messages decoded as
+    chunks) or as a same-node stream of :class:`~transfer.same_node.Locations`."""
+
+    def __init__(
+        self, call: grpc.Call, transfer_id: str, decode: Callable[[bytes], StreamItem]
+    ) -> None:
         self._call = call
         self._transfer_id = transfer_id
+        self._decode = decode
 
-    def __iter__(self) -> Iterator[ChunkView]:
+    def __iter__(self) -> Iterator[StreamItem]:
         try:
             for message in self._call:
-                yield decode_chunk(message)
+                yield self._decode(message)
         except grpc.RpcError as e:
             raise TransferError(
                 f"pull of {self._transfer_id} failed: {details_of(e)}", reason=reason_for(e)
             ) from e
-        except ChunkDecodeError as e:
+        except (ChunkDecodeError, DecodeError) as e:
             raise TransferError(
                 f"pull of {self._transfer_id}: undecodable chunk: {e}",
                 reason=TransferFailure.BAD_CHUNK,
@@ -85,34 +92,17 @@ class _GrpcChunkStream:
         self._call.cancel()
 
 
-class _GrpcLocations:
-    """A same-node Pull call's chunks, decoded as :class:`~transfer.same_node.Locations`."""
-
-    def __init__(self, call: grpc.Call, transfer_id: str) -> None:
-        self._call = call
-        self._transfer_id = transfer_id
-
-    def __iter__(self) -> Iterator[Locations]:
-        try:
-            for message in self._call:
-                chunk = pb.Chunk.FromString(message)
-                algorithm = int(chunk.checksum_algorithm)
-                yield Locations(
-                    chunk.offset_bytes,
-                    chunk.total_bytes,
-                    algorithm,
-                    chunk.crc32 if algorithm == ChecksumAlgorithm.CRC32 else chunk.checksum64,
-                    tuple(chunk.source_block_ids),
-                )
-        except grpc.RpcError as e:
-            raise TransferError(
-                f"pull of {self._transfer_id} failed: {details_of(e)}", reason=reason_for(e)
-            ) from e
-        except DecodeError as e:
-            raise TransferError(
-                f"pull of {self._transfer_id}: undecodable chunk: {e}",
-                reason=TransferFailure.BAD_CHUNK,
-            ) from e
+def _decode_locations(message: bytes) -> Locations:
+    """A same-node ``Chunk``: its block ids and the checksum of their bytes."""
+    chunk = pb.Chunk.FromString(message)
+    algorithm = int(chunk.checksum_algorithm)
+    return Locations(
+        chunk.offset_bytes,
+        chunk.total_bytes,
+        algorithm,
+        chunk.crc32 if algorithm == ChecksumAlgorithm.CRC32 else chunk.checksum64,
+        tuple(chunk.source_block_ids),
+    )
 
 
 class KVImportClient:
@@ -225,8 +215,8 @@ class KVImportClient:
             request, timeout=self._config.pull_deadline_s, metadata=self._metadata
         )
         if region is None:
-            return _GrpcChunkStream(call, handle.transfer_id)
-        locations = _GrpcLocations(call, handle.transfer_id)
+            return _GrpcStream(call, handle.transfer_id, decode_chunk)
+        locations = _GrpcStream(call, handle.transfer_id, _decode_locations)
         return SameNodeStream(locations, region, call.cancel)
 
     def same_node_region(self, handle: KVHandle) -> SharedRegion | None:

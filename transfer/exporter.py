@@ -19,7 +19,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TypeVar
 
 from core.errors import TransferError
@@ -232,44 +232,22 @@ class KVExporter:
         algorithm: ChecksumAlgorithm,
         keep_export: bool,
     ) -> Generator[EncodedChunk, None, None]:
-        # on the first next(): paired with end_pull
-        lease = self._leases.begin_pull(transfer_id, wanted, keep_export=keep_export)
-        block_bytes = self.store.layout.block_bytes
-        total_bytes = len(wanted) * block_bytes
-        started_s = time.perf_counter()
-        self._metrics.transfer_started(TransferSide.EXPORT)
-        sent_bytes, completed = 0, False
-        failure: TransferFailure | None = TransferFailure.CANCELLED
-        try:
+        def chunks(lease: Lease) -> Iterator[tuple[EncodedChunk, int]]:
             views = BlockViews(self.store, [lease.block_ids[i] for i in wanted])
+            total_bytes = len(wanted) * self.store.layout.block_bytes
             chunk_bytes = pull_chunk_bytes(total_bytes, self.chunk_bytes)
             for seq, (offset, size) in enumerate(plan_chunks(total_bytes, chunk_bytes)):
                 self._inject_before(seq, faults, cancelled)
                 with lease.lock:
-                    if lease.released is not None:
-                        raise TransferError(
-                            f"kv export {lease.transfer_id} was freed mid-pull ({lease.released})",
-                            reason=_GONE_REASON[lease.released],
-                        )
+                    _check_live(lease)
                     pieces = chunk_pieces(views, offset, size)
                     digest = checksum_pieces(algorithm, pieces)
                     message = encode(
                         offset, total_bytes, algorithm, digest, faults.corrupt(seq, pieces)
                     )
-                self._leases.touch(lease)
-                yield message
-                sent_bytes += size
-            completed, failure = True, None
-        except TransferError as e:
-            failure = TransferFailure(e.reason)
-            raise
-        except Exception:
-            failure = TransferFailure.INTERNAL
-            raise
-        finally:
-            self._leases.end_pull(lease, completed, wanted, keep_export=keep_export)
-            duration_s = time.perf_counter() - started_s
-            self._metrics.transfer_finished(TransferSide.EXPORT, sent_bytes, duration_s, failure)
+                yield message, size
+
+        return self._serve(transfer_id, wanted, keep_export, chunks)
 
     def _locate(
         self,
@@ -280,34 +258,45 @@ class KVExporter:
         encode: LocationEncoder[EncodedChunk],
         algorithm: ChecksumAlgorithm,
     ) -> Generator[EncodedChunk, None, None]:
-        # on the first next(): paired with end_pull (the blocks stay pinned for the copy)
-        lease = self._leases.begin_pull(transfer_id, wanted, keep_export=True)
-        block_bytes = self.store.layout.block_bytes
-        total_bytes = len(wanted) * block_bytes
-        per_chunk = max(1, self.chunk_bytes // block_bytes)
-        started_s = time.perf_counter()
-        self._metrics.transfer_started(TransferSide.EXPORT)
-        located, completed = 0, False
-        failure: TransferFailure | None = TransferFailure.CANCELLED
-        try:
+        def chunks(lease: Lease) -> Iterator[tuple[EncodedChunk, int]]:
+            block_bytes = self.store.layout.block_bytes
+            total_bytes = len(wanted) * block_bytes
+            per_chunk = max(1, self.chunk_bytes // block_bytes)
             for seq, start in enumerate(range(0, len(wanted), per_chunk)):
                 self._inject_before(seq, faults, cancelled)
                 with lease.lock:
-                    if lease.released is not None:
-                        raise TransferError(
-                            f"kv export {lease.transfer_id} was freed mid-pull ({lease.released})",
-                            reason=_GONE_REASON[lease.released],
-                        )
+                    _check_live(lease)
                     ids = [lease.block_ids[i] for i in wanted[start : start + per_chunk]]
+                    size = len(ids) * block_bytes
                     views = BlockViews(self.store, ids)
-                    digest = checksum_pieces(
-                        algorithm, chunk_pieces(views, 0, len(ids) * block_bytes)
-                    )
+                    digest = checksum_pieces(algorithm, chunk_pieces(views, 0, size))
                 if faults.corrupt_chunk_seq == seq:
                     digest ^= 1  # the same fault as a flipped byte: the check fails
+                yield encode(start * block_bytes, total_bytes, algorithm, digest, ids), size
+
+        # the blocks stay pinned after the stream: the importer copies them, then releases
+        return self._serve(transfer_id, wanted, True, chunks)
+
+    def _serve(
+        self,
+        transfer_id: str,
+        wanted: list[int],
+        keep_export: bool,
+        chunks: Callable[[Lease], Iterator[tuple[EncodedChunk, int]]],
+    ) -> Generator[EncodedChunk, None, None]:
+        """One pull's stream of ``chunks(lease)`` (each message with the bytes it stands for),
+        bracketed by the lease's pull and the export-side metrics."""
+        # on the first next(): paired with end_pull
+        lease = self._leases.begin_pull(transfer_id, wanted, keep_export=keep_export)
+        started_s = time.perf_counter()
+        self._metrics.transfer_started(TransferSide.EXPORT)
+        moved, completed = 0, False
+        failure: TransferFailure | None = TransferFailure.CANCELLED
+        try:
+            for message, size in chunks(lease):
                 self._leases.touch(lease)
-                yield encode(start * block_bytes, total_bytes, algorithm, digest, ids)
-                located += len(ids) * block_bytes
+                yield message
+                moved += size
             completed, failure = True, None
         except TransferError as e:
             failure = TransferFailure(e.reason)
@@ -316,9 +305,9 @@ class KVExporter:
             failure = TransferFailure.INTERNAL
             raise
         finally:
-            self._leases.end_pull(lease, completed, wanted, keep_export=True)
+            self._leases.end_pull(lease, completed, wanted, keep_export=keep_export)
             duration_s = time.perf_counter() - started_s
-            self._metrics.transfer_finished(TransferSide.EXPORT, located, duration_s, failure)
+            self._metrics.transfer_finished(TransferSide.EXPORT, moved, duration_s, failure)
 
     @staticmethod
     def _inject_before(seq: int, faults: FaultInjection, cancelled: threading.Event) -> None:
@@ -337,3 +326,12 @@ class KVExporter:
     def close(self) -> None:
         """Free every live export (cause SHUTDOWN) and stop the lease reaper."""
         self._leases.close()
+
+
+def _check_live(lease: Lease) -> None:
+    """Raise why ``lease`` was freed, if it was (the caller holds ``lease.lock``)."""
+    if lease.released is not None:
+        raise TransferError(
+            f"kv export {lease.transfer_id} was freed mid-pull ({lease.released})",
+            reason=_GONE_REASON[lease.released],
+        )
