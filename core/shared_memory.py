@@ -5,8 +5,8 @@ bytes of its KV in a :class:`SharedSegment` under ``/dev/shm``: the export's han
 decode process on the same node maps it read-only (:func:`open_segment_readonly`) and copies
 blocks out, with no socket in between. Names are random under one prefix; the creator unlinks
 its segment when it closes, and should it die first, Python's resource tracker unlinks it. A
-segment that would not fit in ``/dev/shm`` is refused up front (a segment too large faults on
-first touch instead).
+segment's pages are allocated when it is made (a tmpfs that fills up later, e.g. with Ray's
+object store, would otherwise fault the KV on first touch); one that does not fit is refused.
 """
 
 from __future__ import annotations
@@ -47,7 +47,13 @@ class SharedSegment:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, nbytes)
+            os.posix_fallocate(fd, 0, nbytes)
             self._map = mmap.mmap(fd, nbytes)
+        except OSError as e:
+            os.unlink(path)
+            raise ConfigError(
+                f"{SHM_DIR} could not hold {nbytes} bytes of KV: {e}", param="transfer.same_node"
+            ) from e
         except BaseException:
             os.unlink(path)
             raise
