@@ -84,6 +84,26 @@ def load_kv_tile(
     return tile
 
 
+@triton.jit
+def online_softmax_step(row_max, row_sum, scores):
+    """Fold one tile of ``scores`` ([rows, N], log2 units, -inf where hidden) into the running
+    max and sum; ``(probs, rescale, new max, new sum)``. The caller updates its accumulator as
+    ``acc * rescale[:, None] + probs @ V``."""
+    new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+    # a row that has seen no visible key yet (its window starts later) keeps max -inf:
+    # shift by 0 then, so exp2 gives 0 instead of exp2(-inf - -inf) = NaN
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    rescale = tl.exp2(row_max - shift)
+    probs = tl.exp2(scores - shift[:, None])
+    return probs, rescale, new_max, row_sum * rescale + tl.sum(probs, axis=1)
+
+
+@triton.jit
+def online_softmax_finish(acc, row_sum):
+    """The attention output of the accumulated rows; a row that saw no visible key is 0."""
+    return acc / tl.where(row_sum > 0.0, row_sum, 1.0)[:, None]
+
+
 _QUANTIZED = (torch.int8, torch.float8_e4m3fn)
 
 

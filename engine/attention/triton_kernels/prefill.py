@@ -25,6 +25,8 @@ from engine.attention.triton_kernels.common import (
     is_quantized_cache,
     load_kv_tile,
     needs_fp32_dot,
+    online_softmax_finish,
+    online_softmax_step,
     scale_view,
 )
 
@@ -119,13 +121,7 @@ def _paged_prefill_kernel(
         visible = in_range[None, :] & (tokens[None, :] <= row_positions[:, None])
         visible &= (window == 0) | (tokens[None, :] > row_positions[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        # a row that has seen no visible key yet (its window starts later) keeps max -inf:
-        # shift by 0 then, so exp2 gives 0 instead of exp2(-inf - -inf) = NaN
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        rescale = tl.exp2(row_max - shift)
-        probs = tl.exp2(scores - shift[:, None])  # [R, N]
-        row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+        probs, rescale, row_max, row_sum = online_softmax_step(row_max, row_sum, scores)
         v = load_kv_tile(
             v_base,
             scale_ptr,
@@ -139,8 +135,7 @@ def _paged_prefill_kernel(
             FP32_DOT,
         )
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
-        row_max = new_max
-    out = acc / tl.where(row_sum > 0.0, row_sum, 1.0)[:, None]
+    out = online_softmax_finish(acc, row_sum)
     tl.store(
         out_ptr
         + (query_start + row_tokens)[:, None] * stride_out_token
