@@ -169,6 +169,10 @@ class Outcome:
     stage_times: StageTimes | None = None
     pull_bytes: int = 0
     pull_s: float = 0.0
+    paths: tuple[str, ...] = ()
+    """The paths whose pull counters moved (``grpc``, ``same_node``)."""
+    fallbacks: tuple[str, ...] = ()
+    """Why a pull did not take the same-node path, if one did not."""
     error: str | None = None
 
 
@@ -219,7 +223,14 @@ async def generate(worker: Any, request: DecodeRequest) -> Outcome:
         stage,
         after.bytes_total - before.bytes_total,
         after.seconds_total - before.seconds_total,
+        moved(before.pulls_by_path, after.pulls_by_path),
+        moved(before.same_node_fallbacks_by_reason, after.same_node_fallbacks_by_reason),
     )
+
+
+def moved(before: dict[str, int], after: dict[str, int]) -> tuple[str, ...]:
+    """The labels whose counters grew."""
+    return tuple(sorted(k for k, v in after.items() if v > before.get(k, 0)))
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -293,6 +304,11 @@ class Driver:
             out = self._outcome(request_id)
         if out.stage_times is None:
             raise RuntimeError(f"{request_id}: the decode imported no KV")
+        if out.paths != (path,):  # e.g. /dev/shm too small for the prefill's KV: say so
+            raise RuntimeError(
+                f"{request_id}: pulled over {out.paths} instead of {path} "
+                f"(same-node fallbacks: {out.fallbacks or 'none'})"
+            )
         return Run(
             len(prompt),
             f"{path}_pipelined" if pipelined else path,
