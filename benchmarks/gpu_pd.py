@@ -49,7 +49,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -58,6 +58,9 @@ from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.kv_handle import KVHandle
 from core.messages import DecodeRequest, PrefillRequest, PrefillResult, PrefillStarted, StageTimes
 from core.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from decode.worker import DecodeWorker
 
 logger = logging.getLogger("gpu_pd")
 
@@ -201,7 +204,7 @@ def decode_main(conn: Connection, settings: Settings) -> None:
     asyncio.run(serve())
 
 
-async def generate(worker: Any, request: DecodeRequest) -> Outcome:
+async def generate(worker: DecodeWorker, request: DecodeRequest) -> Outcome:
     """Run one decode stream, timing every token."""
     before = worker.stats().transfer
     started_s = time.monotonic()

@@ -80,11 +80,6 @@ class PipelinedExport:
             )
             self._engine.release_soon(self.request_id)
 
-    @property
-    def finished(self) -> bool:
-        """True once every block and the first token are in the export."""
-        return self.done is not None
-
     def on_lost(self) -> None:
         """The request's blocks are about to be freed: end the export before they are."""
         self.abandon()

@@ -28,12 +28,11 @@ from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS, ChecksumAlgorithm
 from transfer.codec import ChunkDecodeError, decode_chunk
-from transfer.importer import ChunkStream, ImportRunner
+from transfer.importer import ImportRunner
 from transfer.proto._generated import kv_transfer_pb2 as pb
+from transfer.pull import ChunkStream
 from transfer.rpc import SERVICE_NAME, KVTransferClientMethods, message_options
 from transfer.same_node import (
-    GRPC_PATH,
-    SAME_NODE_PATH,
     Locations,
     SameNodeStream,
     SharedRegion,
@@ -64,7 +63,7 @@ StreamItem = TypeVar("StreamItem")
 
 
 class _GrpcStream(Generic[StreamItem]):
-    """One Pull call as a :class:`~transfer.importer.ChunkStream` (its messages decoded as
+    """One Pull call as a :class:`~transfer.pull.ChunkStream` (its messages decoded as
     chunks) or as a same-node stream of :class:`~transfer.same_node.Locations`."""
 
     def __init__(
@@ -200,7 +199,7 @@ class KVImportClient:
         keep_export: bool = False,
         region: SharedRegion | None = None,
     ) -> ChunkStream:
-        """One Pull stream of ``wanted`` (see :class:`~transfer.importer.ExportPeer`): its
+        """One Pull stream of ``wanted`` (see :class:`~transfer.pull.ExportPeer`): its
         bytes, or on the same-node path (``region``) their locations, read from the region."""
         request = pb.PullRequest(
             transfer_id=handle.transfer_id,
@@ -222,9 +221,8 @@ class KVImportClient:
     def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
         """The exporter's shared region when this pull may take the same-node path (the
         choice and a gRPC pull's reason are counted)."""
-        region, reason = choose_path(self._config, handle, self._regions)
-        self.metrics.pull_path(GRPC_PATH if region is None else SAME_NODE_PATH, reason)
-        return region
+        enabled = self._config.same_node == "auto"
+        return choose_path(enabled, handle, self._regions, self.metrics)
 
     def connect(self, address: str) -> None:
         """Open the channel to ``address`` and start connecting, without waiting.

@@ -14,7 +14,6 @@ import itertools
 import threading
 from collections.abc import Iterator, Sequence
 
-from core.config import TransferConfig
 from core.errors import TransferError
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
@@ -22,11 +21,10 @@ from transfer.checksums import ACCEPTED_CHECKSUMS
 from transfer.chunks import ChunkData, to_chunk_data
 from transfer.exporter import KVExporter
 from transfer.faults import FaultInjection
-from transfer.importer import ChunkStream, ImportRunner
+from transfer.importer import ImportRunner
 from transfer.leases import OnRelease
+from transfer.pull import ChunkStream
 from transfer.same_node import (
-    GRPC_PATH,
-    SAME_NODE_PATH,
     SameNodeStream,
     SharedRegion,
     SharedRegions,
@@ -199,10 +197,7 @@ class InProcKVTransport:
 
     def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
         """The exporter's region when this pull may take the same-node path (counted)."""
-        mode = TransferConfig(same_node="auto" if self._same_node else "off")
-        region, reason = choose_path(mode, handle, self._regions)
-        self.metrics.pull_path(GRPC_PATH if region is None else SAME_NODE_PATH, reason)
-        return region
+        return choose_path(self._same_node, handle, self._regions, self.metrics)
 
     def await_ready(
         self, handle: KVHandle, min_ready_blocks: int, wait_s: float

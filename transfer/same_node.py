@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from core.config import TransferConfig
 from core.errors import TransferError
 from core.kv_handle import KVHandle, TransferFailure
 from core.shared_memory import open_segment_readonly
 from transfer.chunks import ChunkData, runs
+from transfer.transfer_metrics import TransferMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -120,10 +120,20 @@ class SharedRegions:
 
 
 def choose_path(
-    config: TransferConfig, handle: KVHandle, regions: SharedRegions
+    enabled: bool, handle: KVHandle, regions: SharedRegions, metrics: TransferMetrics
+) -> SharedRegion | None:
+    """The exporter's region for a same-node pull, else None (gRPC); the path, and why a gRPC
+    pull is not same-node, are counted in ``metrics``. ``enabled``: ``transfer.same_node`` is
+    ``auto``."""
+    region, reason = _region(enabled, handle, regions)
+    metrics.pull_path(GRPC_PATH if region is None else SAME_NODE_PATH, reason)
+    return region
+
+
+def _region(
+    enabled: bool, handle: KVHandle, regions: SharedRegions
 ) -> tuple[SharedRegion | None, str | None]:
-    """``(region, None)`` for a same-node pull, else ``(None, why not)``."""
-    if config.same_node == "off":
+    if not enabled:
         return None, "off"
     if not handle.shared_region:
         return None, "no_region"
@@ -139,7 +149,7 @@ def choose_path(
 
 
 class SameNodeStream:
-    """A :class:`~transfer.importer.ChunkStream` over a stream of :class:`Locations`: each a
+    """A :class:`~transfer.pull.ChunkStream` over a stream of :class:`Locations`: each a
     chunk whose payload is the views of its blocks in the exporter's region."""
 
     def __init__(

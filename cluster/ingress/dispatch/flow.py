@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cluster.ingress.dispatch.breaker import PrefillBreaker
 from cluster.ingress.dispatch.clients import DecodeClient, PrefillClient
@@ -220,9 +220,10 @@ class RequestRun:
                 async with aclosing(updates):  # type: ignore[type-var]
                     async for update in updates:
                         if isinstance(update, PrefillStarted):
-                            opened = _OpenDecode.start(
-                                self._flow.decode, self._pipelined_decode_request(update)
+                            request = replace(
+                                self._decode_request(None), kv_handle=update.kv_handle
                             )
+                            opened = _OpenDecode.start(self._flow.decode, request)
                             continue
                         self._flow.breaker.succeeded()
                         if update.finish_reason is not None or update.kv_handle is None:
@@ -258,15 +259,6 @@ class RequestRun:
             "request %s: remote prefill failed (%s: %s); prefilling locally on decode",
             self.request_id, type(error).__name__, error,
         )  # fmt: skip
-
-    def _pipelined_decode_request(self, started: PrefillStarted) -> DecodeRequest:
-        return DecodeRequest(
-            request_id=self.request_id,
-            prompt_token_ids=list(self.prompt.prompt_token_ids),
-            sampling=self.prompt.sampling,
-            routing=self.prompt.routing,
-            kv_handle=started.kv_handle,
-        )
 
     async def _after_remote_prefill(
         self, result: PrefillResult, opened: _OpenDecode | None

@@ -1,0 +1,322 @@
+"""One pull, independent of the wire: the streams it opens on an export and how it drives them.
+
+A transport supplies an :class:`ExportPeer`: how to open a stream of some blocks of an export,
+release the export, and ask a pipelined export how far its prefill got. How a pull is cut up
+(:class:`~transfer.streams.StreamPlan`): a small pull of a complete export is one stream
+(completing it frees the export, the v1 protocol); a large one is split into several concurrent
+streams over disjoint blocks; a pipelined export is pulled in segments as its blocks become
+ready, each segment split the same way, so the transfer runs while the prefill still computes.
+Split and pipelined pulls keep the export pinned until every wanted block arrived and then
+release it as completed. Every stream writes through its own :class:`~transfer.chunks.ChunkWriter`
+(offset, size, checksum, then one copy into the destination blocks); the first failure cancels
+the other streams.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+from core.errors import TransferError
+from core.kv_handle import ExportDone, KVHandle, TransferFailure
+from transfer.block_store import BlockStore
+from transfer.chunks import ChunkWriter, Payload
+from transfer.same_node import SharedRegion
+from transfer.streams import StreamPlan
+from transfer.task import TransferTask
+
+_AWAIT_WAIT_S = 0.5
+"""How long one Await asks the exporter to hold on (it answers at once when ready)."""
+
+
+class ChunkLike(Protocol):
+    """What a stream yields: a decoded ``ChunkView`` or a :class:`~transfer.chunks.ChunkData`."""
+
+    @property
+    def offset_bytes(self) -> int:
+        """Offset of the payload in the pulled byte string."""
+        ...
+
+    @property
+    def total_bytes(self) -> int:
+        """Size of the whole pulled byte string."""
+        ...
+
+    @property
+    def checksum_algorithm(self) -> int:
+        """The ``ChecksumAlgorithm`` number of :attr:`checksum`."""
+        ...
+
+    @property
+    def checksum(self) -> int:
+        """The payload's checksum."""
+        ...
+
+    @property
+    def payload(self) -> Payload:
+        """The chunk's bytes (a same-node chunk's: its blocks' views)."""
+        ...
+
+
+class ChunkStream(Protocol):
+    """A running stream of some blocks of an export: iterate for chunks, cancel to abandon it."""
+
+    def __iter__(self) -> Iterator[ChunkLike]:
+        """Chunks in stream order; failures raise ``TransferError`` with a reason."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop the stream and free what it holds; safe to call from any thread, twice."""
+        ...
+
+
+class ExportPeer(Protocol):
+    """The exporter side of a pull, as a transport reaches it."""
+
+    def open_stream(
+        self,
+        handle: KVHandle,
+        wanted: list[int],
+        keep_export: bool,
+        region: SharedRegion | None = None,
+    ) -> ChunkStream:
+        """Start streaming ``wanted`` (export indices, in this order). ``keep_export``: one of
+        several streams; the export stays pinned after it. ``region``: the same-node path,
+        reading the blocks from the exporter's shared region (always keeps the export)."""
+        ...
+
+    def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
+        """The exporter's shared region when this pull may skip the wire, else None (the
+        choice is counted)."""
+        ...
+
+    def release(self, handle: KVHandle, completed: bool = False) -> None:
+        """Free the export (``completed``: every wanted block arrived)."""
+        ...
+
+    def await_ready(
+        self, handle: KVHandle, min_ready_blocks: int, wait_s: float
+    ) -> tuple[int, ExportDone | None]:
+        """A pipelined export's ready blocks (waiting up to ``wait_s`` for
+        ``min_ready_blocks``) and, once its prefill finished, what it ended with."""
+        ...
+
+
+@dataclass(frozen=True)
+class PullSetup:
+    """What every pull of one importer shares."""
+
+    store: BlockStore
+    """Where the blocks land."""
+    fingerprint: str
+    """``store``'s layout fingerprint, which every handle must match."""
+    plan: StreamPlan
+    """How a pull is cut into streams."""
+    streams: ThreadPoolExecutor
+    """The threads the streams run on."""
+    stall_s: float
+    """How long a pipelined export may go without gaining a block."""
+
+
+class Pull:
+    """One task's pull: its streams, their writers, and how far it got."""
+
+    def __init__(
+        self,
+        setup: PullSetup,
+        task: TransferTask,
+        handle: KVHandle,
+        wanted: list[int],
+        peer: ExportPeer,
+    ) -> None:
+        self._setup = setup
+        self._task = task
+        self._handle = handle
+        self._peer = peer
+        order = sorted(range(len(wanted)), key=wanted.__getitem__)
+        self._wanted = [wanted[i] for i in order]  # export indices, ascending
+        self._dst = [task.dst_block_ids[i] for i in order]
+        self._lock = threading.Lock()
+        self._streams: list[tuple[ChunkStream, ChunkWriter, Future[TransferError | None]]] = []
+        self._num_started = 0  # wanted blocks handed to a stream so far
+        self._region: SharedRegion | None = None  # the same-node path's exporter region
+        self.export_done: ExportDone | None = None
+        self.release_when_done: bool | None = None
+        """Once every block arrived: None, the export is already freed (a v1 stream completed);
+        True, release it as completed (split or pipelined); False, release it (nothing
+        pulled)."""
+
+    @property
+    def bytes_done(self) -> int:
+        """Verified bytes written by every stream so far."""
+        with self._lock:
+            return sum(writer.bytes_done for _, writer, _ in self._streams)
+
+    def run(self) -> TransferError | None:
+        """Pull every wanted block; the first failure (None: all arrived)."""
+        task, handle = self._task, self._handle
+        task.mark_transferring()
+        if handle.layout_fingerprint != self._setup.fingerprint:
+            return TransferError(
+                f"exporter layout {handle.layout_fingerprint} != importer layout "
+                f"{self._setup.fingerprint} ({self._setup.store.layout})",
+                reason=TransferFailure.LAYOUT_MISMATCH,
+            )
+        task.set_cancel_hook(self.cancel_streams)
+        if self._wanted:
+            self._region = self._peer.same_node_region(handle)
+        try:
+            if handle.pipelined:
+                return self._pull_as_ready()
+            return self._pull_all()
+        finally:
+            task.set_cancel_hook(None)
+
+    def _pull_all(self) -> TransferError | None:
+        """A complete export: one stream, or several over disjoint blocks."""
+        if not self._wanted:
+            self.release_when_done = False
+            return None
+        parts = self._setup.plan.split(len(self._wanted), self._handle.block_bytes)
+        if len(parts) == 1 and self._region is None:  # v1: completing the stream frees it
+            self._start(0, len(self._wanted), keep_export=False)
+            return self._wait_streams()
+        self.release_when_done = True
+        for start, end in parts:
+            self._start(start, end, keep_export=True)
+        return self._wait_streams()
+
+    def _pull_as_ready(self) -> TransferError | None:
+        """A pipelined export: pull each run of ready blocks as the prefill computes them."""
+        self.release_when_done = True
+        plan, block_bytes = self._setup.plan, self._handle.block_bytes
+        segment = plan.min_segment_blocks(block_bytes)
+        progress_s, last_ready = time.monotonic(), -1
+        while True:
+            if (failure := self._first_failure()) is not None:
+                return self._wait_streams() or failure
+            if self._task.cancel_requested:
+                return self._cancelled()
+            if time.monotonic() - progress_s > self._setup.stall_s:
+                self.cancel_streams()
+                self._wait_streams_quietly()
+                return TransferError(
+                    f"pipelined kv export {self._handle.transfer_id} gained no block for "
+                    f"{self._setup.stall_s:g}s",
+                    reason=TransferFailure.DEADLINE_EXCEEDED,
+                )
+            next_needed = self._wanted[self._num_started] if self._unstarted() else 0
+            try:
+                num_ready, done = self._peer.await_ready(
+                    self._handle,
+                    min(next_needed + segment, self._handle.num_blocks),
+                    _AWAIT_WAIT_S,
+                )
+            except TransferError as e:
+                self.cancel_streams()
+                self._wait_streams()
+                return e
+            if done is not None:
+                self.export_done = done
+            if num_ready > last_ready or done is not None:
+                progress_s, last_ready = time.monotonic(), num_ready
+            ready = bisect.bisect_left(self._wanted, num_ready)  # wanted blocks now ready
+            first = self._num_started
+            if ready - first >= segment or (done is not None and self._unstarted()):
+                for start, end in plan.split(ready - first, block_bytes):
+                    self._start(first + start, first + end, keep_export=True)
+            if done is not None and not self._unstarted():
+                return self._wait_streams()
+
+    def _unstarted(self) -> bool:
+        return self._num_started < len(self._wanted)
+
+    def _start(self, start: int, end: int, keep_export: bool) -> None:
+        """Open a stream of ``wanted[start:end]`` and run it on the stream pool."""
+        writer = ChunkWriter(self._setup.store, self._dst[start:end])
+        wanted = self._wanted[start:end]
+        stream = self._peer.open_stream(self._handle, wanted, keep_export, self._region)
+        with self._lock:  # listed before its drain can count bytes_done
+            future = self._setup.streams.submit(self._drain, stream, writer)
+            self._streams.append((stream, writer, future))
+            self._num_started = max(self._num_started, end)
+        if self._task.cancel_requested:
+            stream.cancel()
+
+    def _drain(self, stream: ChunkStream, writer: ChunkWriter) -> TransferError | None:
+        """One stream's chunks into its writer (on the stream pool)."""
+        chunks = iter(stream)
+        try:
+            writer.prepare()  # overlaps the exporter's work on the first chunk
+            for chunk in chunks:
+                writer.write(
+                    chunk.offset_bytes,
+                    chunk.total_bytes,
+                    chunk.checksum_algorithm,
+                    chunk.checksum,
+                    chunk.payload,
+                )
+                self._task.mark_progress(self.bytes_done)
+            writer.finish()
+        except TransferError as e:
+            stream.cancel()
+            return e
+        except BaseException as e:
+            stream.cancel()
+            return TransferError(repr(e), reason=TransferFailure.INTERNAL)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # end the stream's generator now, not at garbage collection
+        return None
+
+    def _first_failure(self) -> TransferError | None:
+        with self._lock:
+            done = [future for _, _, future in self._streams if future.done()]
+        return next((f.result() for f in done if f.result() is not None), None)
+
+    def _wait_streams(self) -> TransferError | None:
+        """Wait for every stream; on the first failure cancel the others."""
+        with self._lock:
+            futures = [future for _, _, future in self._streams]
+        failure: TransferError | None = None
+        for future in futures:
+            result = future.result()
+            if result is not None and failure is None:
+                failure = result
+                self.cancel_streams()
+        if failure is not None and self._task.cancel_requested:
+            return self._cancelled()
+        return failure
+
+    def _cancelled(self) -> TransferError:
+        self.cancel_streams()
+        self._wait_streams_quietly()
+        return TransferError("cancelled by the importer", reason=TransferFailure.CANCELLED)
+
+    def _wait_streams_quietly(self) -> None:
+        with self._lock:
+            futures = [future for _, _, future in self._streams]
+        for future in futures:
+            future.result()
+
+    def cancel_streams(self) -> None:
+        """Cancel every stream started so far (any thread)."""
+        with self._lock:
+            streams = [stream for stream, _, _ in self._streams]
+        for stream in streams:
+            stream.cancel()
+
+    def invalid_block_ids(self) -> tuple[int, ...]:
+        """Destination blocks without verified data: what each stream missed, and every block
+        no stream was started for."""
+        with self._lock:
+            writers = [writer for _, writer, _ in self._streams]
+            missed = [block for writer in writers for block in writer.invalid_block_ids()]
+            missed += self._dst[self._num_started :]
+        return tuple(missed)
