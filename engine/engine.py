@@ -10,20 +10,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
 from core.errors import InvalidRequestError
 from core.sampling import SamplingParams
 from engine.admission import check_request, request_generator
+from engine.device_io import DeviceReader
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor, RequestState
-from engine.outputs import RequestOutput, TokenLogprob
+from engine.outputs import RequestOutput
 from engine.prefill_rate import PrefillRate
 from engine.request import FinishReason, Request
 from engine.sampling import Sampler, SamplingRow
 from engine.sampling.grammar import GrammarStates
+from engine.sampling.sampler import DeviceSample
 from engine.scheduler import Scheduler
 from engine.scheduler.output import (
     ImportAllocation,
@@ -32,6 +34,7 @@ from engine.scheduler.output import (
     SchedulerOutput,
 )
 from engine.setup import EngineParts
+from engine.step_overlap import InFlightStep, needs_host_before
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,10 @@ class LLMEngine:
             max_model_len=parts.scheduler.max_model_len,
         )
         self.sampler = Sampler(seed=parts.seed)
+        self.async_scheduling = parts.scheduler.async_scheduling
+        """Overlapped steps: a step's samples are read after the next step is queued."""
+        self.reader = DeviceReader(parts.storage.device)
+        self._in_flight: InFlightStep | None = None
         self.outputs = OutputProcessor(parts.tokenizer)
         self.prefill_rate = PrefillRate()
         self._states: dict[str, RequestState] = {}
@@ -212,48 +219,91 @@ class LLMEngine:
         self.parts.storage.close()
 
     def has_unfinished(self) -> bool:
-        """True while any request is queued, running, or waiting for imported KV."""
-        return self.scheduler.has_unfinished()
+        """True while any request is queued, running, or waiting for imported KV, or a step's
+        outputs are still on the device."""
+        return self._in_flight is not None or self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; returns an output for every request it advanced or ended.
 
+        With overlapped steps (``async_scheduling``) the step is queued on the device and the
+        outputs returned are the previous step's: the host reads a step's sampled ids only
+        after it has queued the next one (:mod:`engine.step_overlap`).
+
         Should the step raise after planning (forward, sampling, output processing), every
-        request in the plan is aborted — its blocks freed, pinned ones included — and the error
-        propagates: nothing the failed step touched stays in the engine."""
+        request in the plan (and in the step still in flight) is aborted — its blocks freed,
+        pinned ones included — and the error propagates: nothing the failed step touched stays
+        in the engine."""
         plan = self.scheduler.schedule()
         if plan.is_empty:
-            self.scheduler.wait_for_loads(_LOAD_WAIT_S)
-            return []
+            if self._in_flight is None:
+                self.scheduler.wait_for_loads(_LOAD_WAIT_S)
+                return []
+            return self._guarded(plan, self._settle_in_flight)
+        return self._guarded(plan, lambda: self._run(plan))
+
+    def _guarded(
+        self, plan: SchedulerOutput, body: Callable[[], list[RequestOutput]]
+    ) -> list[RequestOutput]:
         try:
-            started_s = time.perf_counter()
-            outputs = self._run(plan)
-            self.prefill_rate.record(plan.scheduled, time.perf_counter() - started_s)
-            return outputs
+            return body()
         except BaseException as e:
+            in_flight, self._in_flight = self._in_flight, None
             self._fail_plan(plan, e)
+            if in_flight is not None:
+                self._fail_plan(in_flight.plan, e)
             raise
 
     def _run(self, plan: SchedulerOutput) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        previous = self._in_flight
+        if previous is not None and needs_host_before(plan):
+            outputs = self._settle_in_flight()  # structured output, penalties: settle first
+        step = self._launch(plan, previous)
+        if previous is not None and self._in_flight is previous:
+            outputs = self._settle_in_flight()
+        if self.async_scheduling and not self._ends_prefill(plan):
+            self._in_flight = step
+        else:
+            outputs += self._settle(step)
+        return outputs
+
+    def _launch(self, plan: SchedulerOutput, previous: InFlightStep | None) -> InFlightStep:
+        """Queue ``plan``'s forward, sampling and the read-back of its samples; waits for
+        nothing (inputs still on the device come from ``previous``'s samples)."""
         now = time.monotonic()
         for item in plan.scheduled:
             if (state := self._states.get(item.request_id)) is not None:
                 state.scheduled(now)
-        logits = self.runner.execute(plan.scheduled)
-        for request_id, (start, prompt_rows) in logits.prompt_logits.items():
-            if request_id in self._states:
-                self.outputs.add_prompt_logprobs(self._states[request_id], start, prompt_rows)
-        tokens: dict[str, int] = {}
-        logprobs: dict[str, TokenLogprob | None] = {}
+        pending = previous.pending_tokens() if previous is not None else None
+        logits = self.runner.execute(plan.scheduled, pending)
+        sample: DeviceSample | None = None
+        read = None
         if logits.request_ids:
             by_id = {item.request_id: item for item in plan.scheduled}
             rows = [self._sampling_row(by_id[rid]) for rid in logits.request_ids]
-            sampled = self.sampler.sample(logits.logits, rows)
-            tokens = dict(zip(logits.request_ids, sampled.token_ids, strict=True))
-            self.grammars.accept(tokens)
-            logprobs = dict(zip(logits.request_ids, sampled.logprobs, strict=True))
+            sample = self.sampler.sample_on_device(logits.logits, rows)
+            read = self.reader.start(sample.tensors())
+        return InFlightStep(
+            plan, logits.request_ids, logits.prompt_logits, sample, read, time.perf_counter()
+        )
+
+    def _settle_in_flight(self) -> list[RequestOutput]:
+        step, self._in_flight = self._in_flight, None
+        return [] if step is None else self._settle(step)
+
+    def _settle(self, step: InFlightStep) -> list[RequestOutput]:
+        """Read ``step``'s samples (the one host wait of a step) and apply them."""
+        sampled = step.read_samples()
+        self.prefill_rate.record(step.plan.scheduled, time.perf_counter() - step.launched_s)
+        for request_id, (start, prompt_rows) in step.prompt_logits.items():
+            if request_id in self._states:
+                self.outputs.add_prompt_logprobs(self._states[request_id], start, prompt_rows)
+        tokens = dict(zip(step.request_ids, sampled.token_ids, strict=True))
+        logprobs = dict(zip(step.request_ids, sampled.logprobs, strict=True))
+        self.grammars.accept(tokens)
         results: list[RequestOutput] = []
-        for update in self.scheduler.update_from_output(plan, tokens):
+        for update in self.scheduler.update_from_output(step.plan, tokens):
             state = self._states.get(update.request_id)
             if state is None:
                 continue
@@ -264,6 +314,15 @@ class LLMEngine:
                 self._forget(update.request_id)
             results.append(processed.output)
         return results
+
+    def _ends_prefill(self, plan: SchedulerOutput) -> bool:
+        """True when a prefill-only request samples its first token in ``plan``: its blocks are
+        pinned and exported right after, so that step is settled at once."""
+        for item in plan.scheduled:
+            request = self.scheduler.get_request(item.request_id)
+            if item.samples_token and request is not None and request.prefill_only:
+                return True
+        return False
 
     def _fail_plan(self, plan: SchedulerOutput, error: BaseException) -> None:
         request_ids = [item.request_id for item in plan.scheduled]

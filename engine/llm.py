@@ -57,6 +57,7 @@ class LLM:
         kv_tiers: KVTiersConfig | None = None,
         quantization: Literal["int8"] | None = None,
         kv_cache_dtype: Literal["auto", "fp8_e4m3", "int8"] = "auto",
+        async_scheduling: Literal["auto", "on", "off"] = "auto",
     ) -> None:
         model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed, quantization=quantization)
         engine_cfg = EngineConfig(
@@ -74,6 +75,7 @@ class LLM:
             ),
             kv_tiers=kv_tiers or KVTiersConfig(),
             kv_cache_dtype=kv_cache_dtype,
+            async_scheduling=async_scheduling,
         )
         self.engine = LLMEngine(build_engine_parts(model_cfg, engine_cfg))
         self.tokenizer = self.engine.tokenizer

@@ -11,7 +11,7 @@ decode step that fits a captured bucket, on CUDA — by replaying a CUDA graph
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -19,9 +19,19 @@ import torch
 from engine.attention.metadata import AttentionMetadata
 from engine.compiled_forward import CompiledForward
 from engine.cuda_graphs import CudaGraphRunner, pad_decode, pick_bucket
+from engine.device_io import upload
 from engine.kv.storage import KVStorage
 from engine.models import CausalLM
-from engine.scheduler.output import ScheduledRequest
+from engine.scheduler.output import PENDING_TOKEN_ID, ScheduledRequest
+
+
+@dataclass(frozen=True)
+class PendingTokens:
+    """The previous step's sampled ids, still on the device: row ``rows[request_id]`` of
+    ``token_ids`` is that request's token (overlapped steps)."""
+
+    rows: Mapping[str, int]
+    token_ids: torch.Tensor  # [S] int64, on the model's device
 
 
 @dataclass(frozen=True)
@@ -72,10 +82,13 @@ class ModelRunner:
             )
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> StepLogits:
-        """One forward over every scheduled token; logits only where a request samples."""
+    def execute(
+        self, scheduled: list[ScheduledRequest], pending: PendingTokens | None = None
+    ) -> StepLogits:
+        """One forward over every scheduled token; logits only where a request samples.
+        :data:`PENDING_TOKEN_ID` inputs take their ids from ``pending`` on the device."""
         self.storage.fence_uploads()  # imported KV still copying in: order it before the step
-        replayed = self._replay(scheduled)
+        replayed = self._replay(scheduled, pending)
         if replayed is not None:
             return replayed
         wanted = [i for i in scheduled if i.sampling_params.prompt_logprobs is not None]
@@ -96,11 +109,12 @@ class ModelRunner:
             block_size=self.block_size,
             device=self.device,
         )
-        input_ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)  # [T]
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)  # [T]
+        input_ids = upload(token_ids, torch.long, self.device)  # [T]
+        self._fill_pending(input_ids, scheduled, pending)
+        pos = upload(positions, torch.long, self.device)  # [T]
         if self.compiled is not None and not wanted:
             # NOTE: always at least one row (the last token), so the graph never sees S == 0.
-            rows = torch.tensor(sample_rows or [len(token_ids) - 1], device=self.device)
+            rows = upload(sample_rows or [len(token_ids) - 1], torch.long, self.device)
             logits = self.compiled(input_ids, pos, self.storage.kv, meta, rows)
             return StepLogits(sample_ids, logits if sample_rows else logits[:0])
         hidden = self.model(input_ids, pos, self.storage.kv, meta)  # [T, hidden]
@@ -108,9 +122,34 @@ class ModelRunner:
         if not sample_rows:
             empty = hidden.new_empty((0, 0), dtype=torch.float32)
             return StepLogits([], empty, prompt_logits)
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        rows = upload(sample_rows, torch.long, self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [S, vocab]
         return StepLogits(sample_ids, logits, prompt_logits)
+
+    def _fill_pending(
+        self,
+        input_ids: torch.Tensor,  # [T] int64 on the device
+        scheduled: Sequence[ScheduledRequest],
+        pending: PendingTokens | None,
+    ) -> None:
+        """Write the ids of :data:`PENDING_TOKEN_ID` inputs from the previous step's samples,
+        on the device (the host never learns them first)."""
+        positions: list[int] = []
+        rows: list[int] = []
+        offset = 0
+        for item in scheduled:
+            for j, token_id in enumerate(item.token_ids):
+                if token_id == PENDING_TOKEN_ID:
+                    if pending is None or item.request_id not in pending.rows:
+                        raise ValueError(f"request {item.request_id}: no sampled id pending")
+                    positions.append(offset + j)
+                    rows.append(pending.rows[item.request_id])
+            offset += item.num_new_tokens
+        if not positions:
+            return
+        assert pending is not None  # for mypy: positions imply it
+        sources = pending.token_ids.index_select(0, upload(rows, torch.long, self.device))
+        input_ids.index_copy_(0, upload(positions, torch.long, self.device), sources)
 
     def _prompt_logits(
         self,
@@ -130,7 +169,9 @@ class ModelRunner:
             offset += item.num_new_tokens
         return out
 
-    def _replay(self, scheduled: list[ScheduledRequest]) -> StepLogits | None:
+    def _replay(
+        self, scheduled: list[ScheduledRequest], pending: PendingTokens | None
+    ) -> StepLogits | None:
         """The step through a captured graph; None when it is not a decode step of a bucket."""
         if self.graphs is None or any(item.num_new_tokens != 1 for item in scheduled):
             return None
@@ -145,14 +186,15 @@ class ModelRunner:
             block_size=self.block_size,
             max_table_width=self.graphs.max_table_width,
         )
-        logits = self.graphs.replay(padded)  # [B, vocab], the graph's static output
+        logits = self.graphs.replay(  # [B, vocab], the graph's static output
+            padded, lambda input_ids: self._fill_pending(input_ids, scheduled, pending)
+        )
         rows = [i for i, item in enumerate(scheduled) if item.samples_token]
         ids = [scheduled[i].request_id for i in rows]
         # a copy the next replay leaves alone: [S, vocab]
         if len(rows) == len(scheduled):
             return StepLogits(ids, logits.clone())
-        index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        return StepLogits(ids, logits.index_select(0, index))
+        return StepLogits(ids, logits.index_select(0, upload(rows, torch.long, self.device)))
 
     def _all_logits(
         self,

@@ -96,6 +96,10 @@ class Request:
     arrival_seq: int = field(default=-1, init=False)
     prompt_chunk_ends: list[int] = field(default_factory=list, init=False)
     follow_chunk_ends: tuple[int, ...] = field(default=(), init=False)
+    num_output_placeholders: int = field(default=0, init=False)
+    """Tokens sampled by a step still on the device (overlapped steps): they count as known
+    for planning (the next decode computes the KV of one, whose id the device fills in) but
+    are in neither token list until :meth:`resolve_placeholder`."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -121,9 +125,14 @@ class Request:
         return len(self.output_token_ids)
 
     @property
+    def num_tokens_with_placeholders(self) -> int:
+        """Known tokens plus the sampled ones still on the device."""
+        return len(self.all_token_ids) + self.num_output_placeholders
+
+    @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens whose KV still has to be computed before the next sample."""
-        return self.num_tokens - self.num_computed_tokens
+        return self.num_tokens_with_placeholders - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:
@@ -139,3 +148,10 @@ class Request:
         """Record one generated token (its KV is computed by the next step)."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def resolve_placeholder(self, token_id: int) -> None:
+        """The oldest sampled-but-unread token is ``token_id``: record it."""
+        if self.num_output_placeholders <= 0:
+            raise ValueError(f"request {self.request_id} has no token pending")
+        self.num_output_placeholders -= 1
+        self.append_output_token(token_id)

@@ -66,6 +66,13 @@ def resolve_dtype(name: str, device: torch.device) -> str:
     return name
 
 
+def overlaps_steps(engine_cfg: EngineConfig, device: torch.device) -> bool:
+    """``engine.async_scheduling`` resolved: auto overlaps steps on CUDA only."""
+    if engine_cfg.async_scheduling == "auto":
+        return device.type == "cuda"
+    return engine_cfg.async_scheduling == "on"
+
+
 def model_id_of(name: str, model_dir: Path) -> str:
     """``name`` plus a digest of ``config.json``: two different checkpoints never share KV."""
     digest = hashlib.blake2b((model_dir / "config.json").read_bytes(), digest_size=6).hexdigest()
@@ -129,6 +136,7 @@ def build_engine_parts(
         kv_event_callback=kv_event_callback,
         tiers=tiers,
         sliding_window=arch.sliding_window if arch.all_layers_windowed else None,
+        async_scheduling=overlaps_steps(engine_cfg, device),
     )
     eos_ids = tuple(dict.fromkeys(tokenizer.eos_token_ids + arch.eos_token_ids))
     graph_sizes = graph_batch_sizes(

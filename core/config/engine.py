@@ -68,6 +68,16 @@ class EngineConfig(StrictModel):
         "MoE models run eagerly (or compiled).",
     )
 
+    async_scheduling: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Overlap steps: the host schedules and prepares step N+1 while the device "
+        "runs step N; sampled token ids stay on the device and the host reads them one step "
+        "later (a request that ends may compute one extra token, never emitted). Batches that "
+        "need the previous token on the host (structured output, penalties) and the last "
+        "step of a prefill-only request run synchronously. auto: on for CUDA, off on a CPU "
+        "(nothing to overlap there).",
+    )
+
     kv_tiers: KVTiersConfig = Field(
         default_factory=KVTiersConfig,
         description="Host-RAM and disk tiers under the prefix cache, and idle TTLs per tier.",

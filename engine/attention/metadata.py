@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.device_io import upload
+
 
 @dataclass(frozen=True)
 class AttentionMetadata:
@@ -82,13 +84,12 @@ class AttentionMetadata:
         starts = [0]
         for q_len in query_lens:
             starts.append(starts[-1] + q_len)
+        device = torch.device(device)
         return cls(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=device).reshape(
-                len(padded), width
-            ),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            query_start_loc=upload(starts, torch.int32, device),
+            seq_lens=upload(list(seq_lens), torch.int32, device),
+            block_tables=upload(padded, torch.int32, device).reshape(len(padded), width),
+            slot_mapping=upload(slots, torch.int64, device),
             query_lens_list=tuple(query_lens),
             seq_lens_list=tuple(seq_lens),
             block_size=block_size,

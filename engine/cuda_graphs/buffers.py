@@ -14,6 +14,7 @@ import torch
 
 from engine.attention.metadata import AttentionMetadata
 from engine.cuda_graphs.buckets import PADDING_SEQ_LEN, PADDING_SLOT, PaddedDecode
+from engine.device_io import stage
 
 
 class DecodeBuffers:
@@ -74,9 +75,9 @@ class DecodeBuffers:
         self._put(self.block_tables[:bucket, :width], padded.block_tables)
 
     def _put(self, dst: torch.Tensor, values: list[int] | list[list[int]]) -> None:
-        # NOTE: a pageable source is staged by the driver before the call returns, so the host
-        # list may go away at once; the copy stays ordered before the replay on this stream.
-        dst.copy_(torch.tensor(values, dtype=dst.dtype), non_blocking=True)
+        # NOTE: from pinned memory the copy returns at once and stays ordered before the
+        # replay on this stream (a pageable source would wait for the stream to drain).
+        dst.copy_(stage(values, dst.dtype, dst.device), non_blocking=True)
 
     def _check_bucket(self, bucket: int) -> None:
         if not 1 <= bucket <= self.max_batch:

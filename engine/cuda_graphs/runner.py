@@ -53,12 +53,17 @@ class CudaGraphRunner:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._capture_all()
 
-    def replay(self, padded: PaddedDecode) -> torch.Tensor:
+    def replay(
+        self, padded: PaddedDecode, fill_inputs: Callable[[torch.Tensor], None] | None = None
+    ) -> torch.Tensor:
         """Run the step of ``padded`` (written by :func:`pad_decode` for one of the buckets);
-        returns the logits of its real rows [num_seqs, vocab] float32, a view of the graph's
-        static output that the next replay overwrites."""
+        ``fill_inputs`` may then complete the static input ids [bucket] on the device (ids
+        sampled by the step before). Returns the logits of its real rows [num_seqs, vocab]
+        float32, a view of the graph's static output that the next replay overwrites."""
         graph, logits = self._graphs[padded.bucket]
         self.buffers.load(padded)
+        if fill_inputs is not None:
+            fill_inputs(self.buffers.input_ids[: padded.bucket])
         graph.replay()
         return logits[: padded.num_seqs]
 

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.device_io import upload
+
 
 def mask_tokens(logits: torch.Tensor, token_ids_per_row: Sequence[Sequence[int]]) -> torch.Tensor:
     """``logits`` [B, V], copied if changed, with each row's listed ids (< V) set to -inf."""
@@ -25,8 +27,8 @@ def mask_tokens(logits: torch.Tensor, token_ids_per_row: Sequence[Sequence[int]]
     if not rows:
         return logits
     masked = logits.clone()
-    row_idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    col_idx = torch.tensor(cols, dtype=torch.long, device=logits.device)
+    row_idx = upload(rows, torch.long, logits.device)
+    col_idx = upload(cols, torch.long, logits.device)
     masked[row_idx, col_idx] = float("-inf")
     return masked
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.device_io import upload
 from engine.sampling.row import SamplingRow
 
 
@@ -29,9 +30,9 @@ def apply(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         params = rows[i].params
         row = out[i]
         if params.logit_bias:
-            ids = torch.tensor([t for t, _ in params.logit_bias], device=row.device)
-            bias = torch.tensor([b for _, b in params.logit_bias], device=row.device)
-            row.index_add_(0, ids, bias.to(row.dtype))
+            ids = upload([t for t, _ in params.logit_bias], torch.long, row.device)
+            bias = upload([b for _, b in params.logit_bias], row.dtype, row.device)
+            row.index_add_(0, ids, bias)
         if not params.penalized:
             continue
         output = torch.tensor(list(rows[i].output_token_ids), dtype=torch.long)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from core.sampling import SamplingParams
+from engine.device_io import upload
 from engine.outputs import TokenLogprob
 from engine.sampling import grammar, ops, penalties
 from engine.sampling.row import SamplingRow
@@ -36,11 +37,72 @@ def make_generator(seed: int) -> torch.Generator:
 
 @dataclass(frozen=True)
 class SamplerOutput:
-    """The step's sampled ids: ``token_ids[i]`` for row i, plus logprobs where requested."""
+    """The step's sampled ids on the host: ``token_ids[i]`` for row i, plus logprobs where
+    requested."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
-    token_ids_tensor: torch.Tensor  # [B] int64, on the logits' device
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """A sampled batch still on the device: what :meth:`Sampler.sample_on_device` queued.
+
+    ``token_ids`` [B] int64 feed the next step's inputs where they are (overlapped steps);
+    :meth:`tensors` lists what the host must read, and :meth:`to_output` turns the host
+    copies of those (in that order) into a :class:`SamplerOutput`.
+    """
+
+    token_ids: torch.Tensor  # [B] int64, on the logits' device
+    logprobs: _LogprobTensors | None
+    num_logprobs: tuple[int | None, ...]  # each row's ``params.logprobs``
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The device tensors the host needs, ids first."""
+        if self.logprobs is None:
+            return [self.token_ids]
+        return [self.token_ids, *self.logprobs.tensors()]
+
+    def to_output(self, host: Sequence[torch.Tensor]) -> SamplerOutput:
+        """The host copies of :meth:`tensors` as lists."""
+        token_id_list: list[int] = host[0].tolist()
+        logprobs: list[TokenLogprob | None] = [None] * len(token_id_list)
+        if self.logprobs is not None:
+            logprobs = self.logprobs.rows(host[1:], token_id_list, self.num_logprobs)
+        return SamplerOutput(token_ids=token_id_list, logprobs=logprobs)
+
+
+@dataclass(frozen=True)
+class _LogprobTensors:
+    """Logprobs of the rows that asked for them (``row_indices``), on the device."""
+
+    row_indices: tuple[int, ...]
+    chosen: torch.Tensor  # [W] float32
+    ranks: torch.Tensor  # [W] int64
+    top_ids: torch.Tensor  # [W, n] int64
+    top_values: torch.Tensor  # [W, n] float32
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.chosen, self.ranks, self.top_ids, self.top_values]
+
+    def rows(
+        self,
+        host: Sequence[torch.Tensor],
+        token_id_list: list[int],
+        num_logprobs: Sequence[int | None],
+    ) -> list[TokenLogprob | None]:
+        chosen_list, ranks_list, ids_list, values_list = (t.tolist() for t in host)
+        result: list[TokenLogprob | None] = [None] * len(token_id_list)
+        for j, i in enumerate(self.row_indices):
+            n = num_logprobs[i] or 0
+            result[i] = TokenLogprob(
+                token_id=token_id_list[i],
+                logprob=chosen_list[j],
+                rank=ranks_list[j],
+                top_token_ids=tuple(ids_list[j][:n]),
+                top_logprobs=tuple(values_list[j][:n]),
+            )
+        return result
 
 
 class Sampler:
@@ -54,7 +116,14 @@ class Sampler:
             self._generator.manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
-        """One token per row of ``logits`` [B, V] (float32) following ``rows[i]``."""
+        """One token per row of ``logits`` [B, V] (float32) following ``rows[i]``, read back
+        to the host at once."""
+        sampled = self.sample_on_device(logits, rows)
+        return sampled.to_output(sampled.tensors())
+
+    def sample_on_device(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> DeviceSample:
+        """Queue the sampling of one token per row of ``logits`` [B, V]; nothing waits for the
+        device (inputs go up through :func:`~engine.device_io.upload`)."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
         logits = logits.float()  # no-op for float32 logits
@@ -63,30 +132,38 @@ class Sampler:
         token_ids = masked.argmax(dim=-1)  # [B]
         random_rows = [i for i, row in enumerate(rows) if not _is_greedy(row.params)]
         if random_rows:
-            token_ids[random_rows] = self._sample_random(masked, rows, random_rows)
-        token_id_list: list[int] = token_ids.tolist()
-        return SamplerOutput(
-            token_ids=token_id_list,
-            logprobs=_logprobs(logits, token_ids, token_id_list, rows),
-            token_ids_tensor=token_ids,
+            index = upload(random_rows, torch.long, logits.device)
+            drawn = self._sample_random(masked, rows, random_rows, index)
+            token_ids.index_copy_(0, index, drawn)
+        return DeviceSample(
+            token_ids=token_ids,
+            logprobs=_logprobs(logits, token_ids, rows),
+            num_logprobs=tuple(row.params.logprobs for row in rows),
         )
 
     def _sample_random(
-        self, logits: torch.Tensor, rows: Sequence[SamplingRow], indices: list[int]
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        indices: list[int],
+        index: torch.Tensor,  # [R] int64, ``indices`` on the device
     ) -> torch.Tensor:
         """Token ids [R] for the non-greedy rows ``indices``."""
         device = logits.device
         params = [rows[i].params for i in indices]
-        temperatures = torch.tensor([p.temperature for p in params], device=device)
+        temperatures = upload([p.temperature for p in params], torch.float32, device)
         top_ks = None
         if any(p.top_k > 0 for p in params):
-            top_ks = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
+            top_ks = upload([p.top_k for p in params], torch.long, device)
         top_ps = None
         if any(p.top_p < 1.0 for p in params):
-            top_ps = torch.tensor([p.top_p for p in params], device=device)
-        uniforms = self._uniforms([rows[i].generator for i in indices]).to(device)
-        index = torch.tensor(indices, dtype=torch.long, device=device)
-        return ops.sample_from_logits(logits[index], temperatures, top_ks, top_ps, uniforms)
+            top_ps = upload([p.top_p for p in params], torch.float32, device)
+        uniforms = self._uniforms([rows[i].generator for i in indices])
+        if device.type == "cuda":
+            uniforms = uniforms.pin_memory().to(device, non_blocking=True)
+        return ops.sample_from_logits(
+            logits.index_select(0, index), temperatures, top_ks, top_ps, uniforms
+        )
 
     def _uniforms(self, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
         """One float64 uniform [R] per row: from its own generator, else the shared one."""
@@ -112,28 +189,15 @@ def _banned_token_ids(row: SamplingRow) -> tuple[int, ...]:
 
 
 def _logprobs(
-    logits: torch.Tensor,
-    token_ids: torch.Tensor,
-    token_id_list: list[int],
-    rows: Sequence[SamplingRow],
-) -> list[TokenLogprob | None]:
-    """Per-row logprobs of the raw (unmasked, unscaled) logits where the row asked for them."""
+    logits: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[SamplingRow]
+) -> _LogprobTensors | None:
+    """Logprobs of the raw (unmasked, unscaled) logits for the rows that asked for them."""
     wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
-    result: list[TokenLogprob | None] = [None] * len(rows)
     if not wanted:
-        return result
+        return None
     num_top = max(rows[i].params.logprobs or 0 for i in wanted)
-    index = torch.tensor(wanted, dtype=torch.long, device=logits.device)
-    chosen, ranks, top_ids, top_values = ops.top_logprobs(logits[index], token_ids[index], num_top)
-    chosen_list, ranks_list = chosen.tolist(), ranks.tolist()
-    ids_list, values_list = top_ids.tolist(), top_values.tolist()
-    for j, i in enumerate(wanted):
-        n = rows[i].params.logprobs or 0
-        result[i] = TokenLogprob(
-            token_id=token_id_list[i],
-            logprob=chosen_list[j],
-            rank=ranks_list[j],
-            top_token_ids=tuple(ids_list[j][:n]),
-            top_logprobs=tuple(values_list[j][:n]),
-        )
-    return result
+    index = upload(wanted, torch.long, logits.device)
+    chosen, ranks, top_ids, top_values = ops.top_logprobs(
+        logits.index_select(0, index), token_ids.index_select(0, index), num_top
+    )
+    return _LogprobTensors(tuple(wanted), chosen, ranks, top_ids, top_values)

@@ -14,6 +14,10 @@ from core.sampling import SamplingParams
 from core.stats import KVTierStats
 from engine.request import FinishReason, RequestStatus
 
+PENDING_TOKEN_ID = -1
+"""A decode input still on the device: the id the step before sampled (overlapped steps); the
+model runner fills it in from that step's sampled ids."""
+
 
 @dataclass(frozen=True)
 class ScheduledRequest:
@@ -25,6 +29,7 @@ class ScheduledRequest:
     ``block_ids``). ``block_ids`` is the whole block table and covers ``end_position`` tokens.
     When ``samples_token`` is true the step ends the known tokens (last prompt chunk, or a
     decode), so the runner samples one token for it from the last position's logits.
+    A ``token_ids`` entry may be :data:`PENDING_TOKEN_ID` (overlapped steps).
     """
 
     request_id: str
@@ -33,7 +38,7 @@ class ScheduledRequest:
     block_ids: list[int]
     samples_token: bool
     sampling_params: SamplingParams
-    num_output_tokens: int  # output tokens before this step (min_tokens masking, seeds)
+    num_output_tokens: int  # output tokens before this step, pending ones included (min_tokens)
 
     @property
     def num_new_tokens(self) -> int:

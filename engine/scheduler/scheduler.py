@@ -57,6 +57,11 @@ class Scheduler:
     ``num_blocks`` counts the storage's blocks including the null block 0. ``max_model_len``
     (prompt + output tokens) is capped to what the pool can hold for one request, so a request
     running alone always fits. ``kv_event_callback`` receives numbered ``KVEventBatch`` es.
+
+    ``async_scheduling`` (overlapped steps): :meth:`schedule` counts a plan as computed at
+    once and each sampling request as holding one token still on the device (a placeholder), so
+    the next plan can be made before this one's tokens are known; :meth:`update_from_output`
+    then only fills the placeholders in. Without it a plan takes effect in the update.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class Scheduler:
         tiers: KVTiers | None = None,
         clock: Callable[[], float] = time.monotonic,
         sliding_window: int | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         self.block_size = config.block_size
         # every layer slides over this many positions: decode frees blocks left behind
@@ -110,7 +116,10 @@ class Scheduler:
             max_model_len=self.max_model_len,
             fail=lambda request: self._finish(request, RequestStatus.FINISHED_ERROR),
         )
-        self._planner = StepPlanner(config, self.kv, self._queues, self._tier_loading)
+        self._planner = StepPlanner(
+            config, self.kv, self._queues, self._tier_loading, max_model_len=self.max_model_len
+        )
+        self.async_scheduling = async_scheduling
         self._finished_ids: list[str] = []
         self._step_id = 0
 
@@ -158,8 +167,23 @@ class Scheduler:
         )
         self._step_id += 1
         self._finished_ids = []
+        if self.async_scheduling:
+            self._advance(scheduled)
         self.events.flush()
         return output
+
+    def _advance(self, scheduled: list[ScheduledRequest]) -> None:
+        """Overlapped steps: the plan counts as computed now; a sampling request holds one
+        placeholder token until :meth:`update_from_output` learns its id."""
+        for item in scheduled:
+            request = self._queues.get(item.request_id)
+            if request is None:
+                continue
+            if item.start_position < request.num_prompt_tokens:
+                record_chunk(request, item.start_position, item.end_position)
+            request.num_computed_tokens = item.end_position
+            if item.samples_token:
+                request.num_output_placeholders += 1
 
     # -- lower KV tiers -----------------------------------------------------------------------
 
@@ -206,6 +230,8 @@ class Scheduler:
         """Apply a computed step: advance progress, cache full blocks, append sampled tokens
         and apply token-level stops. Requests aborted or finished since ``schedule`` are
         skipped. Returns one update per request that got a token."""
+        if self.async_scheduling:
+            return self._resolve_placeholders(output, sampled_token_ids)
         updates: list[RequestUpdate] = []
         for item in output.scheduled:
             request = self._queues.get(item.request_id)
@@ -226,6 +252,29 @@ class Scheduler:
         self.events.flush()
         return updates
 
+    def _resolve_placeholders(
+        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
+    ) -> list[RequestUpdate]:
+        """Overlapped steps: ``output`` was counted as computed when planned; record its sampled
+        tokens (a request preempted since then gets its token too, and keeps it for the
+        recompute), cache the blocks now full of known tokens and apply token-level stops.
+        Requests that ended since the plan are skipped, their token dropped."""
+        updates: list[RequestUpdate] = []
+        for item in output.scheduled:
+            request = self._queues.get(item.request_id)
+            if request is None or request.is_finished:
+                continue
+            if item.samples_token and request.num_output_placeholders:
+                token_id = _sampled(sampled_token_ids, item)
+                request.resolve_placeholder(token_id)
+                updates.append(self._after_token(request, token_id))
+            if request.status is RequestStatus.RUNNING:
+                self.kv.cache_full_blocks(request)
+                if self.sliding_window is not None and not request.prefill_only:
+                    self._release_behind_window(request, self.sliding_window)
+        self.events.flush()
+        return updates
+
     def _release_behind_window(self, request: Request, window: int) -> None:
         """Free the blocks no later query of ``request`` reads: the next token (at position
         ``num_computed_tokens``) sees keys from ``num_computed_tokens - window + 1`` on. Only
@@ -238,6 +287,10 @@ class Scheduler:
 
     def _append_token(self, request: Request, token_id: int) -> RequestUpdate:
         request.append_output_token(token_id)
+        return self._after_token(request, token_id)
+
+    def _after_token(self, request: Request, token_id: int) -> RequestUpdate:
+        """Apply the token-level stops to ``request``'s newest token."""
         decision = check_stop(request, self.max_model_len)
         if decision is not None:
             request.stop_reason = decision.stop_reason

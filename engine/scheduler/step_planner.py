@@ -28,7 +28,7 @@ from core.config import EngineConfig
 from engine.kv.kv_cache_manager import NO_HIT, ComputedBlocks, KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.scheduler.chunk_plan import recorded_hit, recorded_span
-from engine.scheduler.output import ScheduledRequest
+from engine.scheduler.output import PENDING_TOKEN_ID, ScheduledRequest
 from engine.scheduler.queue import RequestQueues
 from engine.scheduler.tier_loading import TierLoading
 
@@ -44,8 +44,11 @@ class StepPlanner:
         kv: KVCacheManager,
         queues: RequestQueues,
         tiers: TierLoading,
+        *,
+        max_model_len: int,
     ) -> None:
         self.block_size = config.block_size
+        self.max_model_len = max_model_len
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
         self.max_prefill_chunk = (
@@ -72,11 +75,14 @@ class StepPlanner:
         self, budget: int, scheduled: list[ScheduledRequest], preempted: list[str]
     ) -> int:
         running = self._queues.running
-        decodes_left = sum(1 for r in running if r.num_uncomputed_tokens == 1)
+        decodes_left = sum(1 for r in running if self._decodes_next(r))
         index = 0
         while index < len(running) and (budget > 0 or self._overshoot):
             request = running[index]
             remaining = request.num_uncomputed_tokens
+            if self._ends_at_pending_token(request):
+                index += 1
+                continue
             if remaining == 1:
                 decodes_left -= 1
                 num_new = 1
@@ -90,11 +96,26 @@ class StepPlanner:
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # the request preempted itself; it was the last one running
             if len(preempted) > num_preempted:  # victims may have been counted decodes
-                decodes_left = sum(1 for r in running[index + 1 :] if r.num_uncomputed_tokens == 1)
+                decodes_left = sum(1 for r in running[index + 1 :] if self._decodes_next(r))
             scheduled.append(self._plan(request, num_new))
             budget -= num_new
             index += 1
         return budget
+
+    def _decodes_next(self, request: Request) -> bool:
+        return request.num_uncomputed_tokens == 1 and not self._ends_at_pending_token(request)
+
+    def _ends_at_pending_token(self, request: Request) -> bool:
+        """True when a token still on the device ends the request whatever its id (a length
+        limit, a prefill-only request's first token): it is not planned again."""
+        if not request.num_output_placeholders:
+            return False
+        num_outputs = request.num_output_tokens + request.num_output_placeholders
+        return (
+            request.prefill_only
+            or num_outputs >= request.sampling_params.max_tokens
+            or request.num_tokens_with_placeholders >= self.max_model_len
+        )
 
     def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[str]) -> bool:
         while not self._kv.allocate_slots(request, num_new):
@@ -174,14 +195,16 @@ class StepPlanner:
 
     def _plan(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
+        token_ids = request.all_token_ids[start : start + num_new]
+        token_ids += [PENDING_TOKEN_ID] * (num_new - len(token_ids))  # sampled, still on device
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=request.all_token_ids[start : start + num_new],
+            token_ids=token_ids,
             start_position=start,
             block_ids=self._kv.block_ids(request.request_id),
-            samples_token=start + num_new == request.num_tokens,
+            samples_token=start + num_new == request.num_tokens_with_placeholders,
             sampling_params=request.sampling_params,
-            num_output_tokens=request.num_output_tokens,
+            num_output_tokens=request.num_output_tokens + request.num_output_placeholders,
         )
 
     # -- lower KV tiers -----------------------------------------------------------------------

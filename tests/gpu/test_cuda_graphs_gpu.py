@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -24,9 +26,11 @@ def count_replays(llm: LLM) -> list[tuple[int, int]]:
     seen: list[tuple[int, int]] = []
     replay = graphs.replay
 
-    def counting(padded: PaddedDecode) -> torch.Tensor:
+    def counting(
+        padded: PaddedDecode, fill_inputs: Callable[[torch.Tensor], None] | None = None
+    ) -> torch.Tensor:
         seen.append((padded.bucket, padded.num_seqs))
-        return replay(padded)
+        return replay(padded, fill_inputs)
 
     graphs.replay = counting  # type: ignore[method-assign]
     return seen

@@ -195,7 +195,7 @@ def test_duplicate_id_refusal_leaves_the_first_request_running(engine: LLMEngine
 def test_prefill_only_request_whose_sampling_fails_is_removed(
     engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_after(engine.sampler, "sample", monkeypatch)
+    fail_after(engine.sampler, "sample_on_device", monkeypatch)
     engine.add_request("prefill-fails", PROMPT, SEEDED, prefill_only=True)
     with pytest.raises(Injected):
         engine.step()
@@ -222,7 +222,7 @@ def test_prefill_only_request_pinned_before_output_processing_fails_is_freed(
 def test_offline_generate_with_a_failing_step_leaves_nothing(
     llm: LLM, engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_after(engine.sampler, "sample", monkeypatch)
+    fail_after(engine.sampler, "sample_on_device", monkeypatch)
     with pytest.raises(Injected):
         llm.generate(prompt_token_ids=[PROMPT, PROMPT[:20]], sampling_params=SEEDED)
 
@@ -294,7 +294,7 @@ def test_async_open_failing_in_its_own_bookkeeping_leaves_nothing(
 def test_async_prefill_only_whose_sampling_fails_is_removed(
     async_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_after(async_engine.engine.sampler, "sample", monkeypatch)
+    fail_after(async_engine.engine.sampler, "sample_on_device", monkeypatch)
 
     async def main() -> None:
         with pytest.raises(PdserveError, match="injected after sample"):
@@ -310,7 +310,7 @@ def test_async_step_failure_removes_a_request_that_has_no_stream(
 ) -> None:
     """A request added straight to the engine (no stream to fail) leaves with its failed step
     instead of failing every later step."""
-    fail_after(async_engine.engine.sampler, "sample", monkeypatch)
+    fail_after(async_engine.engine.sampler, "sample_on_device", monkeypatch)
 
     async def main() -> None:
         await async_engine.call(lambda e: e.add_request("streamless", PROMPT, SEEDED))

@@ -8,6 +8,9 @@ and batches larger than every bucket must stay eager.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
 import torch
 
 from engine import LLM, SamplingParams
@@ -27,7 +30,9 @@ class EagerBuckets:
         self.max_table_width = 64
         self.replayed: list[tuple[int, int]] = []  # (bucket, num_seqs)
 
-    def replay(self, padded: PaddedDecode) -> torch.Tensor:
+    def replay(
+        self, padded: PaddedDecode, fill_inputs: Callable[[torch.Tensor], None] | None = None
+    ) -> torch.Tensor:
         n = padded.num_seqs
         assert padded.bucket in self.batch_sizes and n <= padded.bucket
         assert padded.slot_mapping[n:] == [-1] * padded.num_padding
@@ -38,20 +43,24 @@ class EagerBuckets:
         assert padded.positions[:n] == [s - 1 for s in padded.seq_lens[:n]]
         self.replayed.append((padded.bucket, n))
         model = self.runner.model
-        ids = torch.tensor(padded.token_ids[:n])
+        ids = torch.tensor(padded.token_ids)
+        if fill_inputs is not None:
+            fill_inputs(ids)  # pending ids from the step before (overlapped steps)
+        ids = ids[:n]
         positions = torch.tensor(padded.positions[:n])
         hidden = model(ids, positions, self.runner.storage.kv, meta)  # [n, H]
         return model.compute_logits(hidden)
 
 
-def test_decode_steps_replay_in_the_smallest_bucket_and_match_eager() -> None:
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_decode_steps_replay_in_the_smallest_bucket_and_match_eager(overlap: str) -> None:
     prompts = [[5 + i] * (3 + 7 * i) for i in range(5)]
     params = [
         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (3, 6, 9, 9, 14)
     ]
     expected = LLM(MODEL, max_num_seqs=8).generate(prompt_token_ids=prompts, sampling_params=params)
 
-    llm = LLM(MODEL, max_num_seqs=8, max_num_batched_tokens=16)
+    llm = LLM(MODEL, max_num_seqs=8, max_num_batched_tokens=16, async_scheduling=overlap)  # type: ignore[arg-type]
     runner = llm.engine.runner
     assert runner.graphs is None  # never on CPU
     fake = EagerBuckets(runner, (1, 2, 4))

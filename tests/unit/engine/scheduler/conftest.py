@@ -21,6 +21,7 @@ from core.kv_events import KVEventBatch
 from core.sampling import SamplingParams
 from engine.request import FinishReason, Request
 from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler.output import PENDING_TOKEN_ID
 
 VOCAB = 50
 EOS = 0  # next_token never returns 0, so EOS only appears when a test forces it
@@ -53,12 +54,19 @@ class FakeKVRunner:
     def slot(self, block_ids: list[int], position: int) -> int:
         return block_ids[position // self.block_size] * self.block_size + position % self.block_size
 
-    def execute(self, output: SchedulerOutput) -> dict[str, int]:
+    def execute(
+        self, output: SchedulerOutput, pending: dict[str, int] | None = None
+    ) -> dict[str, int]:
+        """Run a plan; ``PENDING_TOKEN_ID`` inputs take ``pending[request_id]`` (the ids the
+        step before sampled, which an overlapped scheduler has not been told yet)."""
         sampled: dict[str, int] = {}
         for item in output.scheduled:
             assert 0 not in item.block_ids, "the null block is in a block table"
             assert len(item.block_ids) * self.block_size >= item.end_position
             for offset, token_id in enumerate(item.token_ids):
+                if token_id == PENDING_TOKEN_ID:
+                    assert pending is not None and item.request_id in pending
+                    token_id = pending[item.request_id]
                 self.slots[self.slot(item.block_ids, item.start_position + offset)] = token_id
             if item.samples_token:
                 context = [
@@ -82,6 +90,8 @@ class Harness:
     reasons: dict[str, FinishReason | None] = field(default_factory=dict)
     cached_tokens: dict[str, int] = field(default_factory=dict)
     plans: list[SchedulerOutput] = field(default_factory=list)
+    in_flight: tuple[SchedulerOutput, dict[str, int]] | None = None
+    """Overlapped steps: the plan executed but not applied yet, and what it sampled."""
 
     def add(
         self, request_id: str, prompt: Sequence[int], max_tokens: int = 8, **kw: Any
@@ -96,22 +106,37 @@ class Harness:
         return request
 
     def step(self) -> SchedulerOutput:
+        """Plan, execute and apply one step. Overlapped (``scheduler.async_scheduling``): the
+        step is executed with the previous step's samples and the *previous* step is applied,
+        as the engine does."""
         output = self.scheduler.schedule()
         self.scheduler.check_integrity()
         self.plans.append(output)
         assert output.num_scheduled_tokens <= self.scheduler.max_num_batched_tokens
         assert all(item.num_new_tokens >= 1 for item in output.scheduled)
-        for update in self.scheduler.update_from_output(output, self.runner.execute(output)):
+        if not self.scheduler.async_scheduling:
+            self._apply(output, self.runner.execute(output))
+            return output
+        previous = self.in_flight
+        sampled = self.runner.execute(output, previous[1] if previous else None)
+        self.in_flight = (output, sampled) if output.scheduled else None
+        if previous is not None:
+            self._apply(*previous)
+        if not output.scheduled and self.in_flight is None:
+            self.scheduler.check_integrity()
+        return output
+
+    def _apply(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
+        for update in self.scheduler.update_from_output(output, sampled):
             self.outputs.setdefault(update.request_id, []).extend(update.new_token_ids)
             self.cached_tokens[update.request_id] = update.num_cached_tokens
             if update.finished:
                 self.reasons[update.request_id] = update.finish_reason
         self.scheduler.check_integrity()
-        return output
 
     def run(self, max_steps: int = 2000) -> None:
         for _ in range(max_steps):
-            if not self.scheduler.has_unfinished():
+            if not self.scheduler.has_unfinished() and self.in_flight is None:
                 return
             self.step()
         raise AssertionError(f"still unfinished after {max_steps} steps")
@@ -138,6 +163,7 @@ def make_harness() -> MakeHarness:
         max_model_len: int = 200,
         caching: bool = True,
         long_prefill: int | None = None,
+        overlap: bool = False,
     ) -> Harness:
         batches: list[KVEventBatch] = []
         config = EngineConfig(
@@ -153,6 +179,7 @@ def make_harness() -> MakeHarness:
             num_blocks,
             max_model_len=max_model_len,
             kv_event_callback=batches.append,
+            async_scheduling=overlap,
         )
         return Harness(scheduler, FakeKVRunner(num_blocks, block_size), batches)
 

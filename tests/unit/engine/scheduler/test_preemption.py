@@ -10,8 +10,12 @@ import pytest
 from engine.request import FinishReason, RequestStatus
 
 
-def test_tiny_pool_preempts_and_every_output_matches(make_harness: Any, reference: Any) -> None:
-    h = make_harness(num_blocks=9, budget=16)  # 8 usable blocks = 32 tokens for 3 requests
+@pytest.mark.parametrize("overlap", [False, True])
+def test_tiny_pool_preempts_and_every_output_matches(
+    make_harness: Any, reference: Any, overlap: bool
+) -> None:
+    # 8 usable blocks = 32 tokens for 3 requests
+    h = make_harness(num_blocks=9, budget=16, overlap=overlap)
     prompts = {"a": [1, 2, 3, 4, 5, 6], "b": [9, 8, 7, 6, 5, 4], "c": [3, 1, 4, 1, 5, 9]}
     for rid, prompt in prompts.items():
         h.add(rid, prompt, max_tokens=12)
@@ -80,8 +84,9 @@ def test_a_request_preempts_itself_when_pins_hold_the_pool(
 
 
 @pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("overlap", [False, True])
 def test_random_mix_under_pressure_matches_reference(
-    make_harness: Any, reference: Any, seed: int
+    make_harness: Any, reference: Any, seed: int, overlap: bool
 ) -> None:
     rng = random.Random(seed)
     h = make_harness(
@@ -89,6 +94,7 @@ def test_random_mix_under_pressure_matches_reference(
         budget=rng.choice([8, 16, 24]),
         max_num_seqs=rng.choice([2, 4, 8]),
         caching=seed % 3 != 0,
+        overlap=overlap,
     )
     shared = [rng.randrange(1, 50) for _ in range(8)]
     prompts: dict[str, tuple[list[int], int]] = {}
@@ -104,7 +110,7 @@ def test_random_mix_under_pressure_matches_reference(
             victim = rng.choice(sorted(prompts))
             if h.scheduler.abort(victim):
                 aborted.add(victim)
-        if not h.scheduler.has_unfinished() and len(prompts) == 12:
+        if not h.scheduler.has_unfinished() and h.in_flight is None and len(prompts) == 12:
             break
         h.step()
     h.run()
