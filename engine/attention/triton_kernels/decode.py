@@ -115,9 +115,7 @@ def _paged_decode_kernel(
             QUANT,
             FP32_DOT,
         )
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [G, N], log2 units
-        scores = tl.where(in_seq[None, :], scores, float("-inf"))
-        probs, rescale, row_max, row_sum = online_softmax_step(row_max, row_sum, scores)
+        # V is requested before the dot: both tiles' reads are in flight at once
         v = load_kv_tile(
             v_base,
             scale_ptr,
@@ -130,6 +128,9 @@ def _paged_decode_kernel(
             QUANT,
             FP32_DOT,
         )
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [G, N], log2 units
+        scores = tl.where(in_seq[None, :], scores, float("-inf"))
+        probs, rescale, row_max, row_sum = online_softmax_step(row_max, row_sum, scores)
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
     out = online_softmax_finish(acc, row_sum)  # [G, D]
     if NUM_SPLITS == 1:
