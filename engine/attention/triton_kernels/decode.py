@@ -1,10 +1,17 @@
-"""Triton kernel: paged decode attention (one new query token per sequence).
+"""Triton kernel: paged decode attention (one new query token per sequence), split-KV.
 
-One program per (sequence, kv head) handles that kv head's whole query group at once, so each
-K/V tile is read once for all ``num_heads // num_kv_heads`` query heads (GQA/MQA for free). The
-program walks the context in tiles of ``BLOCK_N`` tokens; each token's block id comes from the
-block table (any ``block_size`` works, tiles may span blocks), and an online softmax in fp32 folds
-the tiles together.
+One program per (sequence, kv head, split) handles that kv head's whole query group at once (the
+group's rows padded to 16 for ``tl.dot``), so each K/V tile is read once for all
+``num_heads // num_kv_heads`` query heads (GQA/MQA for free). Each sequence's context — its last
+``window`` positions under a sliding window — is cut into ``num_splits`` ranges of whole
+``BLOCK_N``-token tiles, sized from the sequence's length at run time; the program walks its range
+with an fp32 online softmax. Each token's block id comes from the block table (any
+``block_size`` works, tiles may span blocks).
+
+With one split the program writes the output itself. With more, it writes its range's normalised
+output and log-sum-exp to scratch (an empty range — a short sequence — leaves the neutral
+``(0, -inf)``) and :mod:`decode_merge` folds the splits together. How many splits:
+:mod:`splits`.
 """
 
 from __future__ import annotations
@@ -25,11 +32,14 @@ from engine.attention.triton_kernels.common import (
     online_softmax_step,
     scale_view,
 )
+from engine.attention.triton_kernels.decode_merge import merge_decode_splits
+from engine.attention.triton_kernels.splits import choose_num_splits, sm_count
 
 
 @triton.jit
 def _paged_decode_kernel(
-    out_ptr,
+    out_ptr,  # [B, H, D] when NUM_SPLITS == 1, else [B, H, S, D] float32 scratch
+    lse_ptr,  # [B, H, S] float32 scratch (unused when NUM_SPLITS == 1)
     q_ptr,
     kv_ptr,
     scale_ptr,
@@ -52,11 +62,13 @@ def _paged_decode_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
     FP32_DOT: tl.constexpr,
     QUANT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     groups = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
@@ -73,12 +85,18 @@ def _paged_decode_kernel(
     v_base = k_base + stride_cache_kind
     table = block_tables_ptr + seq * stride_table_seq
 
+    # a sliding window (window > 0) skips the tiles wholly before the new token's last `window`
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    first_tile_start = (first // BLOCK_N) * BLOCK_N
+    # this split's share of the tiles, whole tiles each; past the end for a short sequence
+    tiles_per_split = tl.cdiv(tl.cdiv(seq_len - first_tile_start, BLOCK_N), NUM_SPLITS)
+    split_start = first_tile_start + split * tiles_per_split * BLOCK_N
+    split_end = tl.minimum(split_start + tiles_per_split * BLOCK_N, seq_len)
+
     row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    # a sliding window (window > 0) skips the tiles wholly before the new token's last `window`
-    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    for start in range((first // BLOCK_N) * BLOCK_N, seq_len, BLOCK_N):
+    for start in range(split_start, split_end, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)  # [N]
         in_seq = (tokens < seq_len) & (tokens >= first)
         block_ids = tl.load(table + tokens // BLOCK_SIZE, mask=in_seq, other=0).to(tl.int64)
@@ -97,9 +115,7 @@ def _paged_decode_kernel(
             QUANT,
             FP32_DOT,
         )
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [G, N], log2 units
-        scores = tl.where(in_seq[None, :], scores, float("-inf"))
-        probs, rescale, row_max, row_sum = online_softmax_step(row_max, row_sum, scores)
+        # V is requested before the dot: both tiles' reads are in flight at once
         v = load_kv_tile(
             v_base,
             scale_ptr,
@@ -112,13 +128,23 @@ def _paged_decode_kernel(
             QUANT,
             FP32_DOT,
         )
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [G, N], log2 units
+        scores = tl.where(in_seq[None, :], scores, float("-inf"))
+        probs, rescale, row_max, row_sum = online_softmax_step(row_max, row_sum, scores)
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
-    out = online_softmax_finish(acc, row_sum)
-    tl.store(
-        out_ptr + seq * stride_out_token + heads[:, None] * stride_out_head + dims[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=q_mask,
-    )
+    out = online_softmax_finish(acc, row_sum)  # [G, D]
+    if NUM_SPLITS == 1:
+        tl.store(
+            out_ptr + seq * stride_out_token + heads[:, None] * stride_out_head + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=q_mask,
+        )
+    else:
+        rows = (seq * tl.num_programs(1) * GROUP + heads) * NUM_SPLITS + split  # [G]
+        tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], out, mask=q_mask)
+        seen = row_sum > 0.0  # [G] false for an empty range
+        lse = tl.where(seen, row_max + tl.log2(tl.where(seen, row_sum, 1.0)), float("-inf"))
+        tl.store(lse_ptr + rows, lse, mask=groups < GROUP)
 
 
 def paged_decode_attention(
@@ -130,21 +156,37 @@ def paged_decode_attention(
     scale: float,
     block_n: int = 64,
     window: int | None = None,
+    num_splits: int | None = None,
 ) -> None:
     """Attend each sequence's single new query over its whole paged context (its last
-    ``window`` positions when given), into ``out``."""
+    ``window`` positions when given), into ``out``.
+
+    ``num_splits`` ranges per context (default :func:`choose_num_splits` for this batch on this
+    GPU; 1 is the single-pass kernel). NOTE: the split scratch is allocated here, per call: under
+    CUDA-graph capture it comes from the graph's private memory pool, so every replay reuses the
+    captured addresses; eagerly it is a caching-allocator hit.
+    """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[3]
     if num_seqs == 0:
         return
     if q.stride(-1) != 1:
         q = q.contiguous()
-    group = num_heads // num_kv_heads
     check_launchable(_paged_decode_kernel, q)
     check_last_dim_contiguous(out=out, kv_cache=kv_cache)
-    quant = is_quantized_cache(kv_cache)
-    _paged_decode_kernel[(num_seqs, num_kv_heads)](
-        out,
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, sm_count(q.device))
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if num_splits == 1:
+        target, partial_lse = out, out  # the kernel writes the output itself; no lse
+    else:
+        target = q.new_empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32)
+        partial_lse = q.new_empty(num_seqs, num_heads, num_splits, dtype=torch.float32)
+    group = num_heads // num_kv_heads
+    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        target,
+        partial_lse,
         q,
         kv_cache,
         scale_view(kv_cache),
@@ -167,6 +209,9 @@ def paged_decode_attention(
         BLOCK_G=max(MIN_DOT_SIZE, triton.next_power_of_2(group)),
         BLOCK_D=max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim)),
         BLOCK_N=triton.next_power_of_2(max(MIN_DOT_SIZE, block_n)),
+        NUM_SPLITS=num_splits,
         FP32_DOT=needs_fp32_dot(_paged_decode_kernel, kv_cache.dtype),
-        QUANT=quant,
+        QUANT=is_quantized_cache(kv_cache),
     )
+    if num_splits > 1:
+        merge_decode_splits(out, target, partial_lse)

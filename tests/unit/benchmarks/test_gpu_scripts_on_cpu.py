@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
-@pytest.mark.parametrize("script", ["gpu_engine.py", "gpu_check.py"])
+@pytest.mark.parametrize("script", ["gpu_engine.py", "gpu_check.py", "decode_attention_timing.py"])
 def test_scripts_refuse_to_run_without_cuda(script: str) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script)],

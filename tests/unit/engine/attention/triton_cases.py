@@ -213,3 +213,92 @@ def test_sliding_window_matches_the_torch_backend(paged_case, window) -> None:
             case.q, case.k, case.v, case.kv.clone()[:, 1], case.meta, case.scale
         )
         assert not torch.allclose(out, full, atol=1e-3)  # the window really cut the context
+
+
+# Split-KV decode: (num_heads, num_kv_heads, head_dim, block_size, num_splits). 16-token tiles
+# over contexts of up to 77 tokens: several tiles and blocks per context, several tiles per split,
+# and splits past a short sequence's end (empty: they must leave a neutral partial).
+SPLIT_LAYOUTS = [
+    (4, 4, 64, 16, 3),  # MHA
+    (8, 2, 128, 32, 4),  # GQA 4, the larger head and block
+    (16, 2, 64, 16, 5),  # GQA 8
+    (8, 1, 128, 16, 2),  # MQA
+    (8, 2, 64, 32, 1),  # the single-pass path, no merge
+]
+SPLIT_IDS = [f"{h}q-{kv}kv-d{d}-b{b}-s{s}" for h, kv, d, b, s in SPLIT_LAYOUTS]
+SPLIT_SEQ_LENS = [1, 5, 40, 77]
+
+
+def split_decode(
+    case, num_splits: int, window: int | None = None, cache: torch.Tensor | None = None
+) -> torch.Tensor:
+    cache = case.layer_cache if cache is None else cache
+    write_kv_cache(cache, case.k, case.v, case.meta.slot_mapping)
+    out = torch.full_like(case.q, float("nan"))
+    meta = case.meta
+    paged_decode_attention(
+        out,
+        case.q,
+        cache,
+        meta.block_tables,
+        meta.seq_lens,
+        case.scale,
+        block_n=16,
+        window=window,
+        num_splits=num_splits,
+    )
+    return out
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size", "num_splits"),
+    SPLIT_LAYOUTS,
+    ids=SPLIT_IDS,
+)
+def test_split_decode_matches_reference(
+    paged_case, reference, num_heads, num_kv_heads, head_dim, block_size, num_splits
+) -> None:
+    case = paged_case(
+        [1] * 4,
+        SPLIT_SEQ_LENS,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+    )
+    check(split_decode(case, num_splits), reference(case), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_split_decode_low_precision(paged_case, reference, dtype) -> None:
+    case = paged_case([1] * 4, SPLIT_SEQ_LENS, head_dim=64, dtype=dtype)
+    check(split_decode(case, 3), reference(case), dtype)
+
+
+def test_more_splits_than_tiles(paged_case, reference) -> None:
+    # 16 splits over at most 2 tiles: nearly every program has an empty range
+    case = paged_case([1] * 3, [1, 2, 17], num_heads=4, num_kv_heads=1)
+    check(split_decode(case, 16), reference(case), torch.float32)
+
+
+@pytest.mark.parametrize("window", [5, 23])
+def test_split_decode_sliding_window_matches_the_torch_backend(paged_case, window) -> None:
+    # windows shorter than, across and beyond a split's range; one context inside the window
+    case = paged_case([1] * 3, [3, 40, 77], block_size=8)
+    expected = TorchAttentionBackend().forward(
+        case.q, case.k, case.v, case.kv.clone()[:, 1], case.meta, case.scale, window
+    )
+    out = split_decode(case, 4, window)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", QUANT_DTYPES, ids=["int8", "fp8_e4m3"])
+def test_split_decode_8bit_cache_matches_the_torch_backend(paged_case, kv_dtype) -> None:
+    case = paged_case([1] * 3, [9, 40, 77], num_heads=8, num_kv_heads=2, head_dim=64)
+    packed = pack_rows(case.kv, kv_dtype)
+    torch_kv, triton_kv = packed.clone(), packed.clone()
+    expected = TorchAttentionBackend().forward(
+        case.q, case.k, case.v, torch_kv[:, 1], case.meta, case.scale
+    )
+    out = split_decode(case, 3, cache=triton_kv[:, 1])
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
