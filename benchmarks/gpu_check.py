@@ -30,9 +30,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 TEST_PATHS = ["tests/gpu", "tests/unit/roles/test_host_staging.py"]
 HEADLINES = [
+    ("tpot_b1_ms", ""),
     ("tpot_b1_ratio", "<= 0.5"),
     ("throughput_b64_ratio", ">= 3"),
-    ("bandwidth_utilisation_b1", ">= 0.5"),
+    ("bandwidth_utilisation_b1", ">= 0.7"),
+    ("decode_attention_us_b1", "<= 5"),
+    ("host_waits_per_step", "<= 1"),
+    ("sync_free_decode_step", ""),
+    ("prefill_tflops_ratio", ">= 0.5"),
+    ("engine_build_s", ""),
     ("roofline_tpot_b1_ms", ""),
     ("prefill_tflops", ""),
     ("prefill_tflops_ratio", ""),

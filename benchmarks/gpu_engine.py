@@ -3,13 +3,23 @@
 One run, same weights (default ``builtin:llama-1b``: 1.1B parameters, Llama-shaped), same dtype
 (bf16) on both sides. Progress goes to stderr; the last stdout line is one JSON object:
 
-- ``tpot_b1_ratio``: batch-1 time per output token, 512-token prompt, 256 new tokens, ours /
-  HF ``generate()`` with a static cache (target <= 0.5). TPOT = ``(T(256) - T(1)) / 255``.
-- ``throughput_b64_ratio``: batch-64 output tokens/s, 512-token prompts, 256 new (target >= 3).
+- ``tpot_b1_ms`` (and ``hf_tpot_b1_ms``): batch-1 time per output token, 512-token prompt, 256
+  new tokens; ``tpot_b1_ratio`` is ours over HF ``generate()`` with a static cache (target
+  <= 0.5). TPOT = ``(T(256) - T(1)) / 255``.
+- ``throughput_b64_ratio``: batch-64 output tokens/s, 512-token prompts, 256 new, over HF's
+  (target >= 3).
 - ``bandwidth_utilisation_b1``: bytes one batch-1 decode step must read (every weight but the
   embedding table, plus the KV of the average context) over our TPOT, divided by the GPU's
-  measured copy bandwidth (a large device-to-device copy; target >= 0.5); ``roofline_tpot_b1_ms``
+  measured copy bandwidth (a large device-to-device copy; target >= 0.7); ``roofline_tpot_b1_ms``
   is those bytes over that bandwidth.
+- ``decode_attention_us_b1``: one layer's decode attention at batch 1 and a 640-token context,
+  llama-1b's layer shape, in a captured graph (``decode_attention_timing.py``; target <= 5).
+- ``host_waits_per_step``: times the host waited for the device per engine step over a batch-8
+  decode (target <= 1), and ``sync_free_decode_step``: whether decode steps ran with
+  ``torch.cuda.set_sync_debug_mode("error")`` set (the reader's one wait allowed).
+- ``async_off``: the same batch-1/batch-64 figures and host waits of a second engine built with
+  ``async_scheduling: off``, measured in the same rounds; ``engine_build_s`` the start-up cost of
+  each engine (weights, KV, graph capture, compilation).
 - ``prefill_tflops``: TFLOP/s achieved prefilling an 8K-token prompt in one step (linear layers
   plus causal attention), and ``prefill_tflops_ratio`` over the measured bf16 matmul rate.
 - ``staging_gbps``: KV staging through the engine's pinned host mirror and side stream: export
@@ -32,6 +42,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import Literal
 
 import torch
 
@@ -45,8 +56,12 @@ PROMPT_LEN, NEW_TOKENS, BATCH, PREFILL_LEN = 512, 256, 64, 8192
 TARGETS = {
     "tpot_b1_ratio": ("<=", 0.5),
     "throughput_b64_ratio": (">=", 3.0),
-    "bandwidth_utilisation_b1": (">=", 0.5),
+    "bandwidth_utilisation_b1": (">=", 0.7),
+    "prefill_tflops_ratio": (">=", 0.5),
+    "decode_attention_us_b1": ("<=", 5.0),
+    "host_waits_per_step": ("<=", 1.0),
 }
+WAIT_BATCH, WAIT_TOKENS = 8, 64
 
 
 def sync_time(fn: Callable[[], object]) -> float:
@@ -171,6 +186,61 @@ def staging_gbps(llm: LLM, repeats: int, num_bytes: int = 1 << 30) -> dict[str, 
     return {name: count * block_bytes / seconds / 1e9 for name, seconds in best.items()}
 
 
+def host_waits_per_step(llm: LLM, vocab: int) -> float:
+    """Host waits for the device per engine step, over a batch-8 run of 64 new tokens each."""
+    engine = llm.engine
+    real_step = engine.step
+    steps = [0]
+
+    def counted() -> list:  # type: ignore[type-arg]
+        steps[0] += 1
+        return real_step()
+
+    engine.step = counted  # type: ignore[method-assign]
+    before = engine.reader.num_waits
+    try:
+        ours_generate(llm, random_prompts(WAIT_BATCH, PROMPT_LEN, vocab, seed=4), WAIT_TOKENS)()
+    finally:
+        del engine.step
+    return (engine.reader.num_waits - before) / max(steps[0], 1)
+
+
+def sync_free_decode_steps(llm: LLM, vocab: int, num_steps: int = 16) -> bool:
+    """Whether steady decode steps run with ``set_sync_debug_mode("error")`` raising nothing,
+    the reader's one intended wait aside."""
+    from engine.device_io import PendingRead
+
+    engine = llm.engine
+    params = SamplingParams(max_tokens=num_steps + 8, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(random_prompts(4, 128, vocab, seed=5)):
+        engine.add_request(f"sync-check-{i}", prompt, params)
+    for _ in range(4):  # prefill and the first decodes, outside the check
+        engine.step()
+    real_wait = PendingRead.wait
+
+    def allowed_wait(self: PendingRead) -> list[torch.Tensor]:
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return real_wait(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    PendingRead.wait = allowed_wait  # type: ignore[method-assign]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(num_steps):
+            engine.step()
+        return True
+    except RuntimeError as e:
+        logger.warning("a decode step synchronised: %s", e)
+        return False
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        PendingRead.wait = real_wait  # type: ignore[method-assign]
+        while engine.has_unfinished():
+            engine.step()
+
+
 def meets(value: float, op: str, target: float) -> bool:
     """``value op target`` for ``op`` in ``<=`` / ``>=``."""
     return value <= target if op == "<=" else value >= target
@@ -197,19 +267,29 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu_engine.py needs a CUDA GPU: torch.cuda.is_available() is False")
+    from decode_attention_timing import decode_attention_us  # a sibling script
     from transformers import AutoModelForCausalLM
 
     model_dir = resolve_model(args.model)  # writes a built-in on first use
-    llm = LLM(
-        args.model,
-        dtype="bfloat16",
-        max_model_len=PREFILL_LEN + 16,
-        max_num_seqs=BATCH,
-        max_num_batched_tokens=PREFILL_LEN,
-        enable_prefix_caching=False,  # HF has none, and the loops repeat their prompts
-        kv_cache_memory_bytes=int(args.kv_gib * 2**30),
-        compile_model=args.compile,
-    )
+    build_s: dict[str, float] = {}
+
+    def build(overlap: Literal["on", "off"]) -> LLM:
+        start = time.perf_counter()
+        built = LLM(
+            args.model,
+            dtype="bfloat16",
+            max_model_len=PREFILL_LEN + 16,
+            max_num_seqs=BATCH,
+            max_num_batched_tokens=PREFILL_LEN,
+            enable_prefix_caching=False,  # HF has none, and the loops repeat their prompts
+            kv_cache_memory_bytes=int(args.kv_gib * 2**30),
+            compile_model=args.compile,
+            async_scheduling=overlap,
+        )
+        build_s[overlap] = time.perf_counter() - start
+        return built
+
+    llm, llm_sync = build("on"), build("off")
     parts = llm.engine.parts
     hf: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
     hf = hf.cuda().eval()
@@ -224,7 +304,10 @@ def main() -> None:
         "compile_model": args.compile,
         "hf_compile": args.hf_compile,
         "cuda_graph_batch_sizes": list(parts.cuda_graph_batch_sizes),
+        "async_scheduling": llm.engine.async_scheduling,
+        "engine_build_s": build_s["on"],
     }
+    off: dict[str, float] = {"engine_build_s": build_s["off"]}
     logger.info("measuring copy bandwidth and matmul rate")
     copy_bw = copy_bandwidth_gbps()
     peak_tflops = matmul_tflops()
@@ -238,12 +321,17 @@ def main() -> None:
             "hfn": hf_generate(hf, one, NEW_TOKENS),
             "us1": ours_generate(llm, one, 1),
             "usn": ours_generate(llm, one, NEW_TOKENS),
+            "off1": ours_generate(llm_sync, one, 1),
+            "offn": ours_generate(llm_sync, one, NEW_TOKENS),
         },
     )
     hf_tpot = (t["hfn"] - t["hf1"]) / (NEW_TOKENS - 1)
     us_tpot = (t["usn"] - t["us1"]) / (NEW_TOKENS - 1)
-    result["tpot_b1_ms"] = {"ours": us_tpot * 1e3, "hf": hf_tpot * 1e3}
+    off_tpot = (t["offn"] - t["off1"]) / (NEW_TOKENS - 1)
+    result["tpot_b1_ms"] = us_tpot * 1e3
+    result["hf_tpot_b1_ms"] = hf_tpot * 1e3
     result["tpot_b1_ratio"] = us_tpot / hf_tpot
+    off["tpot_b1_ms"] = off_tpot * 1e3
     ours_tokens = list(ours_generate(llm, one, NEW_TOKENS)()[0].token_ids)  # type: ignore[index]
     hf_tokens = hf_generate(hf, one, NEW_TOKENS)()[0, PROMPT_LEN:].tolist()  # type: ignore[index]
     result["greedy_match_b1_tokens"] = leading_match(ours_tokens, hf_tokens)
@@ -255,16 +343,33 @@ def main() -> None:
     result["decode_bytes_per_step_b1"] = step_bytes
     result["roofline_tpot_b1_ms"] = step_bytes / (copy_bw * 1e9) * 1e3
     result["bandwidth_utilisation_b1"] = step_bytes / us_tpot / 1e9 / copy_bw
+    off["bandwidth_utilisation_b1"] = step_bytes / off_tpot / 1e9 / copy_bw
 
     logger.info("batch %d: %d-token prompts, %d new tokens", BATCH, PROMPT_LEN, NEW_TOKENS)
     many = random_prompts(BATCH, PROMPT_LEN, vocab, seed=2)
     t = paired_best(
         args.repeats,
-        {"hf": hf_generate(hf, many, NEW_TOKENS), "us": ours_generate(llm, many, NEW_TOKENS)},
+        {
+            "hf": hf_generate(hf, many, NEW_TOKENS),
+            "us": ours_generate(llm, many, NEW_TOKENS),
+            "off": ours_generate(llm_sync, many, NEW_TOKENS),
+        },
     )
     tokens = BATCH * NEW_TOKENS
     result["throughput_b64_tok_s"] = {"ours": tokens / t["us"], "hf": tokens / t["hf"]}
     result["throughput_b64_ratio"] = t["hf"] / t["us"]
+    off["throughput_b64_tok_s"] = tokens / t["off"]
+    off["throughput_b64_ratio"] = t["hf"] / t["off"]
+
+    logger.info("host waits per step, and decode steps under sync debug mode")
+    result["host_waits_per_step"] = host_waits_per_step(llm, vocab)
+    off["host_waits_per_step"] = host_waits_per_step(llm_sync, vocab)
+    result["sync_free_decode_step"] = sync_free_decode_steps(llm, vocab)
+    result["async_off"] = off
+
+    logger.info("decode attention: one layer, batch 1, 640-token context")
+    result["decode_attention_us_b1"] = decode_attention_us("cuda")
+    result["decode_attention_us_b1_single_pass"] = decode_attention_us("cuda", num_splits=1)
 
     logger.info("prefill: one %d-token prompt", PREFILL_LEN)
     long_prompt = random_prompts(1, PREFILL_LEN, vocab, seed=3)
