@@ -275,6 +275,7 @@ class LLMEngine:
         for item in plan.scheduled:
             if (state := self._states.get(item.request_id)) is not None:
                 state.scheduled(now)
+        self.runner.release(plan.finished_request_ids + plan.preempted_request_ids)
         pending = previous.pending_tokens() if previous is not None else None
         logits = self.runner.execute(plan.scheduled, pending)
         sample: DeviceSample | None = None

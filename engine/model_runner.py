@@ -151,6 +151,12 @@ class ModelRunner:
         sources = pending.token_ids.index_select(0, upload(rows, torch.long, self.device))
         input_ids.index_copy_(0, upload(positions, torch.long, self.device), sources)
 
+    def release(self, request_ids: Sequence[str]) -> None:
+        """Forget per-request state of requests that ended or were preempted (their rows of
+        the persistent block table)."""
+        if self.graphs is not None and request_ids:
+            self.graphs.table_rows.release(request_ids)
+
     def _prompt_logits(
         self,
         scheduled: list[ScheduledRequest],
@@ -178,10 +184,12 @@ class ModelRunner:
         bucket = pick_bucket(len(scheduled), self.graphs.batch_sizes)
         if bucket is None:
             return None
+        tables = [(item.request_id, item.block_ids) for item in scheduled]
         padded = pad_decode(
             [item.token_ids[0] for item in scheduled],
             [item.end_position for item in scheduled],
-            [item.block_ids for item in scheduled],
+            [len(item.block_ids) for item in scheduled],
+            self.graphs.table_rows.rows(tables),
             bucket=bucket,
             block_size=self.block_size,
             max_table_width=self.graphs.max_table_width,

@@ -59,80 +59,60 @@ def pick_bucket(num_seqs: int, sizes: Sequence[int]) -> int | None:
 PADDING_SLOT = -1  # the KV write kernel skips negative slots
 PADDING_SEQ_LEN = 1  # a padding row attends over one slot of the padding block 0
 PADDING_BLOCK = 0
+PADDING_ROW = 0  # the row of the persistent block table that holds only the padding block
 
 
 @dataclass(frozen=True)
 class PaddedDecode:
     """One decode step laid out for a bucket: the ``num_seqs`` real rows, then padding rows.
 
-    Every list has ``bucket`` entries; each ``block_tables`` row has ``table_width`` entries,
-    the most blocks any real row's context needs (entries past a row's context are never read,
-    so the static table's stale tail beyond ``table_width`` does not matter).
+    Every list has ``bucket`` entries: each row's input token, context length after the step,
+    and its row in the persistent block table (:mod:`engine.cuda_graphs.block_table_rows`);
+    positions, slots and the step's block tables are derived from those on the device.
     """
 
     bucket: int
     num_seqs: int
     token_ids: list[int]
-    positions: list[int]
     seq_lens: list[int]
-    slot_mapping: list[int]
-    block_tables: list[list[int]]
+    rows: list[int]
 
     @property
     def num_padding(self) -> int:
         """Rows added to reach the bucket."""
         return self.bucket - self.num_seqs
 
-    @property
-    def table_width(self) -> int:
-        """Columns of ``block_tables``."""
-        return len(self.block_tables[0])
-
 
 def pad_decode(
     token_ids: Sequence[int],
     seq_lens: Sequence[int],
-    block_tables: Sequence[Sequence[int]],
+    num_table_blocks: Sequence[int],
+    rows: Sequence[int],
     *,
     bucket: int,
     block_size: int,
     max_table_width: int,
 ) -> PaddedDecode:
-    """Lay out a decode step (one new token per sequence, at position ``seq_len - 1``) for
+    """Lay out a decode step (one new token per sequence, at position ``seq_len - 1``; each
+    sequence's table holds ``num_table_blocks`` blocks, in block-table row ``rows[i]``) for
     ``bucket`` rows; ``ValueError`` when it does not fit the bucket or the static table."""
     num_seqs = len(token_ids)
-    if not (num_seqs == len(seq_lens) == len(block_tables)):
-        raise ValueError("token_ids, seq_lens and block_tables must have one entry per sequence")
+    if not (num_seqs == len(seq_lens) == len(num_table_blocks) == len(rows)):
+        raise ValueError("token_ids, seq_lens, tables and rows must have one entry per sequence")
     if not 1 <= num_seqs <= bucket:
         raise ValueError(f"{num_seqs} sequences do not fit a bucket of {bucket}")
-    needed = [-(-seq_len // block_size) for seq_len in seq_lens]
-    width = max(needed)
-    for seq_len, blocks, table in zip(seq_lens, needed, block_tables, strict=True):
-        if seq_len < 1 or blocks > len(table) or blocks > max_table_width:
+    for seq_len, held in zip(seq_lens, num_table_blocks, strict=True):
+        needed = -(-seq_len // block_size)
+        if seq_len < 1 or needed > held or needed > max_table_width:
             raise ValueError(
-                f"a context of {seq_len} tokens does not fit {len(table)} blocks of {block_size} "
+                f"a context of {seq_len} tokens does not fit {held} blocks of {block_size} "
                 f"(static table width {max_table_width})"
             )
-    positions = [seq_len - 1 for seq_len in seq_lens]
-    slots = [
-        table[pos // block_size] * block_size + pos % block_size
-        for pos, table in zip(positions, block_tables, strict=True)
-    ]
-    tables = [
-        _row(table, blocks, width) for table, blocks in zip(block_tables, needed, strict=True)
-    ]
     num_padding = bucket - num_seqs
     return PaddedDecode(
         bucket=bucket,
         num_seqs=num_seqs,
         token_ids=[*token_ids, *[0] * num_padding],
-        positions=[*positions, *[0] * num_padding],
         seq_lens=[*seq_lens, *[PADDING_SEQ_LEN] * num_padding],
-        slot_mapping=[*slots, *[PADDING_SLOT] * num_padding],
-        block_tables=tables + [[PADDING_BLOCK] * width for _ in range(num_padding)],
+        rows=[*rows, *[PADDING_ROW] * num_padding],
     )
-
-
-def _row(table: Sequence[int], blocks: int, width: int) -> list[int]:
-    """The first ``blocks`` entries of ``table``, padded with the padding block to ``width``."""
-    return [*table[:blocks], *[PADDING_BLOCK] * (width - blocks)]

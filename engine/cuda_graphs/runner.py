@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.cuda_graphs.block_table_rows import BlockTableRows
 from engine.cuda_graphs.buckets import PaddedDecode
 from engine.cuda_graphs.buffers import DecodeBuffers
 
@@ -49,6 +50,8 @@ class CudaGraphRunner:
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
         self.max_table_width = -(-max_model_len // block_size)
         self.buffers = DecodeBuffers(self.batch_sizes[-1], self.max_table_width, block_size, device)
+        self.table_rows = BlockTableRows(2 * self.batch_sizes[-1], self.max_table_width, device)
+        """The running requests' block tables, one persistent row each."""
         self._step = step
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._capture_all()
@@ -56,10 +59,11 @@ class CudaGraphRunner:
     def replay(
         self, padded: PaddedDecode, fill_inputs: Callable[[torch.Tensor], None] | None = None
     ) -> torch.Tensor:
-        """Run the step of ``padded`` (written by :func:`pad_decode` for one of the buckets);
-        ``fill_inputs`` may then complete the static input ids [bucket] on the device (ids
-        sampled by the step before). Returns the logits of its real rows [num_seqs, vocab]
-        float32, a view of the graph's static output that the next replay overwrites."""
+        """Run the step of ``padded`` (written by :func:`pad_decode` for one of the buckets, over
+        rows of :attr:`table_rows`); ``fill_inputs`` may then complete the static input ids
+        [bucket] on the device (ids sampled by the step before). Returns the logits of its real
+        rows [num_seqs, vocab] float32, a view of the graph's static output that the next replay
+        overwrites."""
         graph, logits = self._graphs[padded.bucket]
         self.buffers.load(padded)
         if fill_inputs is not None:
@@ -73,11 +77,11 @@ class CudaGraphRunner:
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self.batch_sizes):
             args = self._args(bucket)
-            self._step(*args)  # compile and warm every kernel outside the capture
+            self._derive_and_step(bucket, args)  # compile and warm every kernel first
             torch.cuda.synchronize(self.buffers.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits = self._step(*args)  # [bucket, vocab]
+                logits = self._derive_and_step(bucket, args)  # [bucket, vocab]
             self._graphs[bucket] = (graph, logits)
         torch.cuda.synchronize(self.buffers.device)
         logger.info(
@@ -86,6 +90,14 @@ class CudaGraphRunner:
             list(self.batch_sizes),
             time.perf_counter() - start,
         )
+
+    def _derive_and_step(
+        self, bucket: int, args: tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]
+    ) -> torch.Tensor:
+        """What a graph records: positions, block tables and slots derived on the device from
+        the loaded rows, then the decode step."""
+        self.buffers.derive(bucket, self.table_rows.table)
+        return self._step(*args)
 
     def _args(
         self, bucket: int

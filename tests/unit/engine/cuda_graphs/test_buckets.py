@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.cuda_graphs import default_batch_sizes, graph_batch_sizes, pad_decode, pick_bucket
+from engine.cuda_graphs.buckets import PADDING_ROW
 
 ON = {
     "max_num_seqs": 64,
@@ -54,39 +55,30 @@ def test_pick_bucket_none_when_nothing_fits() -> None:
 def test_pad_decode_lays_out_real_rows_then_padding() -> None:
     # block_size 4: contexts of 5, 1 and 9 tokens need 2, 1 and 3 blocks
     padded = pad_decode(
-        [11, 12, 13],
-        [5, 1, 9],
-        [[7, 3], [2, 5], [4, 6, 8, 9]],
-        bucket=4,
-        block_size=4,
-        max_table_width=10,
+        [11, 12, 13], [5, 1, 9], [2, 2, 4], [3, 1, 2], bucket=4, block_size=4, max_table_width=10
     )
     assert padded.bucket == 4 and padded.num_seqs == 3 and padded.num_padding == 1
     assert padded.token_ids == [11, 12, 13, 0]
-    assert padded.positions == [4, 0, 8, 0]
     assert padded.seq_lens == [5, 1, 9, 1]
-    # slot = block_id * 4 + position % 4 of the new token; padding never writes (-1)
-    assert padded.slot_mapping == [3 * 4 + 0, 2 * 4 + 0, 8 * 4 + 0, -1]
-    # rows as wide as the longest context needs; unused entries and padding rows use block 0
-    assert padded.table_width == 3
-    assert padded.block_tables == [[7, 3, 0], [2, 0, 0], [4, 6, 8], [0, 0, 0]]
+    assert padded.rows == [3, 1, 2, PADDING_ROW]  # padding rows read the padding row
 
 
 def test_pad_decode_full_bucket_has_no_padding() -> None:
-    padded = pad_decode([1, 2], [16, 17], [[5], [6, 7]], bucket=2, block_size=16, max_table_width=2)
-    assert padded.num_padding == 0
-    assert padded.slot_mapping == [5 * 16 + 15, 7 * 16 + 0]
-    assert padded.block_tables == [[5, 0], [6, 7]]
+    padded = pad_decode(
+        [1, 2], [16, 17], [1, 2], [1, 2], bucket=2, block_size=16, max_table_width=2
+    )
+    assert padded.num_padding == 0 and padded.rows == [1, 2]
 
 
 def test_pad_decode_refuses_what_does_not_fit() -> None:
     with pytest.raises(ValueError, match="bucket of 2"):
-        pad_decode([1, 2, 3], [1, 1, 1], [[1], [2], [3]], bucket=2, block_size=4, max_table_width=4)
+        pad_decode([1, 2, 3], [1, 1, 1], [1, 1, 1], [1, 2, 3], bucket=2, block_size=4,
+                   max_table_width=4)  # fmt: skip
     with pytest.raises(ValueError, match="does not fit 1 blocks"):
-        pad_decode([1], [5], [[1]], bucket=1, block_size=4, max_table_width=4)
+        pad_decode([1], [5], [1], [1], bucket=1, block_size=4, max_table_width=4)
     with pytest.raises(ValueError, match="static table width 1"):
-        pad_decode([1], [5], [[1, 2]], bucket=1, block_size=4, max_table_width=1)
+        pad_decode([1], [5], [2], [1], bucket=1, block_size=4, max_table_width=1)
     with pytest.raises(ValueError, match="one entry per sequence"):
-        pad_decode([1, 2], [5], [[1, 2]], bucket=2, block_size=4, max_table_width=4)
+        pad_decode([1, 2], [5], [2], [1], bucket=2, block_size=4, max_table_width=4)
     with pytest.raises(ValueError, match="bucket"):
-        pad_decode([], [], [], bucket=2, block_size=4, max_table_width=4)
+        pad_decode([], [], [], [], bucket=2, block_size=4, max_table_width=4)

@@ -15,41 +15,49 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.attention.metadata import AttentionMetadata
-from engine.cuda_graphs import PaddedDecode, pick_bucket
+from engine.cuda_graphs import DecodeBuffers, PaddedDecode, pick_bucket
+from engine.cuda_graphs.block_table_rows import BlockTableRows
 from engine.model_runner import ModelRunner
 
 MODEL = "builtin:tiny-llama"
 
 
 class EagerBuckets:
-    """``CudaGraphRunner``'s interface, replaying nothing: the real rows run eagerly."""
+    """``CudaGraphRunner``'s interface, replaying nothing: the real rows run eagerly over the
+    real static buffers and persistent block-table rows (on CPU tensors), so the derivation a
+    graph records is checked against ``AttentionMetadata.build``."""
 
     def __init__(self, runner: ModelRunner, batch_sizes: tuple[int, ...]) -> None:
         self.runner = runner
         self.batch_sizes = batch_sizes
         self.max_table_width = 64
+        cpu = torch.device("cpu")
+        self.buffers = DecodeBuffers(max(batch_sizes), self.max_table_width, runner.block_size, cpu)
+        self.table_rows = BlockTableRows(2 * max(batch_sizes), self.max_table_width, cpu)
         self.replayed: list[tuple[int, int]] = []  # (bucket, num_seqs)
 
     def replay(
         self, padded: PaddedDecode, fill_inputs: Callable[[torch.Tensor], None] | None = None
     ) -> torch.Tensor:
-        n = padded.num_seqs
-        assert padded.bucket in self.batch_sizes and n <= padded.bucket
-        assert padded.slot_mapping[n:] == [-1] * padded.num_padding
-        meta = AttentionMetadata.build(
-            [1] * n, padded.seq_lens[:n], padded.block_tables[:n], self.runner.block_size
-        )
-        assert meta.slot_mapping.tolist() == padded.slot_mapping[:n]
-        assert padded.positions[:n] == [s - 1 for s in padded.seq_lens[:n]]
-        self.replayed.append((padded.bucket, n))
-        model = self.runner.model
-        ids = torch.tensor(padded.token_ids)
+        n, bucket, static = padded.num_seqs, padded.bucket, self.buffers
+        assert bucket in self.batch_sizes and n <= bucket
+        static.load(padded)
         if fill_inputs is not None:
-            fill_inputs(ids)  # pending ids from the step before (overlapped steps)
-        ids = ids[:n]
-        positions = torch.tensor(padded.positions[:n])
-        hidden = model(ids, positions, self.runner.storage.kv, meta)  # [n, H]
-        return model.compute_logits(hidden)
+            fill_inputs(static.input_ids[:bucket])  # pending ids from the step before
+        static.derive(bucket, self.table_rows.table)
+        seq_lens = static.seq_lens[:n].tolist()
+        tables = [
+            row[: -(-s // self.runner.block_size)]
+            for row, s in zip(static.block_tables[:n].tolist(), seq_lens, strict=True)
+        ]
+        meta = AttentionMetadata.build([1] * n, seq_lens, tables, self.runner.block_size)
+        assert static.slot_mapping[:n].tolist() == meta.slot_mapping.tolist()
+        assert static.slot_mapping[n:bucket].tolist() == [-1] * padded.num_padding
+        assert static.positions[:n].tolist() == [s - 1 for s in seq_lens]
+        self.replayed.append((bucket, n))
+        model = self.runner.model
+        hidden = model(static.input_ids[:n], static.positions[:n], self.runner.storage.kv, meta)
+        return model.compute_logits(hidden)  # [n, vocab]
 
 
 @pytest.mark.parametrize("overlap", ["off", "on"])
