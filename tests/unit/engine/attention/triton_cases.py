@@ -23,6 +23,8 @@ from engine.attention.triton_kernels import (
     write_kv_cache,
 )
 from engine.cuda_graphs import DecodeBuffers, pad_decode
+from engine.cuda_graphs.block_table_rows import BlockTableRows
+from engine.cuda_graphs.buckets import PADDING_ROW
 from engine.kv.quant import pack_rows
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
@@ -152,11 +154,22 @@ def test_backend_over_padded_static_buffers_matches_unpadded(paged_case, referen
     # a stale block-table tail and placeholder host lists. Real rows must match the reference;
     # padding rows must write no KV (block 0 is a real block here) and stay finite.
     case = paged_case([1, 1, 1], [5, 33, 17], block_size=8)
-    static = DecodeBuffers(max_batch=8, max_table_width=8, block_size=8, device=case.q.device)
-    static.block_tables.copy_(torch.randint(0, case.kv.shape[0], static.block_tables.shape))
-    tables = case.meta.block_tables.tolist()  # padded rows: pad_decode takes what it needs
-    padded = pad_decode([0, 0, 0], [5, 33, 17], tables, bucket=8, block_size=8, max_table_width=8)
+    device = case.q.device
+    static = DecodeBuffers(max_batch=8, max_table_width=8, block_size=8, device=device)
+    table_rows = BlockTableRows(max_rows=8, width=8, device=device)
+    # rows of other requests, and stale entries past each context, hold garbage block ids
+    table_rows.table.copy_(torch.randint(0, case.kv.shape[0], table_rows.table.shape))
+    table_rows.table[PADDING_ROW] = 0
+    needed = [-(-s // 8) for s in (5, 33, 17)]
+    tables = [
+        (f"r{i}", row[:n])
+        for i, (row, n) in enumerate(zip(case.meta.block_tables.tolist(), needed, strict=True))
+    ]
+    rows = table_rows.rows(tables)
+    padded = pad_decode([0, 0, 0], [5, 33, 17], needed, rows, bucket=8, block_size=8,
+                        max_table_width=8)  # fmt: skip
     static.load(padded)
+    static.derive(8, table_rows.table)
     expected_kv = case.kv.clone()
     torch_write_kv_cache(expected_kv[:, 1], case.k, case.v, case.meta.slot_mapping, 8)
 
