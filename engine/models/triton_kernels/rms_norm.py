@@ -97,6 +97,7 @@ def _launch(
     if num_rows > 0:
         # The interpreter pays per program, so it takes many rows per program.
         block_rows = 16 if is_interpreted(_rms_norm_kernel) else 1
+        block_h = triton.next_power_of_2(hidden_size)
         _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
             rows,
             residual_rows,
@@ -112,6 +113,7 @@ def _launch(
             HIDDEN_SIZE=hidden_size,
             HAS_RESIDUAL=residual is not None,
             BLOCK_ROWS=block_rows,
-            BLOCK_H=triton.next_power_of_2(hidden_size),
+            BLOCK_H=block_h,
+            num_warps=min(max(block_h // 512, 1), 16),  # a row of 4096 takes 8 warps
         )
     return out.view(x.shape)
