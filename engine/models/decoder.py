@@ -57,7 +57,9 @@ class DecoderLayer(nn.Module):
         )
         self.mlp: nn.Module  # GatedMLP or MoELayer (or an expert-parallel wrapper of it)
         if config.is_moe_layer(layer_idx):
-            self.mlp = MoELayer(config, dtype=dtype, device=device, expert_ids=expert_ids)
+            self.mlp = MoELayer(
+                config, dtype=dtype, device=device, expert_ids=expert_ids, kernels=kernels
+            )
         else:
             self.mlp = GatedMLP(
                 hidden, config.intermediate_size, dtype=dtype, device=device, kernels=kernels

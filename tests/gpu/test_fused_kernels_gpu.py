@@ -110,7 +110,7 @@ def test_rope_and_cache_write(shape, dtype, block_size, cache_dtype) -> None:
     assert torch.equal(cache.view(torch.uint8), expected_cache.view(torch.uint8)), f"seed {seed}"
 
 
-@pytest.mark.parametrize("preset", ["llama", "mistral-swa", "qwen3-moe"])
+@pytest.mark.parametrize("preset", ["llama", "mistral-swa", "qwen3-moe", "qwen2-moe"])
 def test_model_forward_fused_vs_torch_path(preset: str) -> None:
     hf_config = PRESETS[preset]()
     raw = {**hf_config.to_dict(), "architectures": [MODEL_CLASSES[type(hf_config)].__name__]}

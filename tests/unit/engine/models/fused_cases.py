@@ -206,7 +206,8 @@ def test_rope_of_no_tokens() -> None:
 
 # --- a whole model: fused kernels against the torch path ----------------------------------------
 
-MODEL_PRESETS = ["llama", "mistral-swa", "qwen3-moe"]  # GQA; a sliding window; q/k norm + MoE
+# GQA; a sliding window; q/k norm + MoE; a shared expert
+MODEL_PRESETS = ["llama", "mistral-swa", "qwen3-moe", "qwen2-moe"]
 PROMPT_LENS = (30, 7)  # the first longer than mistral-swa's window of 24
 BLOCK_SIZE = 16
 
