@@ -11,7 +11,8 @@ is a graph input and written by an op gets functionalised — the op writes a co
 
 :class:`OpaqueAttention` is the backend each layer of a compiled model holds: it calls the op
 with its layer index, and the op runs the configured backend (torch on CPU, Triton on CUDA) on
-that layer's cache.
+that layer's cache. A model with fused kernels calls ``pdserve::paged_attention_rope`` instead,
+which hands the backend q and k before RoPE (:class:`~engine.attention.backend.RopeFusingBackend`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.backend import AttentionBackend
+from engine.attention.backend import AttentionBackend, RopeFusingBackend
 from engine.attention.metadata import AttentionMetadata
 
 
@@ -83,6 +84,42 @@ def _paged_attention_fake(
     return q.new_empty(q.shape)
 
 
+@torch.library.custom_op("pdserve::paged_attention_rope", mutates_args=())
+def paged_attention_rope(
+    q: torch.Tensor,  # [T, num_heads, head_dim], not yet rotated
+    k: torch.Tensor,  # [T, num_kv_heads, head_dim], not yet rotated
+    v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    cos: torch.Tensor,  # [T, 1, head_dim]
+    sin: torch.Tensor,  # [T, 1, head_dim] (signed)
+    layer_idx: int,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:  # [T, num_heads, head_dim] contiguous
+    """:func:`paged_attention` with RoPE applied by the backend (which must fuse it)."""
+    step = _ACTIVE.get()
+    if step is None:
+        raise RuntimeError("pdserve::paged_attention_rope called outside an attention_step()")
+    if not isinstance(step.backend, RopeFusingBackend):
+        raise RuntimeError(f"attention backend {step.backend.name!r} cannot fuse RoPE")
+    layer_kv = step.kv_cache[:, layer_idx]
+    out = step.backend.forward_rope(q, k, v, cos, sin, layer_kv, step.meta, scale, window or None)
+    return out.contiguous()
+
+
+@paged_attention_rope.register_fake
+def _paged_attention_rope_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
 class OpaqueAttention:
     """The :class:`AttentionBackend` of one layer of a compiled model: calls the custom op.
 
@@ -108,3 +145,18 @@ class OpaqueAttention:
     ) -> torch.Tensor:
         """``pdserve::paged_attention(q, k, v, layer_idx, scale, window)``."""
         return paged_attention(q, k, v, self.layer_idx, scale, window or 0)
+
+    def forward_rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata | None,
+        scale: float,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """``pdserve::paged_attention_rope(q, k, v, cos, sin, layer_idx, scale, window)``."""
+        return paged_attention_rope(q, k, v, cos, sin, self.layer_idx, scale, window or 0)

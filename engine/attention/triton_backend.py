@@ -1,7 +1,9 @@
 """Paged attention through Triton kernels: the default backend on CUDA.
 
-Each step runs the cache-write kernel, then either the paged decode kernel (every sequence has one
-new token) or the varlen prefill kernel (prefill chunks, prefix hits and any decodes mixed in). On
+Each step runs the cache-write kernel (or, for a model with fused kernels, the RoPE + cache-write
+kernel, through :meth:`TritonAttentionBackend.forward_rope`), then either the paged decode kernel
+(every sequence has one new token) or the varlen prefill kernel (prefill chunks, prefix hits and
+any decodes mixed in). On
 CPU the kernels only run in Triton's interpreter (``TRITON_INTERPRET=1`` set before triton is
 first imported), which is for testing, not serving.
 """
@@ -17,6 +19,7 @@ from engine.attention.triton_kernels import (
     interpreter_active,
     paged_decode_attention,
     paged_prefill_attention,
+    rope_and_write_kv_cache,
     write_kv_cache,
 )
 
@@ -48,6 +51,32 @@ class TritonAttentionBackend:
         """Write the new K/V at ``meta.slot_mapping``, then attend causally over each context
         (within the last ``window`` positions when given)."""
         write_kv_cache(kv_cache, k, v, meta.slot_mapping)
+        return self._attend(q, kv_cache, meta, scale, window)
+
+    def forward_rope(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim], not yet rotated
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim], not yet rotated
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        cos: torch.Tensor,  # [T, 1, head_dim]
+        sin: torch.Tensor,  # [T, 1, head_dim] (signed)
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        """Rotate q and k and write k/v in one kernel, then attend as :meth:`forward` does."""
+        q = rope_and_write_kv_cache(kv_cache, q, k, v, cos, sin, meta.slot_mapping)
+        return self._attend(q, kv_cache, meta, scale, window)
+
+    def _attend(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim], rotated
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
         out = torch.empty_like(q)
         if meta.num_seqs == 0:
             return out

@@ -1,14 +1,21 @@
 """The attention block of a decoder layer: fused QKV projection, optional per-head q/k RMSNorm
-(Qwen3), RoPE, paged attention through an :class:`AttentionBackend`, output projection."""
+(Qwen3), RoPE, paged attention through an :class:`AttentionBackend`, output projection.
+
+With fused kernels and a backend that can (:class:`RopeFusingBackend`), RoPE moves into the
+backend's KV-cache write: the block hands it q and k before rotation, with the cos/sin tables.
+"""
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import nn
 
-from engine.attention.backend import AttentionBackend
+from engine.attention.backend import AttentionBackend, RopeFusingBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.models.config import ModelArchConfig
+from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.layers import Linear, RMSNorm
 from engine.models.rope import apply_rope
 
@@ -28,9 +35,12 @@ class Attention(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         window: int | None = None,
+        kernels: ModelKernels = TORCH_KERNELS,
     ) -> None:
         super().__init__()
         self.backend = backend
+        # decided once: a compiled model later swaps in an opaque backend that forwards either way
+        self.fuse_rope = kernels.fused and isinstance(backend, RopeFusingBackend)
         self.window = window  # sliding-window attention over the last `window` positions
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
@@ -55,8 +65,8 @@ class Attention(nn.Module):
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:
             eps = config.rms_norm_eps
-            self.q_norm = RMSNorm(config.head_dim, eps, dtype=dtype, device=device)
-            self.k_norm = RMSNorm(config.head_dim, eps, dtype=dtype, device=device)
+            self.q_norm = RMSNorm(config.head_dim, eps, dtype=dtype, device=device, kernels=kernels)
+            self.k_norm = RMSNorm(config.head_dim, eps, dtype=dtype, device=device, kernels=kernels)
 
     def forward(
         self,
@@ -70,12 +80,17 @@ class Attention(nn.Module):
         num_tokens = hidden.shape[0]
         nh, nkv = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(hidden).view(num_tokens, nh + 2 * nkv, self.head_dim)  # [T, n, D]
-        v = qkv[:, nh + nkv :]  # [T, nkv, D]
-        if self.q_norm is None or self.k_norm is None:
-            qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # [T, nh + nkv, D]
-            q, k = qk[:, :nh], qk[:, nh:]
+        q, k, v = qkv[:, :nh], qkv[:, nh : nh + nkv], qkv[:, nh + nkv :]  # [T, nh|nkv, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE
+        if self.fuse_rope:
+            backend = cast(RopeFusingBackend, self.backend)
+            out = backend.forward_rope(q, k, v, cos, sin, layer_kv, meta, self.scale, self.window)
         else:
-            q = apply_rope(self.q_norm(qkv[:, :nh]), cos, sin)  # [T, nh, D]
-            k = apply_rope(self.k_norm(qkv[:, nh : nh + nkv]), cos, sin)  # [T, nkv, D]
-        out = self.backend.forward(q, k, v, layer_kv, meta, self.scale, self.window)  # [T,nh,D]
-        return self.o_proj(out.reshape(num_tokens, nh * self.head_dim))
+            if self.q_norm is None:  # q and k are adjacent heads of qkv: one rotation
+                qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # [T, nh + nkv, D]
+                q, k = qk[:, :nh], qk[:, nh:]
+            else:
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            out = self.backend.forward(q, k, v, layer_kv, meta, self.scale, self.window)
+        return self.o_proj(out.reshape(num_tokens, nh * self.head_dim))  # out: [T, nh, D]

@@ -16,13 +16,19 @@ from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.models.attention import Attention
 from engine.models.config import ModelArchConfig
+from engine.models.kernels import TORCH_KERNELS, ModelKernels, default_fused, model_kernels
 from engine.models.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.models.moe import MoELayer
 from engine.models.rope import RotaryEmbedding
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``; ``mlp`` is dense or MoE."""
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``; ``mlp`` is dense or MoE.
+
+    The residual stream travels beside the block's output (vLLM's convention): a layer returns
+    ``(mlp_out, residual)`` and the next layer's first norm adds the two, so each residual add
+    fuses into the norm that follows it. The sums are the same as ``h + attn(...)``'s.
+    """
 
     def __init__(
         self,
@@ -33,38 +39,58 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         expert_ids: Sequence[int] | None,
+        kernels: ModelKernels = TORCH_KERNELS,
     ) -> None:
         super().__init__()
         eps, hidden = config.rms_norm_eps, config.hidden_size
-        self.input_layernorm = RMSNorm(hidden, eps, dtype=dtype, device=device)
+        self.input_layernorm = RMSNorm(hidden, eps, dtype=dtype, device=device, kernels=kernels)
         self.self_attn = Attention(
-            config, backend, dtype=dtype, device=device, window=config.layer_window(layer_idx)
+            config,
+            backend,
+            dtype=dtype,
+            device=device,
+            window=config.layer_window(layer_idx),
+            kernels=kernels,
         )
-        self.post_attention_layernorm = RMSNorm(hidden, eps, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(
+            hidden, eps, dtype=dtype, device=device, kernels=kernels
+        )
         self.mlp: nn.Module  # GatedMLP or MoELayer (or an expert-parallel wrapper of it)
         if config.is_moe_layer(layer_idx):
-            self.mlp = MoELayer(config, dtype=dtype, device=device, expert_ids=expert_ids)
+            self.mlp = MoELayer(
+                config, dtype=dtype, device=device, expert_ids=expert_ids, kernels=kernels
+            )
         else:
-            self.mlp = GatedMLP(hidden, config.intermediate_size, dtype=dtype, device=device)
+            self.mlp = GatedMLP(
+                hidden, config.intermediate_size, dtype=dtype, device=device, kernels=kernels
+            )
 
     def forward(
         self,
         hidden: torch.Tensor,  # [T, H]
+        residual: torch.Tensor | None,  # [T, H]; None in the first layer
         cos: torch.Tensor,  # [T, 1, D]
         sin: torch.Tensor,  # [T, 1, D] (signed)
         layer_kv: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, D]
         meta: AttentionMetadata,
-    ) -> torch.Tensor:  # [T, H]
-        """One decoder layer over the step's tokens."""
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, layer_kv, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H], [T, H])
+        """One decoder layer over the step's tokens: ``(mlp output, residual)``, whose sum is
+        the layer's output hidden states."""
+        if residual is None:
+            residual, normed = hidden, self.input_layernorm(hidden)
+        else:
+            normed, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        attn_out = self.self_attn(normed, cos, sin, layer_kv, meta)  # [T, H]
+        normed, residual = self.post_attention_layernorm.add_and_norm(attn_out, residual)
+        return self.mlp(normed), residual
 
 
 class CausalLM(nn.Module):
     """A decoder-only LM over a paged KV cache; ``forward`` returns final-norm hidden states.
 
     ``expert_ids`` (MoE only) lists the global expert ids this instance owns in every MoE layer;
-    None means all of them.
+    None means all of them. ``fused_kernels`` picks the Triton kernels for norms, activation and
+    RoPE (:mod:`engine.models.kernels`); None takes them on CUDA only.
     """
 
     def __init__(
@@ -75,10 +101,13 @@ class CausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         expert_ids: Sequence[int] | None = None,
+        fused_kernels: bool | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
+        fused = default_fused(device) if fused_kernels is None else fused_kernels
+        self.kernels = model_kernels(fused)
         self.embed_tokens = Embedding(
             config.vocab_size, config.hidden_size, dtype=dtype, device=device
         )
@@ -86,10 +115,24 @@ class CausalLM(nn.Module):
             config.head_dim, config.rope_theta, config.rope_scaling, dtype, device
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, backend, dtype=dtype, device=device, expert_ids=expert_ids)
+            DecoderLayer(
+                config,
+                i,
+                backend,
+                dtype=dtype,
+                device=device,
+                expert_ids=expert_ids,
+                kernels=self.kernels,
+            )
             for i in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        self.norm = RMSNorm(
+            config.hidden_size,
+            config.rms_norm_eps,
+            dtype=dtype,
+            device=device,
+            kernels=self.kernels,
+        )
         self.lm_head: Linear | None = None
         if not config.tie_word_embeddings:
             self.lm_head = Linear(
@@ -106,9 +149,12 @@ class CausalLM(nn.Module):
         """Run the step's tokens through every layer, writing their K/V into ``kv_cache``."""
         cos, sin = self.rotary(positions)  # [T, 1, D] each
         hidden = self.embed_tokens(input_ids)  # [T, H]
+        residual: torch.Tensor | None = None
         for layer_idx, layer in enumerate(self.layers):
-            hidden = layer(hidden, cos, sin, kv_cache[:, layer_idx], meta)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, cos, sin, kv_cache[:, layer_idx], meta)
+        if residual is None:  # a model without layers
+            return self.norm(hidden)
+        return self.norm.add_and_norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] hidden states -> [N, vocab] float32 logits."""

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.quant import int8_linear, quantize_rows
 
 
@@ -66,30 +67,32 @@ class Embedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dim, computed in float32 like HF transformers.
-
-    float32 uses the fused ``F.rms_norm`` (bit-identical to HF's op sequence there, and one op
-    instead of eight); half precision replays HF's sequence, whose two roundings (normalised
-    value, then times weight) the fused op would not reproduce.
-    """
+    """Root-mean-square norm over the last dim, computed in float32 like HF transformers, through
+    the model's :class:`~engine.models.kernels.ModelKernels` (torch ops or one Triton kernel)."""
 
     def __init__(
-        self, size: int, eps: float, *, dtype: torch.dtype, device: torch.device | str
+        self,
+        size: int,
+        eps: float,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        kernels: ModelKernels = TORCH_KERNELS,
     ) -> None:
         super().__init__()
         self.eps = eps
-        self.shape = (size,)
-        self.fused = dtype == torch.float32
+        self.kernels = kernels
         self.weight = empty_param(size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., size] -> [..., size] in ``x``'s dtype."""
-        if self.fused:
-            return F.rms_norm(x, self.shape, self.weight, self.eps)
-        h = x.float()
-        variance = h.pow(2).mean(-1, keepdim=True)  # [..., 1]
-        h = h * torch.rsqrt(variance + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.kernels.rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``, each [..., size]: the pre-norm residual step."""
+        return self.kernels.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
@@ -102,9 +105,11 @@ class GatedMLP(nn.Module):
         *,
         dtype: torch.dtype,
         device: torch.device | str,
+        kernels: ModelKernels = TORCH_KERNELS,
     ) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
+        self.kernels = kernels
         self.gate_up_proj = Linear(
             hidden_size, 2 * intermediate_size, bias=False, dtype=dtype, device=device
         )
@@ -114,5 +119,5 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, H]."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        return self.down_proj(self.kernels.silu_and_mul(gate_up))  # silu(gate) * up: [T, I]

@@ -21,6 +21,7 @@ from torch import nn
 
 from core.errors import ConfigError
 from engine.models.config import ModelArchConfig
+from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.layers import GatedMLP, Linear, empty_param
 from engine.models.quant import int8_linear, quantize_rows
 
@@ -39,9 +40,11 @@ class MoELayer(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         expert_ids: Sequence[int] | None = None,
+        kernels: ModelKernels = TORCH_KERNELS,
     ) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.moe_intermediate_size
+        self.kernels = kernels
         self.num_experts = config.num_experts
         self.top_k = config.top_k
         self.renormalize = config.norm_topk_prob
@@ -59,7 +62,11 @@ class MoELayer(nn.Module):
         self.shared_expert_gate: Linear | None = None
         if config.shared_expert_intermediate_size > 0:
             self.shared_expert = GatedMLP(
-                hidden, config.shared_expert_intermediate_size, dtype=dtype, device=device
+                hidden,
+                config.shared_expert_intermediate_size,
+                dtype=dtype,
+                device=device,
+                kernels=kernels,
             )
             self.shared_expert_gate = Linear(hidden, 1, bias=False, dtype=dtype, device=device)
 
@@ -95,9 +102,9 @@ class MoELayer(nn.Module):
             end = start + num_rows
             rows = sorted_in[start:end]
             gate_up = self._expert_linear(rows, self.gate_up_proj, self.gate_up_scale, local_id)
-            gate, up = gate_up.chunk(2, dim=-1)  # [n, I] each
+            activated = self.kernels.silu_and_mul(gate_up)  # silu(gate) * up: [n, I]
             sorted_out[start:end] = self._expert_linear(
-                F.silu(gate) * up, self.down_proj, self.down_scale, local_id
+                activated, self.down_proj, self.down_scale, local_id
             )
             start = end
         return torch.empty_like(sorted_out).index_copy_(0, order, sorted_out)  # [N, H]

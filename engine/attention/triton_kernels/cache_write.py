@@ -71,7 +71,7 @@ def _write_kv_kernel(
 
 
 @triton.jit
-def _quantize_store(
+def quantize_store(
     x,  # [T, D] float32, zero outside the row
     dst,  # [T, D] pointers to the row's values
     scale_dst,  # [T] float16 pointers to the row's scale
@@ -132,7 +132,7 @@ def _write_kv_quant_kernel(
         mask=mask,
         other=0.0,
     ).to(tl.float32)
-    _quantize_store(
+    quantize_store(
         k,
         kv_ptr + rows[:, None] + dims[None, :],
         scale_ptr + (rows + HEAD_DIM) // 2,
@@ -147,7 +147,7 @@ def _write_kv_quant_kernel(
         other=0.0,
     ).to(tl.float32)
     v_rows = rows + stride_cache_kind
-    _quantize_store(
+    quantize_store(
         v,
         kv_ptr + v_rows[:, None] + dims[None, :],
         scale_ptr + (v_rows + HEAD_DIM) // 2,

@@ -1,0 +1,49 @@
+"""The model's Triton kernels as torch custom ops, so ``torch.compile`` traces around them.
+
+Dynamo cannot trace into a Triton launcher that reads strides and picks tile sizes in Python;
+as opaque ops with a fake (shape-only) implementation they enter the graph as single nodes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.models.triton_kernels.rms_norm import add_rms_norm, rms_norm
+from engine.models.triton_kernels.silu_mul import silu_and_mul
+
+
+@torch.library.custom_op("pdserve::rms_norm", mutates_args=())
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """[..., H] -> RMSNorm [..., H] (:func:`~engine.models.triton_kernels.rms_norm.rms_norm`)."""
+    return rms_norm(x, weight, eps)
+
+
+@rms_norm_op.register_fake
+def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("pdserve::add_rms_norm", mutates_args=())
+def add_rms_norm_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual), both [..., H]."""
+    return add_rms_norm(x, residual, weight, eps)
+
+
+@add_rms_norm_op.register_fake
+def _add_rms_norm_fake(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+@torch.library.custom_op("pdserve::silu_and_mul", mutates_args=())
+def silu_and_mul_op(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] -> silu(gate) * up [..., I]."""
+    return silu_and_mul(gate_up)
+
+
+@silu_and_mul_op.register_fake
+def _silu_and_mul_fake(gate_up: torch.Tensor) -> torch.Tensor:
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
