@@ -204,6 +204,38 @@ class TorchAttentionBackend:
         return out
 
 
+def is_fresh_prompts(meta: AttentionMetadata, window: int | None) -> bool:
+    """True for a prefill step of whole prompts with nothing cached before them (every
+    ``query_len == seq_len``), none longer than a sliding ``window``."""
+    return (
+        not meta.decode_only
+        and meta.query_lens_list == meta.seq_lens_list
+        and (window is None or window >= meta.max_seq_len)
+    )
+
+
+def attend_fresh_prompts(
+    q: torch.Tensor,  # [T, Hq, D]
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim], written
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Causal attention of a :func:`is_fresh_prompts` step: per prompt, its K/V read back from
+    the cache (an 8-bit cache is attended as stored, as a later prefix hit will be) and one
+    causal SDPA — FlashAttention-class kernels on CUDA, tuned for the GPU by their authors."""
+    out = torch.empty_like(q)
+    start = 0
+    for seq_idx, seq_len in enumerate(meta.seq_lens_list):
+        end = start + seq_len
+        table = meta.block_tables[seq_idx, : -(-seq_len // meta.block_size)]  # [nb]
+        keys, values = gather_context(kv_cache, table, q.dtype)  # [nb * bs, Hkv, D]
+        q_seq = q[start:end].transpose(0, 1)  # [Hq, L, D]
+        out_seq = _sdpa_gqa(q_seq, keys[:seq_len], values[:seq_len], None, scale)
+        out[start:end] = out_seq.transpose(0, 1)
+        start = end
+    return out
+
+
 def _decode_window_mask(meta: AttentionMetadata, window: int) -> torch.Tensor:
     """[B, 1, 1, S]: key ``k`` of a sequence of length ``L`` is visible iff ``L - window <= k < L``
     (the new token sits at ``L - 1``)."""

@@ -3,9 +3,11 @@
 Each step runs the cache-write kernel (or, for a model with fused kernels, the RoPE + cache-write
 kernel, through :meth:`TritonAttentionBackend.forward_rope`), then either the paged decode kernel
 (every sequence has one new token) or the varlen prefill kernel (prefill chunks, prefix hits and
-any decodes mixed in). On
-CPU the kernels only run in Triton's interpreter (``TRITON_INTERPRET=1`` set before triton is
-first imported), which is for testing, not serving.
+any decodes mixed in). A step of whole fresh prompts (nothing cached before them) needs no
+paging: its prompts read their K/V back from the cache and run PyTorch's SDPA, whose CUDA
+kernels (FlashAttention, cuDNN) are tuned per GPU generation. On CPU the kernels only run in
+Triton's interpreter (``TRITON_INTERPRET=1`` set before triton is first imported), which is for
+testing, not serving.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from core.errors import ConfigError
 from engine.attention.backend import register_backend
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.torch_backend import attend_fresh_prompts, is_fresh_prompts
 from engine.attention.triton_kernels import (
     interpreter_active,
     paged_decode_attention,
@@ -77,6 +80,8 @@ class TritonAttentionBackend:
         scale: float,
         window: int | None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        if is_fresh_prompts(meta, window):
+            return attend_fresh_prompts(q, kv_cache, meta, scale)
         out = torch.empty_like(q)
         if meta.num_seqs == 0:
             return out

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.attention import AttentionMetadata, TorchAttentionBackend, get_backend
+from engine.attention.torch_backend import attend_fresh_prompts, is_fresh_prompts, write_kv_cache
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 HEADS = [(4, 4), (8, 2), (16, 2), (8, 1)]  # GQA ratios 1, 4, 8 and MQA
@@ -115,3 +116,24 @@ def test_one_instance_serves_successive_steps(paged_case, reference) -> None:
         case = paged_case(query_lens, seq_lens, block_size=8)
         for _ in range(2):  # two "layers" of the same step
             check(run(case, backend), reference(case), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+def test_fresh_prompts_read_back_from_the_cache(
+    paged_case, reference, dtype, num_heads, num_kv_heads
+) -> None:
+    # the path the Triton backend takes for a step of whole fresh prompts
+    lens = [7, 16, 30]
+    case = paged_case(lens, lens, num_heads=num_heads, num_kv_heads=num_kv_heads, dtype=dtype)
+    assert is_fresh_prompts(case.meta, None)
+    assert not is_fresh_prompts(case.meta, 20)  # a window shorter than a prompt: masked path
+    write_kv_cache(case.layer_cache, case.k, case.v, case.meta.slot_mapping, 16)
+    out = attend_fresh_prompts(case.q, case.layer_cache, case.meta, case.scale)
+    check(out, reference(case), dtype)
+    assert torch.equal(out, run(case))  # the same SDPA the torch backend runs on new K/V
+
+
+def test_a_prompt_over_a_cached_prefix_is_not_fresh(paged_case) -> None:
+    assert not is_fresh_prompts(paged_case([7, 5], [7, 20]).meta, None)
+    assert not is_fresh_prompts(paged_case([1, 1], [9, 20]).meta, None)  # decode

@@ -136,7 +136,12 @@ def test_prefill_small_tiles(paged_case, reference, num_heads, num_kv_heads) -> 
 
 
 def test_backend_matches_torch_backend_and_cache(paged_case) -> None:
-    for query_lens, seq_lens in (([1, 1, 1], [33, 8, 16]), ([7, 1, 12], [7, 20, 30])):
+    # decode, prefill over prefixes, and whole fresh prompts (the SDPA path)
+    for query_lens, seq_lens in (
+        ([1, 1, 1], [33, 8, 16]),
+        ([7, 1, 12], [7, 20, 30]),
+        ([9, 25], [9, 25]),
+    ):
         case = paged_case(query_lens, seq_lens, block_size=8)
         torch_kv = case.kv.clone()
         expected = TorchAttentionBackend().forward(
@@ -189,10 +194,12 @@ QUANT_DTYPES = [torch.int8, torch.float8_e4m3fn]
 
 @pytest.mark.parametrize("kv_dtype", QUANT_DTYPES, ids=["int8", "fp8_e4m3"])
 def test_8bit_cache_matches_the_torch_backend_bytes_and_outputs(paged_case, kv_dtype) -> None:
-    # decode-only, prefill over a prefix, and a GQA layout with a non-power-of-2 head_dim
+    # decode-only, prefill over a prefix, fresh prompts (attended as the 8-bit cache holds
+    # them), and a GQA layout with a non-power-of-2 head_dim
     shapes = (
         ([1, 1, 1], [33, 8, 16], {}),
         ([7, 1, 12], [7, 20, 30], {}),
+        ([9, 25], [9, 25], {}),
         ([5, 1], [21, 9], {"num_heads": 6, "num_kv_heads": 2, "head_dim": 24}),
     )
     for query_lens, seq_lens, shape in shapes:
