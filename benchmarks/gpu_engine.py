@@ -206,37 +206,23 @@ def host_waits_per_step(llm: LLM, vocab: int) -> float:
 
 
 def sync_free_decode_steps(llm: LLM, vocab: int, num_steps: int = 16) -> bool:
-    """Whether steady decode steps run with ``set_sync_debug_mode("error")`` raising nothing,
-    the reader's one intended wait aside."""
-    from engine.device_io import PendingRead
-
+    """Whether steady decode steps run with every host wait for the device forbidden but the
+    reader's own (``DeviceReader.forbid_other_syncs``)."""
     engine = llm.engine
     params = SamplingParams(max_tokens=num_steps + 8, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(random_prompts(4, 128, vocab, seed=5)):
         engine.add_request(f"sync-check-{i}", prompt, params)
     for _ in range(4):  # prefill and the first decodes, outside the check
         engine.step()
-    real_wait = PendingRead.wait
-
-    def allowed_wait(self: PendingRead) -> list[torch.Tensor]:
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return real_wait(self)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    PendingRead.wait = allowed_wait  # type: ignore[method-assign]
-    torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(num_steps):
-            engine.step()
+        with engine.reader.forbid_other_syncs():
+            for _ in range(num_steps):
+                engine.step()
         return True
     except RuntimeError as e:
         logger.warning("a decode step synchronised: %s", e)
         return False
     finally:
-        torch.cuda.set_sync_debug_mode(0)
-        PendingRead.wait = real_wait  # type: ignore[method-assign]
         while engine.has_unfinished():
             engine.step()
 

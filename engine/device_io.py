@@ -16,7 +16,8 @@ still counts its waits, which the tests of the step loop read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -48,7 +49,8 @@ class PendingRead:
     def wait(self) -> list[torch.Tensor]:
         """Block until the copies landed; the host tensors, in the order given to ``start``."""
         if self._event is not None:
-            self._event.synchronize()
+            with self._reader.intended_wait():
+                self._event.synchronize()
         self._reader.num_waits += 1
         return self._host
 
@@ -60,6 +62,35 @@ class DeviceReader:
         self.device = device
         self.num_waits = 0
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._strict = False
+
+    @contextlib.contextmanager
+    def forbid_other_syncs(self) -> Iterator[None]:
+        """CUDA: meanwhile any call that makes the host wait for the device raises
+        (``torch.cuda.set_sync_debug_mode("error")``) — except this reader's own waits. For
+        tests and benchmarks proving a step has no other."""
+        if self.device.type != "cuda":
+            yield
+            return
+        torch.cuda.set_sync_debug_mode("error")
+        self._strict = True
+        try:
+            yield
+        finally:
+            self._strict = False
+            torch.cuda.set_sync_debug_mode(0)
+
+    @contextlib.contextmanager
+    def intended_wait(self) -> Iterator[None]:
+        """The one wait a step makes: allowed under :meth:`forbid_other_syncs`."""
+        if not self._strict:
+            yield
+            return
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
 
     def start(self, tensors: Sequence[torch.Tensor]) -> PendingRead:
         """Queue copies of ``tensors`` (after the work already queued on the current stream)

@@ -3,13 +3,10 @@ the host wait for the device except through the reader's one read a step."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.device_io import PendingRead
 from tests.gpu.conftest import fresh_seed, gpu_llm, random_prompts
 
 pytestmark = [
@@ -44,44 +41,20 @@ def test_greedy_tokens_match_plain_steps(eager: bool) -> None:
     overlapped.engine.scheduler.check_integrity()
 
 
-@pytest.fixture
-def reader_wait_allowed() -> Iterator[None]:
-    """``set_sync_debug_mode("error")`` everywhere but inside the reader's one wait."""
-    real_wait = PendingRead.wait
-
-    def allowed(self: PendingRead) -> list[torch.Tensor]:
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return real_wait(self)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    PendingRead.wait = allowed  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-        PendingRead.wait = real_wait  # type: ignore[method-assign]
-
-
 @pytest.mark.parametrize("batch", [1, 5])
-def test_decode_steps_never_synchronise_outside_the_reader(
-    batch: int, reader_wait_allowed: None
-) -> None:
+def test_decode_steps_never_synchronise_outside_the_reader(batch: int) -> None:
     llm: LLM = gpu_llm(MODEL, async_scheduling="on")
     engine = llm.engine
     vocab = engine.parts.arch.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     for i, prompt in enumerate(random_prompts([30 + 7 * i for i in range(batch)], vocab, 1)):
         engine.add_request(f"r{i}", prompt, params)
-    torch.cuda.set_sync_debug_mode(0)
     for _ in range(3):  # prefill and the first decodes
         engine.step()
     waits = engine.reader.num_waits
-    torch.cuda.set_sync_debug_mode("error")
-    for _ in range(20):
-        engine.step()  # raises on any synchronising call but the reader's
-    torch.cuda.set_sync_debug_mode(0)
+    with engine.reader.forbid_other_syncs():
+        for _ in range(20):
+            engine.step()  # raises on any synchronising call but the reader's
     assert engine.reader.num_waits - waits <= 20
     while engine.has_unfinished():
         engine.step()
