@@ -8,7 +8,10 @@ token (8 layers, 16 experts, wider experts): the large model beside tiny-llama i
 routing benchmark on CPU (not written by tests). ``llama-1b`` is for GPU measurements: a Llama
 3.2 1B-shaped model (hidden 2048, 16 layers, GQA 32:8, head_dim 64, MLP 8192) with a 32000-token
 vocabulary, about 1.1B parameters stored in bf16 (2.2 GB, written in a minute or so on first
-use; never on a CPU test path). The configs use the hub's original key names (``rope_theta``,
+use; never on a CPU test path). ``gpu-moe`` loads an H100 as MoE models do: Qwen3-MoE-shaped
+(16 layers, hidden 2048, GQA 32:4 with q/k norms, 64 experts of width 768, top-8 routing, no
+shared expert, vocabulary 32000), about 5.1B parameters of which 0.85B are active per token,
+10 GB in bf16 (GPU rounds only). The configs use the hub's original key names (``rope_theta``,
 ``torch_dtype``), which every loader understands.
 """
 
@@ -139,8 +142,38 @@ def _llama_1b() -> BuiltinSpec:
     return BuiltinSpec(name="llama-1b", config=config, seed=4321, tiny=False)
 
 
+def _gpu_moe() -> BuiltinSpec:
+    config = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        **_common_config(),
+        "vocab_size": 32000,
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "intermediate_size": 6144,  # dense MLP width; unused (every layer is sparse)
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 16,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+        "torch_dtype": "bfloat16",
+    }
+    return BuiltinSpec(name="gpu-moe", config=config, seed=2468, tiny=False)
+
+
 BUILTIN_SPECS: dict[str, BuiltinSpec] = {
-    s.name: s for s in (_tiny_llama(), _tiny_moe(), _mid_moe(), _llama_1b())
+    s.name: s for s in (_tiny_llama(), _tiny_moe(), _mid_moe(), _llama_1b(), _gpu_moe())
 }
 #: The built-ins CPU tests may write and run.
 TINY_SPECS: dict[str, BuiltinSpec] = {n: s for n, s in BUILTIN_SPECS.items() if s.tiny}

@@ -113,6 +113,9 @@ def _attention_shapes(config: dict[str, Any], prefix: str) -> dict[str, tuple[in
     }
     # Qwen2-family attention has q/k/v biases; Llama's ``attention_bias`` also covers o_proj.
     biased = {"q_proj": q_dim, "k_proj": kv_dim, "v_proj": kv_dim}
+    if config["model_type"] in ("qwen3", "qwen3_moe"):  # per-head RMSNorm of q and k
+        shapes[f"{prefix}.q_norm.weight"] = (head_dim,)
+        shapes[f"{prefix}.k_norm.weight"] = (head_dim,)
     if config["model_type"] == "qwen2_moe":
         shapes.update({f"{prefix}.{proj}.bias": (dim,) for proj, dim in biased.items()})
     elif config.get("attention_bias", False):
@@ -135,7 +138,8 @@ def _moe_shapes(config: dict[str, Any], prefix: str) -> dict[str, tuple[int, ...
     for expert_id in range(num_experts):
         expert_prefix = f"{prefix}.experts.{expert_id}"
         shapes.update(_mlp_shapes(hidden, config["moe_intermediate_size"], expert_prefix))
-    shared = config["shared_expert_intermediate_size"]
-    shapes.update(_mlp_shapes(hidden, shared, f"{prefix}.shared_expert"))
-    shapes[f"{prefix}.shared_expert_gate.weight"] = (1, hidden)
+    shared = config.get("shared_expert_intermediate_size")
+    if shared:  # Qwen2-MoE; Qwen3-MoE has none
+        shapes.update(_mlp_shapes(hidden, shared, f"{prefix}.shared_expert"))
+        shapes[f"{prefix}.shared_expert_gate.weight"] = (1, hidden)
     return shapes

@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gpu_engine
+from benchmarks import gpu_engine, gpu_moe
 from engine import LLM
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
-@pytest.mark.parametrize("script", ["gpu_engine.py", "gpu_check.py", "decode_attention_timing.py"])
+@pytest.mark.parametrize(
+    "script", ["gpu_engine.py", "gpu_check.py", "decode_attention_timing.py", "gpu_moe.py"]
+)
 def test_scripts_refuse_to_run_without_cuda(script: str) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script)],
@@ -41,6 +43,16 @@ def test_roofline_arithmetic_on_tiny_llama() -> None:
     assert gpu_engine.decode_bytes_per_step(model, 1000, 10) == 4 * weights + 1000 * 10
     flops = 2 * 4 * per_layer * 100 + 2 * 4 * 8 * 32 * 100**2
     assert gpu_engine.prefill_flops(model, 100) == flops
+
+
+def test_active_bytes_arithmetic_on_tiny_moe() -> None:
+    model = LLM("builtin:tiny-moe").engine.parts.model
+    # tiny-moe: 4 layers of 8 experts (top-2) of width 256 over hidden 256, vocab 320, fp32
+    all_bytes = 4 * sum(p.numel() for p in model.parameters())
+    idle_experts = 4 * (8 - 2) * 3 * 256 * 256  # per layer, six of eight experts stay idle
+    unread_rows = (320 - 1) * 256  # the embedding lookup reads one row
+    expected = all_bytes - 4 * (idle_experts + unread_rows) + 1000 * 10
+    assert gpu_moe.moe_decode_bytes_per_step(model, 1000, 10) == expected
 
 
 def test_helpers() -> None:

@@ -41,6 +41,7 @@ def test_builtin_names() -> None:
         "builtin:tiny-moe",
         "builtin:mid-moe",
         "builtin:llama-1b",
+        "builtin:gpu-moe",
     )
 
 
