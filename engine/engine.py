@@ -219,9 +219,15 @@ class LLMEngine:
         self.parts.storage.close()
 
     def has_unfinished(self) -> bool:
-        """True while any request is queued, running, or waiting for imported KV, or a step's
-        outputs are still on the device."""
-        return self._in_flight is not None or self.scheduler.has_unfinished()
+        """True while any request is queued, running, or waiting for imported KV, or a step
+        still on the device holds outputs of a request not yet ended (a step whose requests
+        were all aborted has nothing left to deliver)."""
+        if self.scheduler.has_unfinished():
+            return True
+        step = self._in_flight
+        return step is not None and any(
+            item.request_id in self._states for item in step.plan.scheduled
+        )
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; returns an output for every request it advanced or ended.

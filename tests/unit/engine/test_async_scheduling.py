@@ -236,3 +236,15 @@ def test_a_failing_step_aborts_its_plan_and_the_step_in_flight(
     assert engine.scheduler.get_request("b") is None
     assert not engine.has_unfinished()
     assert engine.scheduler.stats().num_used_blocks == 0
+
+
+def test_aborting_the_only_request_in_flight_leaves_nothing_unfinished(overlapped: LLM) -> None:
+    engine = overlapped.engine
+    params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True)
+    engine.add_request("gone", PREFIX[:8], params)
+    engine.step()  # queued, not read
+    assert engine.abort("gone") and not engine.abort("gone")
+    assert not engine.has_unfinished()  # the step in flight has nothing left to deliver
+    assert engine.step() == []  # settles it quietly
+    engine.scheduler.check_integrity()
+    assert engine.scheduler.stats().num_used_blocks == 0
