@@ -185,6 +185,17 @@ def test_no_tokens() -> None:
     assert fused(torch.empty(0, BASE.hidden_size)).shape == (0, BASE.hidden_size)
 
 
+@torch.inference_mode()
+def test_fused_layer_traces_in_one_graph_under_torch_compile() -> None:
+    # A custom op with a fake implementation and no host sync: no graph break (the torch loop
+    # over experts is excluded from tracing instead).
+    config = dataclasses.replace(BASE, shared_expert_intermediate_size=64)
+    fused, _ = make_layers(config, torch.bfloat16, seed=13)
+    x = hidden_states(11, config, torch.bfloat16, seed=14)
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True, dynamic=True)
+    assert torch.equal(compiled(x), fused(x))
+
+
 # --- a whole built-in MoE model, fused against the torch path -----------------------------------
 
 
