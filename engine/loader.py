@@ -37,10 +37,12 @@ def load_model(
     device: torch.device | str,
     attn_backend: AttentionBackend,
     expert_ids: Sequence[int] | None = None,
+    fused_kernels: bool | None = None,
 ) -> CausalLM:
     """Build the model described by ``model_dir/config.json`` and fill it from its safetensors.
 
     ``expert_ids`` (MoE only): the global expert ids to allocate and load; None loads all.
+    ``fused_kernels``: the Triton kernels or the torch reference (None: Triton on CUDA only).
     """
     config = ModelArchConfig.from_dir(model_dir)
     files = checkpoint_files(model_dir)
@@ -48,7 +50,14 @@ def load_model(
     all_names = {name for names in names_by_file.values() for name in names}
     weight_map = build_weight_map(config, all_names, expert_ids)
     _check_names(Path(model_dir), weight_map, all_names)
-    model = CausalLM(config, attn_backend, dtype=dtype, device=device, expert_ids=expert_ids)
+    model = CausalLM(
+        config,
+        attn_backend,
+        dtype=dtype,
+        device=device,
+        expert_ids=expert_ids,
+        fused_kernels=fused_kernels,
+    )
     params = dict(model.named_parameters())
     for path, names in names_by_file.items():
         wanted = [name for name in names if weight_map.expected.get(name)]

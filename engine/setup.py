@@ -24,7 +24,7 @@ from core.kv_events import KVEventBatch
 from core.kv_layout import KVLayout
 from engine.attention import get_backend
 from engine.builtin import resolve_model
-from engine.cuda_graphs import graph_batch_sizes
+from engine.cuda_graphs import graph_batch_sizes, moe_syncs_host
 from engine.kv.quant import KV_CACHE_DTYPES, SCALE_BYTES
 from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
 from engine.kv.tiers.store import KVTiers
@@ -145,7 +145,11 @@ def build_engine_parts(
         enforce_eager=engine_cfg.enforce_eager,
         on_cuda=device.type == "cuda",
         backend_supports_graphs=backend.supports_cuda_graphs,
-        has_moe=arch.is_moe,
+        moe_syncs_host=moe_syncs_host(
+            is_moe=arch.is_moe,
+            fused_kernels=model.kernels.fused,
+            expert_parallel=expert_ids is not None,
+        ),
     )
     return EngineParts(
         model_dir,

@@ -4,6 +4,7 @@ from engine.cuda_graphs.buckets import (
     PaddedDecode,
     default_batch_sizes,
     graph_batch_sizes,
+    moe_syncs_host,
     pad_decode,
     pick_bucket,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "PaddedDecode",
     "default_batch_sizes",
     "graph_batch_sizes",
+    "moe_syncs_host",
     "pad_decode",
     "pick_bucket",
 ]

@@ -34,19 +34,29 @@ def graph_batch_sizes(
     enforce_eager: bool,
     on_cuda: bool,
     backend_supports_graphs: bool,
-    has_moe: bool,
+    moe_syncs_host: bool,
 ) -> tuple[int, ...]:
     """The buckets an engine captures; empty means every step runs eagerly.
 
     Graphs need CUDA, an attention backend that reads every length from its metadata tensors
     (Triton; the torch reference loops over host lists) and a model without data-dependent host
-    syncs (an MoE layer sizes its per-expert loop from the routing, so it stays eager).
+    syncs. ``moe_syncs_host``: the model has MoE layers whose experts read routing counts on the
+    host — the torch loop over experts sizes each matmul from them, and an expert-parallel rank's
+    all-to-all is a host-driven collective — so it stays eager. The fused MoE (grouped GEMMs
+    over an on-device row layout) syncs nothing and a single-rank MoE model is captured.
     """
-    if enforce_eager or not on_cuda or not backend_supports_graphs or has_moe:
+    if enforce_eager or not on_cuda or not backend_supports_graphs or moe_syncs_host:
         return ()
     if configured is None:
         return default_batch_sizes(max_num_seqs)
     return tuple(sorted(set(configured)))
+
+
+def moe_syncs_host(*, is_moe: bool, fused_kernels: bool, expert_parallel: bool) -> bool:
+    """Whether a model's MoE layers read routing counts on the host each step: with the torch
+    loop over experts, and on an expert-parallel rank (its all-to-all exchanges row counts
+    through a host-driven collective) even with the fused experts. Dense models never do."""
+    return is_moe and (expert_parallel or not fused_kernels)
 
 
 def pick_bucket(num_seqs: int, sizes: Sequence[int]) -> int | None:

@@ -89,8 +89,8 @@ class CausalLM(nn.Module):
     """A decoder-only LM over a paged KV cache; ``forward`` returns final-norm hidden states.
 
     ``expert_ids`` (MoE only) lists the global expert ids this instance owns in every MoE layer;
-    None means all of them. ``fused_kernels`` picks the Triton kernels for norms, activation and
-    RoPE (:mod:`engine.models.kernels`); None takes them on CUDA only.
+    None means all of them. ``fused_kernels`` picks the Triton kernels for norms, activation,
+    RoPE and MoE experts (:mod:`engine.models.kernels`); None takes them on CUDA only.
     """
 
     def __init__(

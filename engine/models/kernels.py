@@ -1,10 +1,11 @@
-"""The model's elementwise kernels, chosen once when a model is built: torch ops or fused Triton.
+"""The model's kernels outside attention, chosen once when a model is built: torch or fused Triton.
 
 :class:`TorchKernels` is the reference and the CPU path: HF transformers' op sequences, so a
 model matches HF bit for bit. :class:`TritonKernels` fuses each into one kernel (residual add +
-RMSNorm, SiLU * mul) with the same roundings; a model on CUDA takes it by default, and a test on
-CPU can ask for it when Triton runs in its interpreter. A model built with fused kernels also
-fuses RoPE into its attention backend's KV-cache write when the backend can
+RMSNorm, SiLU * mul) with the same roundings, and runs an MoE layer's experts as grouped GEMMs
+without a host sync (:mod:`engine.models.triton_kernels.fused_moe`); a model on CUDA takes it by
+default, and a test on CPU can ask for it when Triton runs in its interpreter. A model built
+with fused kernels also fuses RoPE into its attention backend's KV-cache write when the backend can
 (:class:`~engine.attention.backend.RopeFusingBackend`).
 """
 
@@ -14,6 +15,8 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+from engine.models.quant import int8_linear
 
 
 class ModelKernels(Protocol):
@@ -34,6 +37,24 @@ class ModelKernels(Protocol):
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``gate_up`` [..., 2I] (gate first) -> ``silu(gate) * up`` [..., I]."""
+        ...
+
+    def moe_experts(
+        self,
+        hidden: torch.Tensor,
+        local_ids: torch.Tensor,
+        rows_per_token: int,
+        gate_up_proj: torch.Tensor,
+        down_proj: torch.Tensor,
+        gate_up_scale: torch.Tensor | None,
+        down_scale: torch.Tensor | None,
+        row_weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Row ``r`` = ``hidden[r // rows_per_token]`` [T, H] through the SiLU-gated expert
+        ``local_ids[r]`` ([N] int64 local ids, -1: not owned, a zero row) of ``gate_up_proj``
+        [E, 2I, H] and ``down_proj`` [E, H, I] (int8 with float32 per-row ``*_scale`` [E, out],
+        or ``hidden``'s dtype) -> [N, H] in ``hidden``'s dtype; with ``row_weights`` [N]
+        float32, each output rounded to that dtype times its weight, as float32."""
         ...
 
 
@@ -65,6 +86,40 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)  # [..., I] each
         return F.silu(gate) * up
 
+    # NOTE: the per-expert loop sizes come from the data (``counts``, read on the host); traced,
+    # every new mix of counts would recompile the graph, so a compiled model runs it eagerly.
+    @torch.compiler.disable
+    def moe_experts(
+        self,
+        hidden: torch.Tensor,
+        local_ids: torch.Tensor,
+        rows_per_token: int,
+        gate_up_proj: torch.Tensor,
+        down_proj: torch.Tensor,
+        gate_up_scale: torch.Tensor | None,
+        down_scale: torch.Tensor | None,
+        row_weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """A loop over the experts that received rows, one matmul pair each."""
+        num_experts = gate_up_proj.shape[0]
+        keys = torch.where(local_ids < 0, num_experts, local_ids)  # [N], skipped rows last
+        counts = torch.bincount(keys, minlength=num_experts + 1)[:num_experts].tolist()
+        order = keys.argsort(stable=True)  # [N] rows grouped by expert
+        sorted_in = hidden[order // rows_per_token]  # [N, H]
+        sorted_out = torch.zeros_like(sorted_in)  # [N, H]
+        start = 0
+        for local_id, num_rows in enumerate(counts):
+            if num_rows == 0:
+                continue
+            end = start + num_rows
+            gate_up = _expert_linear(sorted_in[start:end], gate_up_proj, gate_up_scale, local_id)
+            sorted_out[start:end] = _expert_linear(
+                self.silu_and_mul(gate_up), down_proj, down_scale, local_id
+            )
+            start = end
+        out = torch.empty_like(sorted_out).index_copy_(0, order, sorted_out)  # [N, H]
+        return out if row_weights is None else out.float() * row_weights[:, None]
+
 
 class TritonKernels:
     """The fused Triton kernels, as torch custom ops (``engine.models.triton_kernels``)."""
@@ -90,6 +145,37 @@ class TritonKernels:
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """One kernel."""
         return self._ops.silu_and_mul_op(gate_up)
+
+    def moe_experts(
+        self,
+        hidden: torch.Tensor,
+        local_ids: torch.Tensor,
+        rows_per_token: int,
+        gate_up_proj: torch.Tensor,
+        down_proj: torch.Tensor,
+        gate_up_scale: torch.Tensor | None,
+        down_scale: torch.Tensor | None,
+        row_weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Two grouped GEMMs around the SiLU * mul kernel, with no host sync."""
+        return self._ops.fused_moe_experts_op(
+            hidden,
+            local_ids,
+            rows_per_token,
+            gate_up_proj,
+            down_proj,
+            gate_up_scale,
+            down_scale,
+            row_weights,
+        )
+
+
+def _expert_linear(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, local_id: int
+) -> torch.Tensor:
+    if scale is None:
+        return F.linear(x, weight[local_id])
+    return int8_linear(x, weight[local_id], scale[local_id], None)
 
 
 TORCH_KERNELS = TorchKernels()

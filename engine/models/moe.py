@@ -6,6 +6,11 @@ expert-parallel layer calls :meth:`MoELayer.route`, moves rows to the ranks owni
 experts, runs :meth:`MoELayer.expert_forward` there, brings results back and calls
 :meth:`MoELayer.combine` (plus :meth:`MoELayer.shared_forward`) on the tokens' home rank.
 
+The experts run through the layer's :class:`~engine.models.kernels.ModelKernels`: the torch
+reference loops over the experts that received rows (reading their counts on the host), the
+fused Triton path runs grouped GEMMs with no host sync, so an MoE model can be captured in a
+CUDA graph.
+
 Routing is softmax (float32) -> top-k -> optional renormalisation (always for Mixtral,
 ``norm_topk_prob`` for Qwen-MoE). Top-k weights stay float32 and the weighted sum of expert
 outputs is formed in float32, then cast to the model dtype.
@@ -23,7 +28,7 @@ from core.errors import ConfigError
 from engine.models.config import ModelArchConfig
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.layers import GatedMLP, Linear, empty_param
-from engine.models.quant import int8_linear, quantize_rows
+from engine.models.quant import quantize_rows
 
 
 class MoELayer(nn.Module):
@@ -78,9 +83,6 @@ class MoELayer(nn.Module):
             topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
         return topk_ids, topk_weights
 
-    # NOTE: the per-expert loop sizes come from the data (``counts``); traced, every new mix of
-    # counts would recompile the graph, so a compiled model runs this part eagerly.
-    @torch.compiler.disable
     def expert_forward(
         self, hidden: torch.Tensor, expert_ids: torch.Tensor, rows_per_token: int = 1
     ) -> torch.Tensor:
@@ -89,33 +91,26 @@ class MoELayer(nn.Module):
         ``hidden`` [N / rows_per_token, H], ``expert_ids`` [N] global ids, all owned by this
         layer -> [N, H] unweighted expert outputs in row order.
         """
-        local_ids = self.global_to_local[expert_ids]  # [N]
-        counts = torch.bincount(local_ids, minlength=len(self.expert_ids)).tolist()
-        order = local_ids.argsort(stable=True)  # [N] rows grouped by expert
-        token_idx = order if rows_per_token == 1 else order // rows_per_token
-        sorted_in = hidden[token_idx]  # [N, H]
-        sorted_out = torch.empty_like(sorted_in)  # [N, H]
-        start = 0
-        for local_id, num_rows in enumerate(counts):
-            if num_rows == 0:
-                continue
-            end = start + num_rows
-            rows = sorted_in[start:end]
-            gate_up = self._expert_linear(rows, self.gate_up_proj, self.gate_up_scale, local_id)
-            activated = self.kernels.silu_and_mul(gate_up)  # silu(gate) * up: [n, I]
-            sorted_out[start:end] = self._expert_linear(
-                activated, self.down_proj, self.down_scale, local_id
-            )
-            start = end
-        return torch.empty_like(sorted_out).index_copy_(0, order, sorted_out)  # [N, H]
+        return self._experts(hidden, expert_ids, rows_per_token, None)
 
-    @staticmethod
-    def _expert_linear(
-        x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, local_id: int
+    def _experts(
+        self,
+        hidden: torch.Tensor,
+        expert_ids: torch.Tensor,
+        rows_per_token: int,
+        row_weights: torch.Tensor | None,
     ) -> torch.Tensor:
-        if scale is None:
-            return F.linear(x, weight[local_id])
-        return int8_linear(x, weight[local_id], scale[local_id], None)
+        local_ids = self.global_to_local[expert_ids]  # [N], -1 where not owned
+        return self.kernels.moe_experts(
+            hidden,
+            local_ids,
+            rows_per_token,
+            self.gate_up_proj,
+            self.down_proj,
+            self.gate_up_scale,
+            self.down_scale,
+            row_weights,
+        )
 
     def quantize_int8(self) -> int:
         """Quantize both expert stacks per expert and output channel; returns 2."""
@@ -139,9 +134,12 @@ class MoELayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, H]; every expert must be owned (the single-rank case)."""
+        num_tokens, hidden_size = hidden.shape
         topk_ids, topk_weights = self.route(hidden)  # [T, k]
-        expert_out = self.expert_forward(hidden, topk_ids.reshape(-1), self.top_k)  # [T*k, H]
-        out = self.combine(expert_out, topk_weights)  # [T, H]
+        weighted = self._experts(
+            hidden, topk_ids.reshape(-1), self.top_k, topk_weights.reshape(-1)
+        )  # [T*k, H] float32, as :meth:`combine` weighs them
+        out = weighted.view(num_tokens, self.top_k, hidden_size).sum(dim=1).to(hidden.dtype)
         shared = self.shared_forward(hidden)
         return out if shared is None else out + shared
 

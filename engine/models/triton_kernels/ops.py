@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.models.triton_kernels.fused_moe import fused_moe_experts
 from engine.models.triton_kernels.rms_norm import add_rms_norm, rms_norm
 from engine.models.triton_kernels.silu_mul import silu_and_mul
 
@@ -47,3 +48,43 @@ def silu_and_mul_op(gate_up: torch.Tensor) -> torch.Tensor:
 @silu_and_mul_op.register_fake
 def _silu_and_mul_fake(gate_up: torch.Tensor) -> torch.Tensor:
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+@torch.library.custom_op("pdserve::fused_moe_experts", mutates_args=())
+def fused_moe_experts_op(
+    hidden: torch.Tensor,
+    local_ids: torch.Tensor,
+    rows_per_token: int,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    gate_up_scale: torch.Tensor | None,
+    down_scale: torch.Tensor | None,
+    row_weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """The fused MoE experts
+    (:func:`~engine.models.triton_kernels.fused_moe.fused_moe_experts`): [N, H]."""
+    return fused_moe_experts(
+        hidden,
+        local_ids,
+        rows_per_token,
+        gate_up_proj,
+        down_proj,
+        gate_up_scale,
+        down_scale,
+        row_weights,
+    )
+
+
+@fused_moe_experts_op.register_fake
+def _fused_moe_experts_fake(
+    hidden: torch.Tensor,
+    local_ids: torch.Tensor,
+    rows_per_token: int,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    gate_up_scale: torch.Tensor | None,
+    down_scale: torch.Tensor | None,
+    row_weights: torch.Tensor | None,
+) -> torch.Tensor:
+    dtype = hidden.dtype if row_weights is None else torch.float32
+    return hidden.new_empty((local_ids.shape[0], down_proj.shape[1]), dtype=dtype)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine.cuda_graphs import default_batch_sizes, graph_batch_sizes, pad_decode, pick_bucket
+from engine.cuda_graphs import (
+    default_batch_sizes,
+    graph_batch_sizes,
+    moe_syncs_host,
+    pad_decode,
+    pick_bucket,
+)
 from engine.cuda_graphs.buckets import PADDING_ROW
 
 ON = {
@@ -12,7 +18,7 @@ ON = {
     "enforce_eager": False,
     "on_cuda": True,
     "backend_supports_graphs": True,
-    "has_moe": False,
+    "moe_syncs_host": False,
 }
 
 
@@ -26,17 +32,24 @@ def test_default_batch_sizes() -> None:
         default_batch_sizes(0)
 
 
-def test_graphs_only_on_cuda_with_a_graph_safe_dense_model() -> None:
+def test_graphs_only_on_cuda_with_a_model_free_of_host_syncs() -> None:
     assert graph_batch_sizes(None, **ON) == default_batch_sizes(64)
     assert graph_batch_sizes([8, 1, 4], **ON) == (1, 4, 8)
     for off in (
         {"enforce_eager": True},
         {"on_cuda": False},
         {"backend_supports_graphs": False},
-        {"has_moe": True},
+        {"moe_syncs_host": True},
     ):
         assert graph_batch_sizes([1, 2], **{**ON, **off}) == ()
         assert graph_batch_sizes(None, **{**ON, **off}) == ()
+
+
+def test_only_a_single_rank_fused_moe_is_free_of_host_syncs() -> None:
+    assert not moe_syncs_host(is_moe=True, fused_kernels=True, expert_parallel=False)
+    assert moe_syncs_host(is_moe=True, fused_kernels=False, expert_parallel=False)  # torch loop
+    assert moe_syncs_host(is_moe=True, fused_kernels=True, expert_parallel=True)  # all-to-all
+    assert not moe_syncs_host(is_moe=False, fused_kernels=False, expert_parallel=True)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,68 @@
+"""Tile sizes of the MoE grouped GEMM, chosen per shape from a small table (no autotuning).
+
+The shape that matters is how many rows each expert gets: ``rows_per_expert = N / E`` for N
+(token, expert) rows over E local experts. Decode (a few rows per expert) is bound by streaming
+the experts' weights, so it takes the smallest ``BLOCK_M`` (little padding per expert) and wide
+``BLOCK_K`` loads; prefill (hundreds of rows per expert) is a real GEMM and takes the larger
+tiles that reuse each weight tile across more rows. Both projections of a layer share
+``BLOCK_M`` (one row layout serves both); ``BLOCK_N``/``BLOCK_K`` are clipped to the matrix.
+
+| rows per expert | BLOCK_M | BLOCK_N | BLOCK_K | warps | stages |
+|-----------------|---------|---------|---------|-------|--------|
+| <= 8            | 16      | 64      | 128     | 4     | 4      |
+| <= 32           | 32      | 64      | 64      | 4     | 4      |
+| <= 128          | 64      | 128     | 64      | 8     | 3      |
+| more            | 128     | 128     | 64      | 8     | 3      |
+
+float32 models halve ``BLOCK_K`` (twice the bytes per element in shared memory). Under the CPU
+interpreter every shape takes ``BLOCK_M`` 16 and whole-matrix ``BLOCK_N``/``BLOCK_K`` tiles
+(fewer, larger numpy operations run faster there). These are starting points, measured on no
+GPU yet: the table is where a tuning pass writes its results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class MoEGemmConfig:
+    """One launch configuration of the grouped GEMM."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+#: (largest rows per expert, config), first match wins; the last entry takes the rest.
+MOE_GEMM_TABLE: tuple[tuple[float, MoEGemmConfig], ...] = (
+    (8, MoEGemmConfig(16, 64, 128, num_warps=4, num_stages=4)),
+    (32, MoEGemmConfig(32, 64, 64, num_warps=4, num_stages=4)),
+    (128, MoEGemmConfig(64, 128, 64, num_warps=8, num_stages=3)),
+    (float("inf"), MoEGemmConfig(128, 128, 64, num_warps=8, num_stages=3)),
+)
+
+INTERPRETER_CONFIG = MoEGemmConfig(16, 4096, 4096, num_warps=1, num_stages=1)
+
+
+def moe_gemm_config(
+    num_rows: int, num_local_experts: int, dtype: torch.dtype, *, interpreted: bool
+) -> MoEGemmConfig:
+    """The table's configuration for ``num_rows`` (token, expert) rows over the local experts."""
+    if interpreted:
+        return INTERPRETER_CONFIG
+    rows_per_expert = num_rows / max(num_local_experts, 1)
+    config = next(cfg for limit, cfg in MOE_GEMM_TABLE if rows_per_expert <= limit)
+    if dtype == torch.float32:
+        config = MoEGemmConfig(
+            config.block_m,
+            config.block_n,
+            config.block_k // 2,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+    return config
