@@ -57,6 +57,10 @@ class ExpertLoadBalancer:
             return False
         return self.rebalance()
 
+    def reset_window(self) -> None:
+        """Forget the counts so far: the next plan sees only the steps from now on."""
+        self._window_start = self._routed_totals()
+
     def rebalance(self) -> bool:
         """Re-plan from the window's counts and switch if the plan changed. Collective."""
         start = time.perf_counter()
@@ -67,8 +71,7 @@ class ExpertLoadBalancer:
         check_placement_agreement(self.collective, plan)
         if plan == self.placement:
             return False
-        received_bytes = apply_placement(self.ep_model, self.collective, self.placement, plan)
-        self.placement = plan
+        received_bytes = self.switch_to(plan)
         self.num_rebalances += 1
         logger.info(
             "expert-parallel rank %s: rebalanced at step %s to copies %s (%s bytes in, %.1f ms)",
@@ -79,6 +82,13 @@ class ExpertLoadBalancer:
             1e3 * (time.perf_counter() - start),
         )
         return True
+
+    def switch_to(self, plan: ExpertPlacement) -> int:
+        """Hold and route by ``plan`` (same primaries) from the next step; bytes fetched.
+        Collective: every rank calls it with the same plan between the same two steps."""
+        received_bytes = apply_placement(self.ep_model, self.collective, self.placement, plan)
+        self.placement = plan
+        return received_bytes
 
     def _routed_totals(self) -> torch.Tensor:
         """This rank's routed tokens per expert so far, summed over MoE layers: [E] int64."""
