@@ -24,7 +24,7 @@ import torch
 from core.config import EPLBConfig
 from engine.parallel.agreement import check_placement_agreement
 from engine.parallel.collective import EPCollective
-from engine.parallel.eplb import rebalance_placement
+from engine.parallel.eplb import check_copy_budget, rebalance_placement
 from engine.parallel.install import ExpertParallelModel
 from engine.parallel.placement import ExpertPlacement
 from engine.parallel.reshard import apply_placement
@@ -33,7 +33,10 @@ logger = logging.getLogger(__name__)
 
 
 class ExpertLoadBalancer:
-    """One rank's share of the gang's load balancing (all ranks must hold one, or none)."""
+    """One rank's share of the gang's load balancing (all ranks must hold one, or none).
+
+    Raises :class:`ConfigError` when ``config.redundant_experts`` does not fit the gang.
+    """
 
     def __init__(
         self,
@@ -42,6 +45,7 @@ class ExpertLoadBalancer:
         placement: ExpertPlacement,
         config: EPLBConfig,
     ) -> None:
+        check_copy_budget(placement, config.redundant_experts)
         self.ep_model = ep_model
         self.collective = collective
         self.placement = placement

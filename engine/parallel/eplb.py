@@ -91,6 +91,12 @@ def _check_inputs(base: ExpertPlacement, tokens_per_expert: Sequence[int], num_c
             f"tokens_per_expert must be >= 0, got {list(tokens_per_expert)}",
             param="tokens_per_expert",
         )
+    check_copy_budget(base, num_copies)
+
+
+def check_copy_budget(base: ExpertPlacement, num_copies: int) -> None:
+    """Raise :class:`ConfigError` (``eplb.redundant_experts``) unless ``num_copies`` copies fit
+    the gang: each rank holds an expert at most once."""
     capacity = base.num_experts * (base.num_ranks - 1)
     if not 0 <= num_copies <= capacity:
         raise ConfigError(

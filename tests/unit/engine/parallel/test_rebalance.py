@@ -109,3 +109,17 @@ def test_copies_hold_the_primary_weights_bit_for_bit() -> None:
     primary, copy = run_ranks(2, rank_fn, timeout_s=60.0)
     for expert_id in HOT_EXPERTS:
         assert torch.equal(primary[expert_id], copy[expert_id])
+
+
+def test_a_copy_budget_the_gang_cannot_hold_fails_at_build() -> None:
+    eplb = EPLBConfig(redundant_experts=9, rebalance_interval_steps=1)  # 8 experts x 1 peer
+
+    def rank_fn(collective: InProcCollective) -> str | None:
+        placement = ExpertPlacement.contiguous(8, collective.world_size)
+        try:
+            build_ep_stepper(MODEL, ENGINE, collective, placement, eplb=eplb)
+        except ConfigError as e:
+            return e.param
+        return None
+
+    assert run_ranks(2, rank_fn, timeout_s=60.0) == ["eplb.redundant_experts"] * 2
