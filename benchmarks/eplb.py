@@ -10,8 +10,10 @@ is off), and keeps each phase's fastest run: other processes on the machine only
 Measured per phase: the load ratio (the busiest rank's computed rows over the mean rank's) and
 the mean lockstep step time (the slower rank's).
 
-Prints one JSON line: ``max_mean_load_ratio_before``/``_after``, ``step_time_ratio``
-(after / before), the copies placed and how long the switch took.
+Prints one JSON line: ``max_mean_load_ratio_before``/``_after``, ``step_time_ratio`` (after /
+before, fastest runs), the ratio of every before/after pair, ``busiest_rank_cpu_ratio`` (the
+busier rank's CPU time per step, after / before: steadier than wall time on a loaded machine),
+the copies placed and how long the switch took.
 
 Usage: ``python benchmarks/eplb.py [--requests 32] [--prompt-tokens 128] [--new-tokens 8]
 [--redundant-experts 2] [--logit-bias 8.0] [--runs 5]``. At the default bias nearly every token
@@ -61,12 +63,12 @@ def run_workload(ep: EPStepper[LLMEngine], prompts: list[list[int]], new_tokens:
         ep.engine.add_request(f"eplb-{time.monotonic_ns()}-{i}", prompt, params)
     computed_before = sum(ep.ep_model.stats.snapshot()["total_tokens_per_expert"])
     steps = 0
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     while ep.step().gang_busy:
         steps += 1
-    wall_s = time.perf_counter() - start
+    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     computed = sum(ep.ep_model.stats.snapshot()["total_tokens_per_expert"]) - computed_before
-    return {"wall_s": wall_s, "steps": steps, "computed_rows": computed}
+    return {"wall_s": wall_s, "cpu_s": cpu_s, "steps": steps, "computed_rows": computed}
 
 
 def rank_prompts(job: dict, rank: int, seed: int) -> list[list[int]]:
@@ -153,18 +155,26 @@ def run_gang(args: argparse.Namespace, use_cuda: bool) -> list[dict]:
 
 
 def phase_summary(ranks: list[dict], phase: str) -> dict[str, Any]:
-    """One phase over the gang: load ratio over ranks (all runs), and the mean step time of
-    the fastest run (a run's time is its slower rank's: the ranks step together)."""
+    """One phase over the gang: load ratio over ranks (all runs); per run the mean step time
+    (the slower rank's wall time: the ranks step together) and the busier rank's CPU time."""
     rows = [sum(run["computed_rows"] for run in r["runs"][phase]) for r in ranks]
     num_runs = len(ranks[0]["runs"][phase])
-    run_s = [max(r["runs"][phase][i]["wall_s"] for r in ranks) for i in range(num_runs)]
-    steps = ranks[0]["runs"][phase][0]["steps"]
+    steps = max(ranks[0]["runs"][phase][0]["steps"], 1)
+    step_ms = [
+        round(1e3 * max(r["runs"][phase][i]["wall_s"] for r in ranks) / steps, 3)
+        for i in range(num_runs)
+    ]
+    cpu_ms = [
+        round(1e3 * max(r["runs"][phase][i]["cpu_s"] for r in ranks) / steps, 3)
+        for i in range(num_runs)
+    ]
     return {
         "computed_rows_per_rank": rows,
         "max_mean_load_ratio": round(max_mean_load_ratio([float(n) for n in rows]), 3),
         "steps_per_run": steps,
-        "step_ms_per_run": [round(1e3 * s / max(steps, 1), 3) for s in run_s],
-        "step_ms": round(1e3 * min(run_s) / max(steps, 1), 3),
+        "step_ms_per_run": step_ms,
+        "step_ms": min(step_ms),
+        "busiest_rank_cpu_ms_per_step": min(cpu_ms),
     }
 
 
@@ -206,6 +216,13 @@ def main() -> None:
         "max_mean_load_ratio_before": before["max_mean_load_ratio"],
         "max_mean_load_ratio_after": after["max_mean_load_ratio"],
         "step_time_ratio": round(after["step_ms"] / before["step_ms"], 3),
+        "step_time_ratio_pairs": [
+            round(a / b, 3)
+            for a, b in zip(after["step_ms_per_run"], before["step_ms_per_run"], strict=True)
+        ],
+        "busiest_rank_cpu_ratio": round(
+            after["busiest_rank_cpu_ms_per_step"] / before["busiest_rank_cpu_ms_per_step"], 3
+        ),
     }
     print(json.dumps(report))
 
