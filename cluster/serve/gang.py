@@ -29,7 +29,7 @@ import ray
 from ray import serve
 from ray.serve.config import GangPlacementStrategy, GangRuntimeFailurePolicy, GangSchedulingConfig
 
-from core.config import EngineConfig, ModelConfig, PoolConfig
+from core.config import EngineConfig, EPLBConfig, ModelConfig, PoolConfig
 from core.errors import ConfigError, UnavailableError
 from core.kv_events import KVEventBatch
 from engine.async_engine import AsyncEngine
@@ -113,6 +113,7 @@ class GangEngineFactory:
 
     expert_parallel: int
     timeout_s: float
+    eplb: EPLBConfig | None = None
 
     def start(
         self,
@@ -139,11 +140,13 @@ class GangEngineFactory:
             gang.rank, gang.world_size, address, timeout_s=self.timeout_s
         )
         del board  # every rank has joined: the board may go
-        return build_async_ep_engine(model, engine, collective, kv_event_callback=kv_event_callback)
+        return build_async_ep_engine(
+            model, engine, collective, kv_event_callback=kv_event_callback, eplb=self.eplb
+        )
 
 
 def gang_engine_factory(pool: PoolConfig) -> GangEngineFactory | None:
     """The factory a pool's deployment gets: None unless the pool is expert-parallel."""
     if pool.expert_parallel == 1:
         return None
-    return GangEngineFactory(pool.expert_parallel, pool.ep_timeout_s)
+    return GangEngineFactory(pool.expert_parallel, pool.ep_timeout_s, pool.eplb)

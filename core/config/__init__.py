@@ -15,6 +15,7 @@ from core.config.planner import PlannerConfig
 from core.config.pools import (
     AutoscalingConfig,
     DecodePoolConfig,
+    EPLBConfig,
     KVFailurePolicy,
     NodeSelectorConfig,
     PoolConfig,
@@ -35,6 +36,7 @@ __all__ = [
     "DecodePoolConfig",
     "DisaggregationConfig",
     "DiskTierConfig",
+    "EPLBConfig",
     "EngineConfig",
     "HostTierConfig",
     "KVFailurePolicy",

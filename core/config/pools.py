@@ -72,6 +72,24 @@ KVFailurePolicy = Literal["recompute", "fail"]
 """What a decode replica does when a KV pull fails: recompute the prompt locally, or fail."""
 
 
+class EPLBConfig(StrictModel):
+    """Expert-parallel load balancing: redundant copies of the hottest experts, re-planned
+    from the gang's measured routing every ``rebalance_interval_steps`` lockstep steps."""
+
+    redundant_experts: int = Field(
+        0,
+        ge=0,
+        description="Extra expert copies over the whole gang, on top of each expert's one "
+        "primary rank; each rank holds at most ceil(N / expert_parallel) of them. 0: off.",
+    )
+    rebalance_interval_steps: int = Field(
+        256,
+        ge=1,
+        description="Lockstep steps between re-plans; each plan uses the tokens routed to each "
+        "expert (all ranks, all MoE layers) during the steps since the previous one.",
+    )
+
+
 class PoolConfig(StrictModel):
     """One role's Serve deployment: replica count or range, resources, placement, limits."""
 
@@ -120,12 +138,20 @@ class PoolConfig(StrictModel):
         description="Expert-parallel gangs only: bound on the rendezvous and on every "
         "collective, so a stalled rank makes its peers fail (and the gang restart) this fast.",
     )
+    eplb: EPLBConfig = Field(
+        default_factory=EPLBConfig,
+        description="Expert-parallel gangs only: load balancing by redundant expert copies.",
+    )
 
     @model_validator(mode="after")
     def _one_replica_mode(self) -> PoolConfig:
         if self.num_replicas is not None and self.autoscaling is not None:
             raise ValueError("set either num_replicas or autoscaling, not both")
         self._check_gang_multiples()
+        if self.eplb.redundant_experts and self.expert_parallel == 1:
+            raise ValueError(
+                f"eplb.redundant_experts ({self.eplb.redundant_experts}) needs expert_parallel > 1"
+            )
         if self.node_selector.resource and self.node_selector.resource in self.resources:
             raise ValueError(
                 f"resource {self.node_selector.resource!r} is both the node_selector and "

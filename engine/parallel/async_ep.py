@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from core.config import EngineConfig, ModelConfig
+from core.config import EngineConfig, EPLBConfig, ModelConfig
 from core.errors import ConfigError, UnavailableError
 from core.kv_events import KVEventBatch
 from core.stats import ExpertLoadStats
@@ -111,6 +111,7 @@ def build_async_ep_engine(
     *,
     kv_event_callback: Callable[[KVEventBatch], None] | None = None,
     max_idle_s: float = DEFAULT_MAX_IDLE_S,
+    eplb: EPLBConfig | None = None,
 ) -> AsyncEngine:
     """This rank's engine (its experts of a contiguous placement) as an :class:`AsyncEngine`
     stepping in lockstep with the gang. Collective: every rank of the gang must call it.
@@ -127,7 +128,12 @@ def build_async_ep_engine(
         )
     placement = ExpertPlacement.contiguous(arch.num_experts, world_size)
     stepper = build_ep_stepper(
-        model_cfg, engine_cfg, collective, placement, kv_event_callback=kv_event_callback
+        model_cfg,
+        engine_cfg,
+        collective,
+        placement,
+        kv_event_callback=kv_event_callback,
+        eplb=eplb,
     )
     logger.info(
         "expert-parallel rank %s/%s ready with experts %s",

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.config import EngineConfig, ModelConfig
+from core.config import EngineConfig, EPLBConfig, ModelConfig
 from core.errors import ConfigError
 from core.kv_events import KVEventBatch
 from engine.engine import LLMEngine
+from engine.parallel.agreement import check_placement_agreement
+from engine.parallel.balancer import ExpertLoadBalancer
 from engine.parallel.collective import EPCollective
 from engine.parallel.install import install_expert_parallel
 from engine.parallel.placement import ExpertPlacement
@@ -30,10 +32,13 @@ def build_ep_stepper(
     *,
     kv_event_callback: Callable[[KVEventBatch], None] | None = None,
     timer: StepTimer | None = None,
+    eplb: EPLBConfig | None = None,
 ) -> EPStepper[LLMEngine]:
     """This rank's engine with expert-parallel MoE layers, driven by an :class:`EPStepper`.
 
     Collective: one agreement round (the placement fingerprint), so every rank must call it.
+    ``eplb`` with ``redundant_experts > 0`` adds an :class:`ExpertLoadBalancer` (the same
+    config on every rank), whose plans keep ``placement``'s primaries.
     Raises :class:`ConfigError` for ``compile_model`` (collectives are not traced).
     """
     if engine_cfg.compile_model:
@@ -48,16 +53,7 @@ def build_ep_stepper(
         expert_ids=placement.experts_of(collective.rank),
     )
     ep_model = install_expert_parallel(parts.model, collective, placement, timer=timer)
-    return EPStepper(LLMEngine(parts), ep_model, collective)
-
-
-def check_placement_agreement(collective: EPCollective, placement: ExpertPlacement) -> None:
-    """Raise :class:`ConfigError` on every rank unless all ranks hold the same placement."""
-    fingerprint = placement.fingerprint()
-    highest, negated_lowest = collective.all_reduce_max([fingerprint, -fingerprint])
-    if highest != fingerprint or -negated_lowest != fingerprint:
-        raise ConfigError(
-            f"expert-parallel rank {collective.rank}: the gang's ranks use different expert "
-            "placements",
-            param="placement",
-        )
+    balancer = None
+    if eplb is not None and eplb.redundant_experts > 0:
+        balancer = ExpertLoadBalancer(ep_model, collective, placement, eplb)
+    return EPStepper(LLMEngine(parts), ep_model, collective, balancer=balancer)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from engine.outputs import RequestOutput
+from engine.parallel.balancer import ExpertLoadBalancer
 from engine.parallel.collective import EPCollective
 from engine.parallel.install import ExpertParallelModel
 
@@ -57,10 +58,13 @@ class EPStepper(Generic[EngineT]):
         engine: EngineT,
         ep_model: ExpertParallelModel,
         collective: EPCollective,
+        *,
+        balancer: ExpertLoadBalancer | None = None,
     ) -> None:
         self.engine = engine
         self.ep_model = ep_model
         self.collective = collective
+        self.balancer = balancer
         self._stop = False
 
     def request_stop(self) -> None:
@@ -90,6 +94,8 @@ class EPStepper(Generic[EngineT]):
         ran_empty = self.ep_model.num_forwards == started
         if ran_empty:
             self.ep_model.empty_forward()
+        if self.balancer is not None:
+            self.balancer.after_busy_step()  # between forwards, on every rank at the same step
         return LockstepOutput(outputs=outputs, gang_busy=True, ran_empty=ran_empty)
 
     def run_until_idle(self, *, max_steps: int = 1_000_000) -> list[RequestOutput]:

@@ -90,3 +90,45 @@ def test_compiled_engine_and_expert_parallelism_are_exclusive_per_pool() -> None
                 "prefill": {"num_replicas": 2, "expert_parallel": 2},
             }
         )
+
+
+def test_eplb_defaults_to_off() -> None:
+    config = pool()
+    assert config.eplb.redundant_experts == 0
+    assert config.eplb.rebalance_interval_steps == 256
+
+
+def test_eplb_on_a_gang_is_accepted() -> None:
+    config = pool(
+        expert_parallel=2,
+        num_replicas=2,
+        eplb={"redundant_experts": 4, "rebalance_interval_steps": 32},
+    )
+    assert config.eplb.redundant_experts == 4
+    assert config.eplb.rebalance_interval_steps == 32
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"eplb": {"redundant_experts": 2}},
+            "eplb.redundant_experts (2) needs expert_parallel > 1",
+        ),
+        (
+            {"expert_parallel": 2, "num_replicas": 2, "eplb": {"redundant_experts": -1}},
+            "eplb.redundant_experts",
+        ),
+        (
+            {"expert_parallel": 2, "num_replicas": 2, "eplb": {"rebalance_interval_steps": 0}},
+            "eplb.rebalance_interval_steps",
+        ),
+        (
+            {"expert_parallel": 2, "num_replicas": 2, "eplb": {"redundant": 2}},
+            "eplb.redundant",
+        ),
+    ],
+)
+def test_bad_eplb_is_rejected_naming_the_field(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        pool(**fields)
