@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -66,15 +66,3 @@ def run_ranks(
     with ThreadPoolExecutor(max_workers=world_size) as pool:
         futures = [pool.submit(fn, group.member(rank)) for rank in range(world_size)]
         return [future.result(timeout=timeout_s * 4) for future in futures]
-
-
-def skew_routing(model: torch.nn.Module, hot_expert_ids: Sequence[int], logit_bias: float) -> int:
-    """Give every MoE router a bias of ``logit_bias`` towards ``hot_expert_ids`` (the same on
-    every rank, as router weights are replicated): most tokens then pick those experts.
-    Returns the number of routers changed."""
-    routers = [m.gate for m in model.modules() if isinstance(m, MoELayer)]
-    for gate in routers:
-        bias = torch.zeros(gate.weight.shape[0], dtype=gate.weight.dtype)  # [E]
-        bias[list(hot_expert_ids)] = logit_bias
-        gate.bias = torch.nn.Parameter(bias.to(gate.weight.device), requires_grad=False)
-    return len(routers)
