@@ -4,14 +4,15 @@
    CUDA-graph replay, KV staging) plus the unit tests whose code paths change on CUDA
    (``tests/unit/roles/test_host_staging.py``: prefill -> decode through the pinned host mirror);
    JUnit XML goes to ``--out``.
-2. ``benchmarks/gpu_engine.py``; its JSON goes to ``--out``.
+2. ``benchmarks/gpu_engine.py``; its JSON goes to ``--out``; with ``--moe`` also
+   ``benchmarks/gpu_moe.py`` (writes the 10 GB ``builtin:gpu-moe`` on first use).
 
 Prints pass/fail/skip counts per test module and the benchmark's headline numbers against their
 targets. Exit status 0 only when no test failed or was skipped (on a GPU nothing may skip) and
 the benchmark printed its JSON; without CUDA it stops at once with a message.
 
-Usage: ``python benchmarks/gpu_check.py [--out DIR] [--skip-tests] [--skip-bench] [-- ARGS]``
-(``ARGS`` go to ``gpu_engine.py``, e.g. ``-- --repeats 5 --compile``).
+Usage: ``python benchmarks/gpu_check.py [--out DIR] [--skip-tests] [--skip-bench] [--moe]
+[-- ARGS]`` (``ARGS`` go to ``gpu_engine.py``, e.g. ``-- --repeats 5 --compile``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ HEADLINES = [
     ("matmul_tflops", ""),
     ("greedy_match_b1_tokens", ""),
 ]
+MOE_HEADLINES = [
+    ("moe_tpot_b1_ms", ""),
+    ("moe_tpot_b1_ratio", "<= 0.3"),
+    ("moe_throughput_b64_ratio", ">= 4"),
+    ("moe_bandwidth_utilisation_b1", ">= 0.5"),
+    ("checkpoint_write_s", ""),
+    ("engine_build_s", ""),
+]
 
 
 def run_tests(out: Path, env: dict[str, str]) -> tuple[bool, list[str]]:
@@ -74,20 +83,27 @@ def run_tests(out: Path, env: dict[str, str]) -> tuple[bool, list[str]]:
     return bool(counts) and bad == 0, lines
 
 
-def run_benchmark(out: Path, env: dict[str, str], bench_args: list[str]) -> tuple[bool, list[str]]:
-    """Run ``gpu_engine.py``; (it printed its JSON, table lines)."""
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_engine.py"), *bench_args]
+def run_benchmark(
+    out: Path,
+    env: dict[str, str],
+    bench_args: list[str],
+    script: str = "gpu_engine.py",
+    headlines: list[tuple[str, str]] = HEADLINES,
+) -> tuple[bool, list[str]]:
+    """Run ``script`` (a benchmark printing one JSON line last); (it printed, table lines)."""
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *bench_args]
     done = subprocess.run(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=False
     )
     last = done.stdout.strip().splitlines()[-1:] if done.stdout.strip() else []
     if done.returncode != 0 or not last:
-        return False, [f"gpu_engine.py failed (exit {done.returncode})"]
+        return False, [f"{script} failed (exit {done.returncode})"]
     result = json.loads(last[0])
-    (out / "gpu_engine.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    json_path = out / script.replace(".py", ".json")
+    json_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     met = result.get("met", {})
-    lines = [f"device: {result.get('device')}", f"{'measure':<28} {'value':>12}  target"]
-    for key, target in HEADLINES:
+    lines = [f"{script} on {result.get('device')}", f"{'measure':<28} {'value':>12}  target"]
+    for key, target in headlines:
         value = result.get(key)
         shown = f"{value:>12.3f}" if isinstance(value, float) else f"{value!s:>12}"
         verdict = "" if key not in met else (" met" if met[key] else " NOT met")
@@ -102,6 +118,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "gpu-check-out")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--moe", action="store_true", help="also run gpu_moe.py (10 GB model)")
     parser.add_argument("bench_args", nargs="*", help="arguments for gpu_engine.py (after --)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -116,6 +133,9 @@ def main() -> None:
     if not args.skip_bench:
         ran, lines = run_benchmark(args.out, env, args.bench_args)
         ok, report = ok and ran, [*report, *lines]
+    if args.moe:
+        ran, lines = run_benchmark(args.out, env, [], "gpu_moe.py", MOE_HEADLINES)
+        ok, report = ok and ran, [*report, "", *lines]
     print("\n".join(report))
     print("GPU CHECK:", "OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
