@@ -110,7 +110,7 @@ def grpc_workers() -> Iterator[tuple[PrefillWorker, DecodeWorker]]:
     asyncio.run(prefill.shutdown())
 
 
-def _make_pair(kind: str, prefill: PrefillWorker, decode: DecodeWorker) -> Pair:
+def make_pair(kind: str, prefill: PrefillWorker, decode: DecodeWorker) -> Pair:
     storage = prefill.engine.engine.parts.storage
     if kind == "grpc":
         transport = prefill.transport
@@ -144,7 +144,7 @@ def pair(
     request: pytest.FixtureRequest, grpc_workers: tuple[PrefillWorker, DecodeWorker]
 ) -> Iterator[Pair]:
     """A prefill/decode pair over one transport; checked quiescent and fault-free at teardown."""
-    made = _make_pair(request.param, *grpc_workers)
+    made = make_pair(request.param, *grpc_workers)
     try:
         yield made
         assert_quiescent(made)
