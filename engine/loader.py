@@ -21,6 +21,7 @@ from core.errors import ModelNotFoundError, WeightLoadError
 from engine.attention.backend import AttentionBackend
 from engine.models.config import ModelArchConfig
 from engine.models.decoder import CausalLM
+from engine.models.tensor_parallel import TPShard, check_tensor_parallel
 from engine.models.weight_map import IGNORED_SUFFIXES, WeightMap, WeightSlot, build_weight_map
 
 logger = logging.getLogger(__name__)
@@ -38,17 +39,21 @@ def load_model(
     attn_backend: AttentionBackend,
     expert_ids: Sequence[int] | None = None,
     fused_kernels: bool | None = None,
+    tp: TPShard | None = None,
 ) -> CausalLM:
     """Build the model described by ``model_dir/config.json`` and fill it from its safetensors.
 
     ``expert_ids`` (MoE only): the global expert ids to allocate and load; None loads all.
     ``fused_kernels``: the Triton kernels or the torch reference (None: Triton on CUDA only).
+    ``tp``: one rank of a tensor-parallel gang, which reads and holds only its slices.
     """
     config = ModelArchConfig.from_dir(model_dir)
     files = checkpoint_files(model_dir)
     names_by_file = {path: _tensor_names(path) for path in files}
     all_names = {name for names in names_by_file.values() for name in names}
-    weight_map = build_weight_map(config, all_names, expert_ids)
+    if tp is not None:
+        check_tensor_parallel(config, tp.size)
+    weight_map = build_weight_map(config, all_names, expert_ids, tp)
     _check_names(Path(model_dir), weight_map, all_names)
     model = CausalLM(
         config,
@@ -57,6 +62,7 @@ def load_model(
         device=device,
         expert_ids=expert_ids,
         fused_kernels=fused_kernels,
+        tp=tp,
     )
     params = dict(model.named_parameters())
     for path, names in names_by_file.items():
@@ -131,9 +137,14 @@ def _load_file(
                     f"expected {list(slots[0].checkpoint_shape)}",
                     param=name,
                 )
-            whole = None if slots[0].src_expert is not None else f.get_tensor(name)
             for slot in slots:
-                tensor = whole if whole is not None else source[slot.src_expert]
+                index = slot.source_index()
+                if slot.src_expert is not None:
+                    tensor = source[slot.src_expert]
+                elif index is not None:  # a tensor-parallel rank's slice: only its bytes
+                    tensor = source[index]
+                else:
+                    tensor = f.get_tensor(name)
                 _destination(params, slot).copy_(tensor)
 
 

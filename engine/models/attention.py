@@ -18,6 +18,7 @@ from engine.models.config import ModelArchConfig
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.layers import Linear, RMSNorm
 from engine.models.rope import apply_rope
+from engine.models.tensor_parallel import TPShard
 
 
 class Attention(nn.Module):
@@ -36,17 +37,22 @@ class Attention(nn.Module):
         device: torch.device | str,
         window: int | None = None,
         kernels: ModelKernels = TORCH_KERNELS,
+        tp: TPShard | None = None,
     ) -> None:
         super().__init__()
         self.backend = backend
+        self.tp = tp
         # decided once: a compiled model later swaps in an opaque backend that forwards either way
         self.fuse_rope = kernels.fused and isinstance(backend, RopeFusingBackend)
         self.window = window  # sliding-window attention over the last `window` positions
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
+        if tp is not None:  # this rank's query heads and the KV heads they read
+            self.num_heads = tp.heads(config.num_heads)[1]
+            self.num_kv_heads = tp.kv_heads(config.num_kv_heads)[1]
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
-        num_qkv_heads = config.num_heads + 2 * config.num_kv_heads
+        num_qkv_heads = self.num_heads + 2 * self.num_kv_heads
         self.qkv_proj = Linear(
             config.hidden_size,
             num_qkv_heads * config.head_dim,
@@ -55,9 +61,10 @@ class Attention(nn.Module):
             device=device,
         )
         self.o_proj = Linear(
-            config.num_heads * config.head_dim,
+            self.num_heads * config.head_dim,
             config.hidden_size,
-            bias=config.o_bias,
+            # row-parallel: the bias is added once, by rank 0, before the partial sums meet
+            bias=config.o_bias and (tp is None or tp.rank == 0),
             dtype=dtype,
             device=device,
         )
@@ -93,4 +100,5 @@ class Attention(nn.Module):
             else:
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             out = self.backend.forward(q, k, v, layer_kv, meta, self.scale, self.window)
-        return self.o_proj(out.reshape(num_tokens, nh * self.head_dim))  # out: [T, nh, D]
+        projected = self.o_proj(out.reshape(num_tokens, nh * self.head_dim))  # out: [T, nh, D]
+        return projected if self.tp is None else self.tp.all_reduce(projected)

@@ -20,6 +20,7 @@ from engine.models.kernels import TORCH_KERNELS, ModelKernels, default_fused, mo
 from engine.models.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.models.moe import MoELayer
 from engine.models.rope import RotaryEmbedding
+from engine.models.tensor_parallel import TPShard, check_tensor_parallel
 
 
 class DecoderLayer(nn.Module):
@@ -40,6 +41,7 @@ class DecoderLayer(nn.Module):
         device: torch.device | str,
         expert_ids: Sequence[int] | None,
         kernels: ModelKernels = TORCH_KERNELS,
+        tp: TPShard | None = None,
     ) -> None:
         super().__init__()
         eps, hidden = config.rms_norm_eps, config.hidden_size
@@ -51,6 +53,7 @@ class DecoderLayer(nn.Module):
             device=device,
             window=config.layer_window(layer_idx),
             kernels=kernels,
+            tp=tp,
         )
         self.post_attention_layernorm = RMSNorm(
             hidden, eps, dtype=dtype, device=device, kernels=kernels
@@ -62,7 +65,12 @@ class DecoderLayer(nn.Module):
             )
         else:
             self.mlp = GatedMLP(
-                hidden, config.intermediate_size, dtype=dtype, device=device, kernels=kernels
+                hidden,
+                config.intermediate_size,
+                dtype=dtype,
+                device=device,
+                kernels=kernels,
+                tp=tp,
             )
 
     def forward(
@@ -90,7 +98,9 @@ class CausalLM(nn.Module):
 
     ``expert_ids`` (MoE only) lists the global expert ids this instance owns in every MoE layer;
     None means all of them. ``fused_kernels`` picks the Triton kernels for norms, activation,
-    RoPE and MoE experts (:mod:`engine.models.kernels`); None takes them on CUDA only.
+    RoPE and MoE experts (:mod:`engine.models.kernels`); None takes them on CUDA only. ``tp``:
+    this model is one rank of a tensor-parallel gang and holds that rank's slices
+    (:mod:`engine.models.tensor_parallel`); its KV cache holds the rank's KV heads.
     """
 
     def __init__(
@@ -102,14 +112,18 @@ class CausalLM(nn.Module):
         device: torch.device | str = "cpu",
         expert_ids: Sequence[int] | None = None,
         fused_kernels: bool | None = None,
+        tp: TPShard | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.tp = tp
+        if tp is not None:
+            check_tensor_parallel(config, tp.size)
         fused = default_fused(device) if fused_kernels is None else fused_kernels
         self.kernels = model_kernels(fused)
         self.embed_tokens = Embedding(
-            config.vocab_size, config.hidden_size, dtype=dtype, device=device
+            config.vocab_size, config.hidden_size, dtype=dtype, device=device, tp=tp
         )
         self.rotary = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, dtype, device
@@ -123,6 +137,7 @@ class CausalLM(nn.Module):
                 device=device,
                 expert_ids=expert_ids,
                 kernels=self.kernels,
+                tp=tp,
             )
             for i in range(config.num_layers)
         )
@@ -134,10 +149,10 @@ class CausalLM(nn.Module):
             kernels=self.kernels,
         )
         self.lm_head: Linear | None = None
-        if not config.tie_word_embeddings:
-            self.lm_head = Linear(
-                config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device
-            )
+        if not config.tie_word_embeddings:  # vocabulary-sliced like the embedding under TP
+            rows = self.embed_tokens.weight.shape[0]
+            self.lm_head = Linear(config.hidden_size, rows, bias=False, dtype=dtype, device=device)
+            self.lm_head.weight.data[self.embed_tokens.num_ids :].zero_()
 
     def forward(
         self,
@@ -156,7 +171,15 @@ class CausalLM(nn.Module):
             return self.norm(hidden)
         return self.norm.add_and_norm(hidden, residual)[0]
 
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """Shape of this model's block-major KV tensor: its own KV heads under TP."""
+        shape = self.config.kv_cache_shape(num_blocks, block_size)
+        if self.tp is None:
+            return shape
+        return (*shape[:4], self.tp.kv_heads(self.config.num_kv_heads)[1], shape[5])
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, H] hidden states -> [N, vocab] float32 logits."""
+        """[N, H] hidden states -> [N, vocab] float32 logits (gathered over a TP gang)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        logits = F.linear(hidden, weight).float()  # [N, vocab rows of this rank]
+        return logits if self.tp is None else self.tp.gather_vocab(logits, self.config.vocab_size)

@@ -12,6 +12,7 @@ from torch import nn
 
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.quant import int8_linear, quantize_rows
+from engine.models.tensor_parallel import TPShard
 
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -53,17 +54,34 @@ class Linear(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token id -> row of ``weight`` [vocab, hidden]."""
+    """Token id -> row of ``weight`` [vocab, hidden]; under tensor parallelism ``weight`` holds
+    this rank's vocabulary slice (padding rows zero) and the rows are summed over the ranks."""
 
     def __init__(
-        self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype, device: torch.device | str
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        tp: TPShard | None = None,
     ) -> None:
         super().__init__()
-        self.weight = empty_param(vocab_size, hidden_size, dtype=dtype, device=device)
+        self.tp = tp
+        self.first_id, self.num_ids, rows = (0, vocab_size, vocab_size)
+        if tp is not None:
+            self.first_id, self.num_ids, rows = tp.vocab(vocab_size)
+        self.weight = empty_param(rows, hidden_size, dtype=dtype, device=device)
+        self.weight.data[self.num_ids :].zero_()  # padding rows of the last slice
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] long -> [T, hidden]."""
-        return F.embedding(input_ids, self.weight)
+        if self.tp is None:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.first_id  # [T]
+        mine = (local >= 0) & (local < self.num_ids)  # [T]
+        rows = F.embedding(torch.where(mine, local, 0), self.weight)  # [T, hidden]
+        return self.tp.all_reduce(rows * mine[:, None].to(rows.dtype))
 
 
 class RMSNorm(nn.Module):
@@ -96,7 +114,9 @@ class RMSNorm(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one [2I, H] projection."""
+    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one [2I, H] projection;
+    under tensor parallelism a rank holds ``I / size`` of the width and the down projection's
+    partial sums are all-reduced."""
 
     def __init__(
         self,
@@ -106,8 +126,12 @@ class GatedMLP(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         kernels: ModelKernels = TORCH_KERNELS,
+        tp: TPShard | None = None,
     ) -> None:
         super().__init__()
+        self.tp = tp
+        if tp is not None:  # this rank's share of the width: gate/up by column, down by row
+            intermediate_size = tp.split(intermediate_size)[1]
         self.intermediate_size = intermediate_size
         self.kernels = kernels
         self.gate_up_proj = Linear(
@@ -120,4 +144,5 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, H]."""
         gate_up = self.gate_up_proj(x)  # [T, 2I]
-        return self.down_proj(self.kernels.silu_and_mul(gate_up))  # silu(gate) * up: [T, I]
+        out = self.down_proj(self.kernels.silu_and_mul(gate_up))  # silu(gate) * up: [T, I]
+        return out if self.tp is None else self.tp.all_reduce(out)

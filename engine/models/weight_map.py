@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from engine.models.config import ModelArchConfig
+from engine.models.tensor_parallel import TPShard
 
 # Checkpoint tensors that carry no weights (old checkpoints saved RoPE buffers).
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -28,11 +29,23 @@ class WeightSlot:
     row_start: int = 0  # first destination row along the (expert-indexed) parameter's dim 0
     expert: int | None = None  # local expert index into the parameter's dim 0
     src_expert: int | None = None  # global expert index into the checkpoint tensor's dim 0
+    src_dim: int = 0  # tensor parallelism: the checkpoint dim a rank's slice is cut along
+    src_start: int = 0
+    src_len: int | None = None  # None: the whole dim
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Shape of what is copied: the checkpoint tensor, or one expert's slice of it."""
-        return self.checkpoint_shape if self.src_expert is None else self.checkpoint_shape[1:]
+        """Shape of what is copied: the checkpoint tensor, one expert of it, or a rank's slice."""
+        shape = self.checkpoint_shape if self.src_expert is None else self.checkpoint_shape[1:]
+        if self.src_len is None:
+            return shape
+        return (*shape[: self.src_dim], self.src_len, *shape[self.src_dim + 1 :])
+
+    def source_index(self) -> tuple[slice, ...] | None:
+        """The index of a rank's slice into the checkpoint tensor (None: no slicing)."""
+        if self.src_len is None:
+            return None
+        return (*[slice(None)] * self.src_dim, slice(self.src_start, self.src_start + self.src_len))
 
 
 @dataclass(frozen=True)
@@ -47,32 +60,34 @@ def build_weight_map(
     config: ModelArchConfig,
     checkpoint_names: Collection[str] = (),
     expert_ids: Sequence[int] | None = None,
+    tp: TPShard | None = None,
 ) -> WeightMap:
     """The weight map of ``config``; ``checkpoint_names`` selects the expert layout per layer
-    (per-expert tensors unless the checkpoint holds fused ones), ``expert_ids`` the owned experts.
+    (per-expert tensors unless the checkpoint holds fused ones), ``expert_ids`` the owned
+    experts, ``tp`` the tensor-parallel rank whose slices are read (only those bytes).
     """
     hidden, vocab = config.hidden_size, config.vocab_size
     expected: dict[str, list[WeightSlot]] = {
-        "model.embed_tokens.weight": [WeightSlot("embed_tokens.weight", (vocab, hidden))],
+        "model.embed_tokens.weight": [_vocab_slot("embed_tokens.weight", vocab, hidden, tp)],
         "model.norm.weight": [WeightSlot("norm.weight", (hidden,))],
     }
     skipped: set[str] = set()
     if config.tie_word_embeddings:
         skipped.add("lm_head.weight")
     else:
-        expected["lm_head.weight"] = [WeightSlot("lm_head.weight", (vocab, hidden))]
+        expected["lm_head.weight"] = [_vocab_slot("lm_head.weight", vocab, hidden, tp)]
     owned = range(config.num_experts) if expert_ids is None else sorted(set(expert_ids))
     for i in range(config.num_layers):
         src, dst = f"model.layers.{i}", f"layers.{i}"
         for norm in ("input_layernorm", "post_attention_layernorm"):
             expected[f"{src}.{norm}.weight"] = [WeightSlot(f"{dst}.{norm}.weight", (hidden,))]
-        expected.update(_attention(config, f"{src}.self_attn", f"{dst}.self_attn"))
+        expected.update(_attention(config, f"{src}.self_attn", f"{dst}.self_attn", tp, skipped))
         if config.is_moe_layer(i):
             block = _moe_block(config, src, checkpoint_names)
             expected.update(_moe(config, block, f"{dst}.mlp", checkpoint_names, owned, skipped))
         else:
             expected.update(
-                _gated_mlp(f"{src}.mlp", f"{dst}.mlp", hidden, config.intermediate_size)
+                _gated_mlp(f"{src}.mlp", f"{dst}.mlp", hidden, config.intermediate_size, tp)
             )
     return WeightMap(expected, frozenset(skipped))
 
@@ -84,32 +99,63 @@ def canonical_checkpoint_shapes(config: ModelArchConfig) -> dict[str, tuple[int,
     }
 
 
-def _attention(cfg: ModelArchConfig, src: str, dst: str) -> dict[str, list[WeightSlot]]:
+def _vocab_slot(param: str, vocab: int, hidden: int, tp: TPShard | None) -> WeightSlot:
+    """The embedding or LM head: whole, or this rank's vocabulary rows."""
+    if tp is None:
+        return WeightSlot(param, (vocab, hidden))
+    first, count, _ = tp.vocab(vocab)
+    return WeightSlot(param, (vocab, hidden), src_start=first, src_len=count)
+
+
+def _attention(
+    cfg: ModelArchConfig, src: str, dst: str, tp: TPShard | None, skipped: set[str]
+) -> dict[str, list[WeightSlot]]:
+    """q, k, v stacked into ``qkv_proj`` rows (a rank: its heads' rows of each), ``o_proj``
+    (a rank: the columns of its query heads; its bias read by rank 0 only)."""
     hidden, head_dim = cfg.hidden_size, cfg.head_dim
     q_rows, kv_rows = cfg.num_heads * head_dim, cfg.num_kv_heads * head_dim
+    q_first, num_q = (0, cfg.num_heads) if tp is None else tp.heads(cfg.num_heads)
+    kv_first, num_kv = (0, cfg.num_kv_heads) if tp is None else tp.kv_heads(cfg.num_kv_heads)
+    local_q, local_kv = num_q * head_dim, num_kv * head_dim
     out: dict[str, list[WeightSlot]] = {}
-    for proj, start, rows in (
-        ("q_proj", 0, q_rows),
-        ("k_proj", q_rows, kv_rows),
-        ("v_proj", q_rows + kv_rows, kv_rows),
+    for proj, rows, start, first, count in (
+        ("q_proj", q_rows, 0, q_first, local_q),
+        ("k_proj", kv_rows, local_q, kv_first, local_kv),
+        ("v_proj", kv_rows, local_q + local_kv, kv_first, local_kv),
     ):
-        out[f"{src}.{proj}.weight"] = [WeightSlot(f"{dst}.qkv_proj.weight", (rows, hidden), start)]
+        cut = {} if tp is None else {"src_start": first * head_dim, "src_len": count}
+        out[f"{src}.{proj}.weight"] = [
+            WeightSlot(f"{dst}.qkv_proj.weight", (rows, hidden), start, **cut)
+        ]
         if cfg.qkv_bias:
-            out[f"{src}.{proj}.bias"] = [WeightSlot(f"{dst}.qkv_proj.bias", (rows,), start)]
-    out[f"{src}.o_proj.weight"] = [WeightSlot(f"{dst}.o_proj.weight", (hidden, q_rows))]
-    if cfg.o_bias:
+            out[f"{src}.{proj}.bias"] = [WeightSlot(f"{dst}.qkv_proj.bias", (rows,), start, **cut)]
+    o_cut = (
+        {} if tp is None else {"src_dim": 1, "src_start": q_first * head_dim, "src_len": local_q}
+    )
+    out[f"{src}.o_proj.weight"] = [WeightSlot(f"{dst}.o_proj.weight", (hidden, q_rows), **o_cut)]
+    if cfg.o_bias and (tp is None or tp.rank == 0):
         out[f"{src}.o_proj.bias"] = [WeightSlot(f"{dst}.o_proj.bias", (hidden,))]
+    elif cfg.o_bias:
+        skipped.add(f"{src}.o_proj.bias")
     if cfg.qk_norm:
         for norm in ("q_norm", "k_norm"):
             out[f"{src}.{norm}.weight"] = [WeightSlot(f"{dst}.{norm}.weight", (head_dim,))]
     return out
 
 
-def _gated_mlp(src: str, dst: str, hidden: int, inter: int) -> dict[str, list[WeightSlot]]:
+def _gated_mlp(
+    src: str, dst: str, hidden: int, inter: int, tp: TPShard | None = None
+) -> dict[str, list[WeightSlot]]:
+    """gate and up stacked into ``gate_up_proj`` rows, ``down_proj``; a tensor-parallel rank
+    reads its share of the width: those rows of gate and up, those columns of down."""
+    first, width = (0, inter) if tp is None else tp.split(inter)
+    rows = {} if tp is None else {"src_start": first, "src_len": width}
+    cols = {} if tp is None else {"src_dim": 1, "src_start": first, "src_len": width}
+    gate_up, shape = f"{dst}.gate_up_proj.weight", (inter, hidden)
     return {
-        f"{src}.gate_proj.weight": [WeightSlot(f"{dst}.gate_up_proj.weight", (inter, hidden))],
-        f"{src}.up_proj.weight": [WeightSlot(f"{dst}.gate_up_proj.weight", (inter, hidden), inter)],
-        f"{src}.down_proj.weight": [WeightSlot(f"{dst}.down_proj.weight", (hidden, inter))],
+        f"{src}.gate_proj.weight": [WeightSlot(gate_up, shape, **rows)],
+        f"{src}.up_proj.weight": [WeightSlot(gate_up, shape, width, **rows)],
+        f"{src}.down_proj.weight": [WeightSlot(f"{dst}.down_proj.weight", (hidden, inter), **cols)],
     }
 
 

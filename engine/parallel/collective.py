@@ -52,6 +52,14 @@ class EPCollective(Protocol):
         """Element-wise maximum of ``values`` over all ranks (same length on every rank)."""
         ...
 
+    def all_reduce_sum(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over all ranks, in place (tensor parallelism's row-parallel layers)."""
+        ...
+
+    def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` [..., n] concatenated along the last dim in rank order."""
+        ...
+
     def close(self) -> None:
         """Leave the gang; later calls raise :class:`UnavailableError`."""
         ...
@@ -119,6 +127,28 @@ class TorchEPCollective:
         except RuntimeError as e:
             raise self._fail("all_reduce", e) from e
         return [int(v) for v in tensor.tolist()]
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> None:
+        """In-place sum over the group (``dist.all_reduce``)."""
+        self._check_usable("all_reduce")
+        if self._world_size == 1:
+            return
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._group)
+        except RuntimeError as e:
+            raise self._fail("all_reduce", e) from e
+
+    def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenation along the last dim of every rank's tensor (``dist.all_gather``)."""
+        self._check_usable("all_gather")
+        if self._world_size == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self._world_size)]
+        try:
+            dist.all_gather(parts, tensor.contiguous(), group=self._group)
+        except RuntimeError as e:
+            raise self._fail("all_gather", e) from e
+        return torch.cat(parts, dim=-1)
 
     def close(self) -> None:
         """Destroy the group if this collective created it; idempotent.

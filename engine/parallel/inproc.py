@@ -90,6 +90,19 @@ class InProcCollective:
         posted = self._group.exchange(self._rank, list(values))
         return [max(column) for column in zip(*posted, strict=True)]
 
+    def all_reduce_sum(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over the thread ranks, in place (rank order, as every rank sums)."""
+        posted = self._group.exchange(self._rank, tensor.clone())
+        total = posted[0].clone()
+        for part in posted[1:]:
+            total += part
+        tensor.copy_(total)
+
+    def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every thread rank's ``tensor`` concatenated along the last dim, in rank order."""
+        posted = self._group.exchange(self._rank, tensor.clone())
+        return torch.cat(posted, dim=-1)
+
     def close(self) -> None:
         """Leave: every peer's pending and future collective raises."""
         self._group.abort()

@@ -230,7 +230,7 @@ def hf_greedy(
 
 def new_kv_cache(model: CausalLM, num_blocks: int, block_size: int) -> torch.Tensor:
     """A zeroed block-major cache [num_blocks, layers, 2, block_size, kv_heads, head_dim]."""
-    return torch.zeros(model.config.kv_cache_shape(num_blocks, block_size), dtype=model.dtype)
+    return torch.zeros(model.kv_cache_shape(num_blocks, block_size), dtype=model.dtype)
 
 
 @torch.no_grad()
