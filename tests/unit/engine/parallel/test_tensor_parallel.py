@@ -4,6 +4,10 @@ collectives between them in process. TP=2 and TP=4 must decode what TP=1 decodes
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from tests.unit.engine.models.hf_checkpoints import (
 
 PROMPTS = [[3, 17, 29, 44, 5, 61, 7], [9, 2, 33, 14], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]]
 NEW_TOKENS = 6
+REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
 def load_rank(path: Path, shard: TPShard | None) -> CausalLM:
@@ -108,3 +113,33 @@ def test_sizes_that_do_not_split_are_refused_naming_the_numbers() -> None:
         check_tensor_parallel(config, 2)
     with pytest.raises(ConfigError, match=r"rank 2 outside 0\.\.1"):
         TPShard(2, 2, InProcGroup(2).member(0))
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_decode_what_one_rank_decodes(tmp_path: Path) -> None:
+    checkpoint = save_checkpoint("llama-mqa", tmp_path / "ckpt")
+    tokens, _ = greedy_generate(load_rank(checkpoint.path, None), PROMPTS, NEW_TOKENS)
+    init_method = f"file://{tmp_path / 'rendezvous'}"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "GLOO_SOCKET_IFNAME": "lo"}
+    env["OMP_NUM_THREADS"] = "1"
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.unit.engine.parallel.tp_worker",
+                str(checkpoint.path),
+                init_method,
+                str(r),
+                "2",
+                str(outs[r]),
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+        )
+        for r in range(2)
+    ]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    assert [json.loads(out.read_text()) for out in outs] == [tokens, tokens]
