@@ -21,7 +21,8 @@ from concurrent.futures import Executor
 from core.errors import KVCacheError, LayoutMismatchError, TransferError, UnavailableError
 from core.kv_handle import KVHandle, TransferState, TransferStatus
 from core.sampling import SamplingParams
-from engine.async_engine import AsyncEngine, RequestStream
+from engine.async_engine import AsyncEngine
+from engine.request_stream import RequestStream
 from engine.scheduler.output import ImportAllocation
 from transfer import KVTransport, TransferTask
 

@@ -15,16 +15,14 @@ aborted the failed step's requests, and every request that could have been in th
 with a typed ``PdserveError`` and its blocks are freed; the engine keeps serving. Requests
 waiting for imported KV are left alone (a pull may still be writing into their blocks).
 :meth:`AsyncEngine.shutdown` aborts everything, makes every waiter raise ``UnavailableError``
-and joins the thread. Past 400 lines because the stream type, the command queue, the loop and
-the roles' named hand-off methods (``stage_export``, ``finish_import``, ``fail_import``, each one
-command on the engine thread) share one invariant (only the engine thread touches the engine and
-the per-request sinks), which is easier to check in one file.
+and joins the thread.
+The roles' named hand-offs (``stage_export``, ``finish_import``, ``fail_import``) are each one
+command on the engine thread; the stream a caller iterates is :mod:`engine.request_stream`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
@@ -42,8 +40,9 @@ from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.engine import LLMEngine
 from engine.export_progress import ExportProgress, ExportWatcher
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import RequestOutput
 from engine.request import RequestStatus
+from engine.request_stream import ABORTED, RequestStream, Sink, StreamItem
 from engine.scheduler.output import ImportAllocation, PinnedBlocks, SchedulerStats
 from engine.setup import build_engine_parts
 
@@ -51,16 +50,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _STALLED_RECHECK_S = 1.0  # safety net: re-plan after this long even if no command arrived
-_ABORTED = "aborted"  # queue marker: the request was aborted from elsewhere
-
-
-_Item = RequestOutput | BaseException | str  # an output, an error to raise, or _ABORTED
-
-
-@dataclass
-class _Sink:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[_Item]
 
 
 @dataclass
@@ -68,70 +57,6 @@ class _Command:
     run: Callable[[], Any]
     future: Future[Any] | None = None
     stop: bool = False
-
-
-class RequestStream:
-    """The outputs of one request, one per engine step that advanced it.
-
-    Iterate with ``async for``; it ends after the finished output. An abort from elsewhere ends
-    it with a finished output whose ``finish_reason`` is ``"abort"``. :meth:`close` aborts the
-    request (freeing its blocks) unless it already finished.
-    """
-
-    def __init__(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        sink: _Sink,
-        on_close: Callable[[str], None],
-    ) -> None:
-        self.request_id = request_id
-        self._prompt_token_ids = tuple(prompt_token_ids)
-        self._sink = sink
-        self._on_close = on_close
-        self._last: RequestOutput | None = None
-        self._done = False
-
-    @property
-    def finished(self) -> bool:
-        """True once the final output was returned, an error raised, or the stream closed."""
-        return self._done
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._done:
-            raise StopAsyncIteration
-        item = await self._sink.queue.get()
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        if isinstance(item, str):  # _ABORTED
-            self._done = True
-            return self._aborted_output()
-        self._last = item
-        self._done = item.finished
-        return item
-
-    def _aborted_output(self) -> RequestOutput:
-        last = self._last
-        empty = CompletionOutput(index=0, text="", token_ids=())
-        so_far = empty if last is None else last.outputs[0]
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt=None if last is None else last.prompt,
-            prompt_token_ids=self._prompt_token_ids,
-            outputs=[dataclasses.replace(so_far, finish_reason="abort", stop_reason=None)],
-            finished=True,
-            num_cached_tokens=0 if last is None else last.num_cached_tokens,
-        )
-
-    def close(self) -> None:
-        """Abort the request unless it already finished; idempotent, callable from any thread."""
-        if not self._done:
-            self._done = True
-            self._on_close(self.request_id)
 
 
 class StepDriver(Protocol):
@@ -170,7 +95,7 @@ class AsyncEngine:
         self._driver = driver
         """The wrapped engine: touch it only through :meth:`call` (its ``parts`` are immutable)."""
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
-        self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._sinks: dict[str, Sink] = {}  # engine thread only
         self._live: set[str] = set()  # engine thread only: ids that may hold engine state
         self._prune_at = 1024
         self._stalled = False
@@ -261,7 +186,7 @@ class AsyncEngine:
     async def _open(
         self, request_id: str, prompt_token_ids: list[int], add: Callable[[LLMEngine], T]
     ) -> tuple[RequestStream, T]:
-        sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
+        sink = Sink(asyncio.get_running_loop(), asyncio.Queue())
 
         def run() -> T:
             result = add(self.engine)  # NOTE: admits the request whole or raises leaving none
@@ -523,7 +448,7 @@ class AsyncEngine:
             del self._sinks[output.request_id]
         self._push(output.request_id, sink, output)
 
-    def _push(self, request_id: str, sink: _Sink, item: _Item) -> None:
+    def _push(self, request_id: str, sink: Sink, item: StreamItem) -> None:
         try:
             sink.loop.call_soon_threadsafe(sink.queue.put_nowait, item)
         except RuntimeError:  # the caller's loop is closed: nobody will read this request
@@ -536,7 +461,7 @@ class AsyncEngine:
         self._refresh_stats()
         sink = self._sinks.pop(request_id, None)
         if sink is not None:
-            self._push(request_id, sink, _ABORTED)
+            self._push(request_id, sink, ABORTED)
         if found:
             logger.info("request %s aborted", request_id)
         return found

@@ -24,8 +24,9 @@ from core.kv_handle import KVHandle
 from core.messages import PrefillRequest, PrefillResult, PrefillStarted
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
-from engine.async_engine import AsyncEngine, RequestStream
+from engine.async_engine import AsyncEngine
 from engine.outputs import RequestOutput
+from engine.request_stream import RequestStream
 from prefill.pipelined_export import PipelinedExport
 from prefill.result import prefill_result
 from replica.transfer_stats import transport_metrics, with_transfer_stats

@@ -11,7 +11,7 @@ import pytest
 from core.errors import KVCacheError
 from core.ids import new_request_id
 from decode.worker import DecodeWorker
-from engine.async_engine import RequestStream
+from engine.request_stream import RequestStream
 from prefill.worker import PrefillWorker
 from tests.unit.roles.conftest import GREEDY, PROMPTS, Pair, reset_prefix_cache
 from tests.unit.roles.helpers import collect, decode_request, prefill
