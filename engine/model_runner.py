@@ -134,17 +134,19 @@ class ModelRunner:
     ) -> None:
         """Write the ids of :data:`PENDING_TOKEN_ID` inputs from the previous step's samples,
         on the device (the host never learns them first)."""
+        # NOTE: a pending id is always an item's last input (the one token sampled on the
+        # device), so a prefill chunk's tokens are never scanned one by one.
         positions: list[int] = []
         rows: list[int] = []
         offset = 0
         for item in scheduled:
-            for j, token_id in enumerate(item.token_ids):
-                if token_id == PENDING_TOKEN_ID:
-                    if pending is None or item.request_id not in pending.rows:
-                        raise ValueError(f"request {item.request_id}: no sampled id pending")
-                    positions.append(offset + j)
-                    rows.append(pending.rows[item.request_id])
             offset += item.num_new_tokens
+            if item.token_ids[-1] != PENDING_TOKEN_ID:
+                continue
+            if pending is None or item.request_id not in pending.rows:
+                raise ValueError(f"request {item.request_id}: no sampled id pending")
+            positions.append(offset - 1)
+            rows.append(pending.rows[item.request_id])
         if not positions:
             return
         assert pending is not None  # for mypy: positions imply it
