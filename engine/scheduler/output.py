@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from core.hashing import BlockHash
 from core.sampling import SamplingParams
 from core.stats import KVTierStats
-from engine.request import FinishReason, RequestStatus
+from engine.request import FinishReason, Request, RequestStatus
 
 PENDING_TOKEN_ID = -1
 """A decode input still on the device: the id the step before sampled (overlapped steps); the
@@ -86,6 +86,18 @@ class RequestUpdate:
     finish_reason: FinishReason | None
     stop_reason: int | str | None  # the stop token id (or string) that ended it
     num_cached_tokens: int  # prompt tokens served from the prefix cache
+
+    @classmethod
+    def of(cls, request: Request, new_token_ids: list[int]) -> RequestUpdate:
+        """``request``'s state now, with ``new_token_ids`` as this step's tokens."""
+        return cls(
+            request_id=request.request_id,
+            new_token_ids=new_token_ids,
+            status=request.status,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+            num_cached_tokens=request.num_cached_tokens or 0,
+        )
 
     @property
     def finished(self) -> bool:

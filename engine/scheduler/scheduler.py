@@ -6,8 +6,10 @@ The scheduler owns every request — which of :class:`~engine.scheduler.queue.Re
 collections it sits in, and its blocks — from ``add_request`` to its end, and hands the parts of
 the work to collaborators sharing them: :class:`~engine.scheduler.step_planner.StepPlanner`
 plans each step, :class:`~engine.scheduler.tier_loading.TierLoading` looks up and loads back
-the KV tiers under the device pool (a do-nothing one when there are none), and
-:class:`~engine.scheduler.imports.KVImports` takes the decode side's imports. A prefill-only
+the KV tiers under the device pool (a do-nothing one when there are none),
+:mod:`~engine.scheduler.step_results` applies computed steps (at once, or in two halves for
+overlapped steps), and :class:`~engine.scheduler.imports.KVImports` takes the decode side's
+imports. A prefill-only
 request ends pinned (``FINISHED_PREFILL``), keeping its blocks until :meth:`Scheduler.release`.
 """
 
@@ -29,19 +31,18 @@ from core.stats import KVTierStats
 from engine.kv.event_publisher import KVEventCallback, KVEventPublisher
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.request import FinishReason, Request, RequestStatus
-from engine.scheduler.chunk_plan import record_chunk
 from engine.scheduler.import_loads import ImportOutcome
 from engine.scheduler.imports import KVImports
 from engine.scheduler.output import (
     ImportAllocation,
     PinnedBlocks,
     RequestUpdate,
-    ScheduledRequest,
     SchedulerOutput,
     SchedulerStats,
 )
 from engine.scheduler.queue import RequestQueues
 from engine.scheduler.step_planner import StepPlanner
+from engine.scheduler.step_results import OverlappedStepResults, PlainStepResults
 from engine.scheduler.stop import check_stop
 from engine.scheduler.tier_loading import tier_loading
 
@@ -77,8 +78,6 @@ class Scheduler:
         async_scheduling: bool = False,
     ) -> None:
         self.block_size = config.block_size
-        # every layer slides over this many positions: decode frees blocks left behind
-        self.sliding_window = sliding_window
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
         self.events = KVEventPublisher(kv_event_callback)
@@ -120,6 +119,14 @@ class Scheduler:
             config, self.kv, self._queues, self._tier_loading, max_model_len=self.max_model_len
         )
         self.async_scheduling = async_scheduling
+        results = OverlappedStepResults if async_scheduling else PlainStepResults
+        self._results = results(
+            self.kv,
+            self._queues,
+            max_model_len=self.max_model_len,
+            sliding_window=sliding_window,  # every layer slides: decode frees blocks left behind
+            finish=self._finish,
+        )
         self._finished_ids: list[str] = []
         self._step_id = 0
 
@@ -167,23 +174,9 @@ class Scheduler:
         )
         self._step_id += 1
         self._finished_ids = []
-        if self.async_scheduling:
-            self._advance(scheduled)
+        self._results.planned(scheduled)
         self.events.flush()
         return output
-
-    def _advance(self, scheduled: list[ScheduledRequest]) -> None:
-        """Overlapped steps: the plan counts as computed now; a sampling request holds one
-        placeholder token until :meth:`update_from_output` learns its id."""
-        for item in scheduled:
-            request = self._queues.get(item.request_id)
-            if request is None:
-                continue
-            if item.start_position < request.num_prompt_tokens:
-                record_chunk(request, item.start_position, item.end_position)
-            request.num_computed_tokens = item.end_position
-            if item.samples_token:
-                request.num_output_placeholders += 1
 
     # -- lower KV tiers -----------------------------------------------------------------------
 
@@ -227,77 +220,12 @@ class Scheduler:
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
     ) -> list[RequestUpdate]:
-        """Apply a computed step: advance progress, cache full blocks, append sampled tokens
-        and apply token-level stops. Requests aborted or finished since ``schedule`` are
-        skipped. Returns one update per request that got a token."""
-        if self.async_scheduling:
-            return self._resolve_placeholders(output, sampled_token_ids)
-        updates: list[RequestUpdate] = []
-        for item in output.scheduled:
-            request = self._queues.get(item.request_id)
-            if (
-                request is None
-                or request.status is not RequestStatus.RUNNING
-                or request.num_computed_tokens != item.start_position
-            ):
-                continue
-            if item.start_position < request.num_prompt_tokens:
-                record_chunk(request, item.start_position, item.end_position)
-            request.num_computed_tokens = item.end_position
-            self.kv.cache_full_blocks(request)
-            if self.sliding_window is not None and not request.prefill_only:
-                self._release_behind_window(request, self.sliding_window)
-            if item.samples_token:
-                updates.append(self._append_token(request, _sampled(sampled_token_ids, item)))
+        """Apply a computed step (:mod:`~engine.scheduler.step_results`): progress, full
+        blocks cached, sampled tokens recorded, token-level stops. Requests aborted or finished
+        since ``schedule`` are skipped. Returns one update per request that got a token."""
+        updates = self._results.apply(output, sampled_token_ids)
         self.events.flush()
         return updates
-
-    def _resolve_placeholders(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
-    ) -> list[RequestUpdate]:
-        """Overlapped steps: ``output`` was counted as computed when planned; record its sampled
-        tokens (a request preempted since then gets its token too, and keeps it for the
-        recompute), cache the blocks now full of known tokens and apply token-level stops.
-        Requests that ended since the plan are skipped, their token dropped."""
-        updates: list[RequestUpdate] = []
-        for item in output.scheduled:
-            request = self._queues.get(item.request_id)
-            if request is None or request.is_finished:
-                continue
-            if item.samples_token and request.num_output_placeholders:
-                token_id = _sampled(sampled_token_ids, item)
-                request.resolve_placeholder(token_id)
-                updates.append(self._after_token(request, token_id))
-            if request.status is RequestStatus.RUNNING:
-                self.kv.cache_full_blocks(request)
-                if self.sliding_window is not None and not request.prefill_only:
-                    self._release_behind_window(request, self.sliding_window)
-        self.events.flush()
-        return updates
-
-    def _release_behind_window(self, request: Request, window: int) -> None:
-        """Free the blocks no later query of ``request`` reads: the next token (at position
-        ``num_computed_tokens``) sees keys from ``num_computed_tokens - window + 1`` on. Only
-        once its prompt is computed: a prefill keeps (and exports) its whole prompt."""
-        if request.num_computed_tokens < request.num_prompt_tokens:
-            return
-        first_needed = request.num_computed_tokens - window + 1
-        if first_needed >= self.block_size:
-            self.kv.release_leading(request.request_id, first_needed // self.block_size)
-
-    def _append_token(self, request: Request, token_id: int) -> RequestUpdate:
-        request.append_output_token(token_id)
-        return self._after_token(request, token_id)
-
-    def _after_token(self, request: Request, token_id: int) -> RequestUpdate:
-        """Apply the token-level stops to ``request``'s newest token."""
-        decision = check_stop(request, self.max_model_len)
-        if decision is not None:
-            request.stop_reason = decision.stop_reason
-            self._finish(request, decision.status)
-        elif request.prefill_only:
-            self._finish(request, RequestStatus.FINISHED_PREFILL)
-        return _update_of(request, [token_id])
 
     # -- ending requests ----------------------------------------------------------------------
 
@@ -395,7 +323,7 @@ class Scheduler:
         request.stop_reason = decision.stop_reason
         self._finish(request, decision.status)
         self.events.flush()
-        return _update_of(request, [])
+        return RequestUpdate.of(request, [])
 
     def mark_kv_ready(self, request_id: str) -> bool:
         """The imported KV is in place: cache its full blocks and queue the request at the head
@@ -482,20 +410,3 @@ class Scheduler:
                 problems.append(f"request {request.request_id} holds no blocks")
         if problems:
             raise KVCacheError("scheduler integrity: " + "; ".join(problems))
-
-
-def _sampled(sampled_token_ids: Mapping[str, int], item: ScheduledRequest) -> int:
-    if item.request_id not in sampled_token_ids:
-        raise ValueError(f"no sampled token for request {item.request_id}, which samples")
-    return sampled_token_ids[item.request_id]
-
-
-def _update_of(request: Request, new_token_ids: list[int]) -> RequestUpdate:
-    return RequestUpdate(
-        request_id=request.request_id,
-        new_token_ids=new_token_ids,
-        status=request.status,
-        finish_reason=request.finish_reason,
-        stop_reason=request.stop_reason,
-        num_cached_tokens=request.num_cached_tokens or 0,
-    )
