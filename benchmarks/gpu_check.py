@@ -18,6 +18,7 @@ Usage: ``python benchmarks/gpu_check.py [--out DIR] [--skip-tests] [--skip-bench
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -61,6 +62,8 @@ def run_tests(out: Path, env: dict[str, str]) -> tuple[bool, list[str]]:
     """Run the GPU tests; (all passed and none skipped, table lines)."""
     xml_path = out / "gpu-tests.xml"
     command = [sys.executable, "-m", "pytest", *TEST_PATHS, "-q", "-p", "no:cacheprovider"]
+    if importlib.util.find_spec("xdist") is not None:  # 8 workers: ~110 s on an H200, not ~5 min
+        command += ["-n", "8"]
     subprocess.run([*command, f"--junitxml={xml_path}"], cwd=ROOT, env=env, check=False)
     if not xml_path.exists():
         return False, ["pytest wrote no report"]

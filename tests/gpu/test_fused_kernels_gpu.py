@@ -1,10 +1,12 @@
 """The fused model kernels (residual add + RMSNorm, SiLU * mul, RoPE + KV-cache write) compiled on
 a GPU, at serving shapes, against the torch path they replace; then a model forward each way.
 
-Bit-exact where both sides do the same float operations: the residual sum, RoPE in half
-precision and the bytes it writes. RMSNorm's float32 sum of squares runs in another order than
-torch's reduction, so a normalised value on a rounding boundary may land one ulp off; SiLU's
-``exp`` is libdevice's ``expf`` on both sides, but the check allows the same slack.
+Bit-exact where both sides do the same float operations: the residual sum, RoPE in bfloat16
+and the bytes the cache write stores. RMSNorm's float32 sum of squares runs in another order than
+torch's reduction, so the normalised value may land an ulp off before the weight multiplies it,
+two after (seen on an H200); SiLU's ``exp`` is libdevice's ``expf`` on both sides, with the same
+slack. RoPE in float16 and float32 may keep a product unrounded or contract the multiply-add
+(also seen on an H200): it is held to one rounding of each product.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ def test_add_rms_norm(dtype: torch.dtype, num_tokens: int, hidden: int) -> None:
     normed, summed = add_rms_norm(x, residual, weight, 1e-5)
     expected_normed, expected_summed = TORCH_KERNELS.add_rms_norm(x, residual, weight, 1e-5)
     assert torch.equal(summed, expected_summed), f"seed {seed}"
-    assert_close_ulps(normed, expected_normed, 1, seed)
-    assert_close_ulps(rms_norm(x, weight, 1e-5), TORCH_KERNELS.rms_norm(x, weight, 1e-5), 1, seed)
+    assert_close_ulps(normed, expected_normed, 2, seed)
+    assert_close_ulps(rms_norm(x, weight, 1e-5), TORCH_KERNELS.rms_norm(x, weight, 1e-5), 2, seed)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -101,13 +103,29 @@ def test_rope_and_cache_write(shape, dtype, block_size, cache_dtype) -> None:
     expected_cache = cache.clone()
 
     q_out = rope_and_write_kv_cache(cache[:, 1], q, k, v, cos, sin, slots)
-    expected_q = apply_rope(q, cos, sin)
-    write_kv_cache(expected_cache[:, 1], apply_rope(k, cos, sin), v, slots)
-    if dtype == torch.float32:  # the GPU may contract x * cos + x' * sin into one FMA
-        torch.testing.assert_close(q_out, expected_q, atol=1e-5, rtol=1e-5, msg=f"seed {seed}")
-        return
-    assert torch.equal(q_out, expected_q), f"seed {seed}"
+    if dtype == torch.bfloat16:  # rounded by bit arithmetic: apply_rope's bits exactly
+        assert torch.equal(q_out, apply_rope(q, cos, sin)), f"seed {seed}"
+        write_kv_cache(expected_cache[:, 1], apply_rope(k, cos, sin), v, slots)
+    else:
+        # float16 and float32: the compiler may keep a product in float32 or contract the
+        # multiply-add, so the rotation is checked against apply_rope within one rounding of
+        # each product, and the bytes against a write of the kernel's own rotated k.
+        assert_rotation_close(q_out, q, cos, sin, seed)
+        k_out = rope_and_write_kv_cache(torch.zeros_like(cache[:, 1]), k, k, v, cos, sin, slots)
+        assert_rotation_close(k_out, k, cos, sin, seed)
+        write_kv_cache(expected_cache[:, 1], k_out, v, slots)
     assert torch.equal(cache.view(torch.uint8), expected_cache.view(torch.uint8)), f"seed {seed}"
+
+
+def assert_rotation_close(
+    out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seed: int
+) -> None:
+    """``out`` is ``apply_rope(x)`` up to one rounding of each product and of their sum."""
+    rolled = x.roll(x.shape[-1] // 2, dims=-1).float()
+    terms = (x.float() * cos.float()).abs() + (rolled * sin.float()).abs()
+    bound = 2 * torch.finfo(x.dtype).eps * terms + torch.finfo(x.dtype).tiny
+    error = (out.float() - apply_rope(x, cos, sin).float()).abs()
+    assert bool((error <= bound).all()), f"seed {seed}: worst {(error / bound).max().item():.2f}"
 
 
 @pytest.mark.parametrize("preset", ["llama", "mistral-swa", "qwen3-moe", "qwen2-moe"])

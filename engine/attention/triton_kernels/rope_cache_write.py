@@ -6,9 +6,10 @@ a KV head writes its rotated k rows and its v rows at their slots (quantized for
 the same bytes :func:`~engine.attention.triton_kernels.cache_write.write_kv_cache` writes).
 
 The rotation rounds as ``apply_rope`` does: ``x * cos`` and ``roll(x, D/2) * sin`` (the signed
-sin) each rounded to the model dtype, then their sum rounded — bit-identical in every dtype where
-the compiler does not contract the float32 multiply-add (float32 on a GPU may differ in the last
-bit; half precision rounds each product first, so it cannot).
+sin) each rounded to the model dtype, then their sum rounded. In bfloat16 the rounding is bit
+arithmetic and the result bit-identical; in float16 and float32 the GPU compiler may keep a
+product unrounded or contract the multiply-add (seen on an H200: float16 off by a few ulps where
+the two products cancel), which stays within one rounding of each product.
 """
 
 from __future__ import annotations

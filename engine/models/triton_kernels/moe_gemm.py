@@ -14,6 +14,8 @@ times the row's routing weight, written as float32 for the float32 sum over the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -87,6 +89,16 @@ def _moe_gemm_kernel(
         out = out.to(tl.float32) * row_weight[:, None]
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_out + offs_n[None, :]
     tl.store(out_ptrs, out, mask=row_mask[:, None] & n_mask[None, :])
+
+
+@functools.cache
+def _max_shared_memory(index: int) -> int:
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def max_shared_memory(device: torch.device) -> int:
+    """Shared memory one program may take on ``device`` (a CUDA GPU), in bytes."""
+    return _max_shared_memory(device.index if device.index is not None else 0)
 
 
 def moe_gemm_interpreted() -> bool:

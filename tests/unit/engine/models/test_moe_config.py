@@ -8,7 +8,9 @@ import torch
 from engine.models.triton_kernels.moe_config import (
     INTERPRETER_CONFIG,
     MOE_GEMM_TABLE,
+    fit_shared_memory,
     moe_gemm_config,
+    shared_bytes,
 )
 
 
@@ -32,3 +34,31 @@ def test_every_tile_fits_a_dot() -> None:
     for _, config in MOE_GEMM_TABLE:
         for size in (config.block_m, config.block_n, config.block_k // 2):
             assert size >= 16 and size & (size - 1) == 0
+
+
+@pytest.mark.parametrize("max_shared", [99 * 1024, 163 * 1024, 227 * 1024])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tiles_shrink_to_the_devices_shared_memory(max_shared: int, dtype: torch.dtype) -> None:
+    """A tile tuned on Hopper loses stages, then width, on a GPU with less shared memory; one
+    that fits is kept as it is."""
+    element = torch.finfo(dtype).bits // 8
+    for num_rows in (8, 512, 4096, 65536):
+        table = moe_gemm_config(num_rows, 64, dtype, interpreted=False)
+        fitted = moe_gemm_config(
+            num_rows, 64, dtype, interpreted=False, max_shared_bytes=max_shared
+        )
+        assert shared_bytes(fitted, element) <= max_shared
+        if shared_bytes(table, element) <= max_shared:
+            assert fitted == table
+        else:
+            assert fitted.block_m == table.block_m and fitted.num_stages >= 2
+            assert fitted.block_n <= table.block_n and fitted.block_k <= table.block_k
+
+
+def test_prefill_tile_on_an_ampere_sized_gpu() -> None:
+    table = moe_gemm_config(65536, 64, torch.bfloat16, interpreted=False)
+    assert (table.num_stages, table.block_n) == (4, 256)  # 192 KiB of loads
+    fitted = fit_shared_memory(table, 2, 99 * 1024)  # an L4 or A10: 2 stages, 96 KiB
+    assert (fitted.num_stages, fitted.block_n, fitted.block_k) == (2, 256, 64)
+    narrower = fit_shared_memory(table, 2, 64 * 1024)  # then half the width
+    assert (narrower.num_stages, narrower.block_n, narrower.block_k) == (2, 128, 64)
