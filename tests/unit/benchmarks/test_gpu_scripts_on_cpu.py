@@ -10,15 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gpu_engine, gpu_moe
+from benchmarks import gpu_engine, gpu_moe, moe_tiles
 from engine import LLM
+from engine.models.triton_kernels.moe_config import moe_gemm_config
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 @pytest.mark.parametrize(
-    "script", ["gpu_engine.py", "gpu_check.py", "decode_attention_timing.py", "gpu_moe.py"]
+    "script",
+    ["gpu_engine.py", "gpu_check.py", "decode_attention_timing.py", "gpu_moe.py", "moe_tiles.py"],
 )
 def test_scripts_refuse_to_run_without_cuda(script: str) -> None:
     done = subprocess.run(
@@ -61,3 +63,11 @@ def test_helpers() -> None:
     assert gpu_engine.meets(0.4, "<=", 0.5) and not gpu_engine.meets(2.0, ">=", 3.0)
     prompts = gpu_engine.random_prompts(2, 5, 10, seed=1)
     assert len(prompts) == 2 and all(len(p) == 5 and min(p) >= 3 for p in prompts)
+
+
+def test_tile_candidates_cover_the_tables_choice_per_regime() -> None:
+    """The tuner times, for each regime, candidates that include the table's own tile, so its
+    ``best`` can never be worse than what the engine runs."""
+    for rows, experts in ((8, 64), (512, 64), (2048, 64), (32768, 64)):
+        table = moe_gemm_config(rows, experts, torch.bfloat16, interpreted=False)
+        assert table in moe_tiles.candidates_for(rows / experts)
