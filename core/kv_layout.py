@@ -49,6 +49,11 @@ class KVLayout:
     """Seed of the chained block hashes (``EngineConfig.hash_seed``): equal layouts hash alike."""
     scale_bytes: int = 0
     """Bytes of scale after each head row (2: a float16 scale; 0: unquantized)."""
+    tp_size: int = 1
+    """Tensor-parallel ranks of the engine these blocks belong to; ``num_kv_heads`` is one
+    rank's share (:mod:`engine.models.tensor_parallel`)."""
+    tp_rank: int = 0
+    """Which rank's KV heads these blocks hold."""
 
     @property
     def dtype_bytes(self) -> int:
@@ -72,7 +77,10 @@ class KVLayout:
 
     def fingerprint(self) -> str:
         """A short stable digest of every field and of the block-hash algorithm."""
-        fields = sorted({**asdict(self), "hash_algorithm": HASH_ALGORITHM}.items())
+        named = {**asdict(self), "hash_algorithm": HASH_ALGORITHM}
+        if self.tp_size == 1:  # one rank: the digest of the layouts before tensor parallelism
+            del named["tp_size"], named["tp_rank"]
+        fields = sorted(named.items())
         text = "|".join(f"{k}={v}" for k, v in fields)
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 

@@ -45,11 +45,13 @@ _LOAD_WAIT_S = 0.005
 class LLMEngine:
     """One model, one KV cache, one continuous batch."""
 
-    def __init__(self, parts: EngineParts) -> None:
+    def __init__(self, parts: EngineParts, *, runner: ModelRunner | None = None) -> None:
+        """``runner``: the model runner over ``parts``' model and KV storage, when it is not
+        the plain one (rank 0 of a tensor-parallel gang passes its broadcasting runner)."""
         self.parts = parts
         self.tokenizer = parts.tokenizer
         self.scheduler: Scheduler = parts.scheduler
-        self.runner = ModelRunner(
+        self.runner = runner or ModelRunner(
             parts.model,
             parts.storage,
             compiled=parts.compiled,

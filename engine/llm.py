@@ -5,12 +5,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, cast
 
 from core.config import DType, EngineConfig, KVTiersConfig, ModelConfig
 from core.sampling import SamplingParams
+from engine.builtin import resolve_model
 from engine.engine import LLMEngine
+from engine.models import ModelArchConfig
+from engine.models.tensor_parallel import check_tensor_parallel
 from engine.offline_batch import (
     PromptInput,
     PromptJob,
@@ -21,6 +25,8 @@ from engine.offline_batch import (
     prompt_salts,
 )
 from engine.outputs import RequestOutput
+from engine.parallel.tp_gang import Gang, agree_on_kv, start_gang
+from engine.parallel.tp_step import LeaderRunner
 from engine.setup import build_engine_parts
 
 logger = logging.getLogger(__name__)
@@ -34,6 +40,8 @@ class LLM:
 
     ``model`` is a built-in name (``builtin:tiny-llama``, ``builtin:tiny-moe``) or a local HF
     directory. Engine options are the fields of :class:`core.config.EngineConfig`.
+    ``tensor_parallel_size=N`` splits the model over N ranks: this process is rank 0 and
+    starts ranks 1..N-1 as local processes (one GPU each on CUDA), stopped by :meth:`shutdown`.
     ``generate`` and ``chat`` return vLLM-shaped :class:`RequestOutput` s, one per prompt, in
     input order: ``outs[0].outputs[0].text``.
     """
@@ -58,6 +66,7 @@ class LLM:
         quantization: Literal["int8"] | None = None,
         kv_cache_dtype: Literal["auto", "fp8_e4m3", "int8"] = "auto",
         async_scheduling: Literal["auto", "on", "off"] = "auto",
+        tensor_parallel_size: int = 1,
     ) -> None:
         model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed, quantization=quantization)
         engine_cfg = EngineConfig(
@@ -76,8 +85,14 @@ class LLM:
             kv_tiers=kv_tiers or KVTiersConfig(),
             kv_cache_dtype=kv_cache_dtype,
             async_scheduling=async_scheduling,
+            tensor_parallel_size=tensor_parallel_size,
         )
-        self.engine = LLMEngine(build_engine_parts(model_cfg, engine_cfg))
+        self._gang: Gang | None = None
+        if tensor_parallel_size == 1:
+            self.engine = LLMEngine(build_engine_parts(model_cfg, engine_cfg))
+        else:
+            self.engine, self._gang = _gang_engine(model_cfg, engine_cfg)
+            weakref.finalize(self, self._gang.close)  # followers stop with this LLM
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
@@ -139,6 +154,20 @@ class LLM:
             prompt_token_ids=token_lists, sampling_params=sampling_params, use_tqdm=use_tqdm
         )
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel followers (their processes exit) and release the engine;
+        idempotent. Also runs when the ``LLM`` is garbage-collected or used as a context
+        manager; without tensor parallelism it only releases the engine."""
+        if self._gang is not None:
+            self._gang.close()
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def _run(self, jobs: list[PromptJob], use_tqdm: bool) -> list[RequestOutput]:
         owner = {seq.request_id: job for job in jobs for seq in job.sequences}
         left = {job.request_id: len(job.sequences) for job in jobs}
@@ -154,6 +183,28 @@ class LLM:
                     if left[job.request_id] == 0:
                         advance()
         return [gather(job, finals) for job in jobs]
+
+
+def _gang_engine(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> tuple[LLMEngine, Gang]:
+    """Rank 0's engine of a local tensor-parallel gang, and the gang (its followers started).
+    A model the size does not split is refused before any process starts."""
+    arch = ModelArchConfig.from_dir(resolve_model(model_cfg.name))
+    check_tensor_parallel(arch, engine_cfg.tensor_parallel_size)
+    gang = start_gang(model_cfg, engine_cfg)
+    try:
+        parts = build_engine_parts(model_cfg, engine_cfg, tp=gang.member.shard)
+        agree_on_kv(gang.member, parts)
+        runner = LeaderRunner(
+            parts.model,
+            parts.storage,
+            gang.member.channel,
+            graph_batch_sizes=parts.cuda_graph_batch_sizes,
+            max_model_len=parts.scheduler.max_model_len,
+        )
+        return LLMEngine(parts, runner=runner), gang
+    except BaseException:
+        gang.abort()
+        raise
 
 
 def _conversations(messages: Messages | Sequence[Messages]) -> list[Messages]:

@@ -31,6 +31,7 @@ from engine.kv.tiers.store import KVTiers
 from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig, MoELayer
 from engine.models.layers import Linear
+from engine.models.tensor_parallel import TPShard
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
 
@@ -54,9 +55,10 @@ class EngineParts:
     cuda_graph_batch_sizes: tuple[int, ...] = ()  # empty: every step runs eagerly (or compiled)
 
 
-def pick_device() -> torch.device:
-    """CUDA device 0 when available, else the CPU."""
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+def pick_device(index: int = 0) -> torch.device:
+    """CUDA device ``index`` (a tensor-parallel rank's own GPU) when CUDA is available, else the
+    CPU."""
+    return torch.device("cuda", index) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
@@ -67,9 +69,10 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 
 
 def overlaps_steps(engine_cfg: EngineConfig, device: torch.device) -> bool:
-    """``engine.async_scheduling`` resolved: auto overlaps steps on CUDA only."""
+    """``engine.async_scheduling`` resolved: auto overlaps steps on CUDA only, and not with
+    tensor parallelism (the followers would need the sampled ids; the config refuses ``on``)."""
     if engine_cfg.async_scheduling == "auto":
-        return device.type == "cuda"
+        return device.type == "cuda" and engine_cfg.tensor_parallel_size == 1
     return engine_cfg.async_scheduling == "on"
 
 
@@ -86,16 +89,24 @@ def build_engine_parts(
     kv_event_callback: Callable[[KVEventBatch], None] | None = None,
     expert_ids: Sequence[int] | None = None,
     shared_kv: bool = False,
+    tp: TPShard | None = None,
 ) -> EngineParts:
     """Load the model and size the KV cache as the configs say (``shared_kv``: its host bytes
-    in named shared memory, for same-node pulls)."""
+    in named shared memory, for same-node pulls; ``tp``: one rank of a tensor-parallel gang,
+    which loads its slices of the weights and holds its share of the KV heads)."""
+    if (tp.size if tp is not None else 1) != engine_cfg.tensor_parallel_size:
+        raise ConfigError(
+            f"tensor_parallel_size is {engine_cfg.tensor_parallel_size} but this engine is "
+            f"{'not a rank of a gang' if tp is None else f'a rank of a gang of {tp.size}'}",
+            param="tensor_parallel_size",
+        )
     threads = env.num_threads()
     if threads:
         torch.set_num_threads(threads)
     model_dir = resolve_model(model_cfg.name)
     arch = ModelArchConfig.from_dir(model_dir)
     max_model_len = _max_model_len(engine_cfg, arch)
-    device = pick_device()
+    device = pick_device(tp.rank if tp is not None else 0)
     dtype = resolve_dtype(model_cfg.dtype, device)
     kv_dtype, scale_bytes = dtype, 0
     if engine_cfg.kv_cache_dtype != "auto":
@@ -108,6 +119,7 @@ def build_engine_parts(
         device=device,
         attn_backend=backend,
         expert_ids=expert_ids,
+        tp=tp,
     )
     if model_cfg.quantization == "int8":
         quantize_model_int8(model)
@@ -118,6 +130,7 @@ def build_engine_parts(
         engine_cfg.block_size,
         engine_cfg.hash_seed,
         scale_bytes,
+        tp=tp,
     )
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     budget = kv_budget_bytes(

@@ -78,6 +78,16 @@ class EngineConfig(StrictModel):
         "(nothing to overlap there).",
     )
 
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Ranks one replica's model is split over (Megatron layout: attention heads, "
+        "MLP width and vocabulary; one all-reduce per attention and per MLP). Rank 0 schedules "
+        "and owns the KV manager; every rank holds its own heads' KV. Must divide the attention "
+        "heads and the MLP width; KV heads are split, or replicated when fewer than ranks. Not "
+        "yet with MoE models, compile_model, KV tiers or overlapped steps (auto turns them off).",
+    )
+
     kv_tiers: KVTiersConfig = Field(
         default_factory=KVTiersConfig,
         description="Host-RAM and disk tiers under the prefix cache, and idle TTLs per tier.",
@@ -90,6 +100,23 @@ class EngineConfig(StrictModel):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"block_size ({self.block_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_parallel_combinations(self) -> EngineConfig:
+        size = self.tensor_parallel_size
+        if size == 1:
+            return self
+        refused = {
+            "compile_model": self.compile_model,
+            "async_scheduling: on": self.async_scheduling == "on",
+            "kv_tiers": self.kv_tiers.host is not None or self.kv_tiers.disk is not None,
+        }
+        for name, present in refused.items():
+            if present:
+                raise ValueError(
+                    f"tensor_parallel_size ({size}) cannot be combined with {name} yet"
+                )
         return self
 
     @model_validator(mode="after")

@@ -104,6 +104,12 @@ class ServedModel:
                     f"({theirs}): the KV layouts and block hashes must match"
                 )
         for role, engine in engines.items():
+            if engine.tensor_parallel_size > 1:
+                raise ValueError(
+                    f"{at}{role}.engine.tensor_parallel_size ({engine.tensor_parallel_size}): "
+                    "tensor-parallel replicas in a Serve pool are not built yet (the offline "
+                    "engine runs them: LLM(model, tensor_parallel_size=N))"
+                )
             ranks = self.pool_for(role).expert_parallel
             if engine.compile_model and ranks > 1:
                 raise ValueError(

@@ -10,11 +10,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, ModelNotFoundError, UnsupportedArchitectureError
 from core.kv_layout import KVLayout
 from engine.models.registry import ArchSpec, get_arch_spec
+
+if TYPE_CHECKING:
+    from engine.models.tensor_parallel import TPShard
 
 CONFIG_FILE = "config.json"
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -119,19 +122,29 @@ class ModelArchConfig:
         return (num_blocks, self.num_layers, 2, block_size, self.num_kv_heads, self.head_dim)
 
     def kv_layout(
-        self, model_id: str, dtype: str, block_size: int, hash_seed: int, scale_bytes: int = 0
+        self,
+        model_id: str,
+        dtype: str,
+        block_size: int,
+        hash_seed: int,
+        scale_bytes: int = 0,
+        *,
+        tp: TPShard | None = None,
     ) -> KVLayout:
         """The KV fingerprint of this model for ``dtype`` (e.g. ``"float32"``) blocks, with
-        ``scale_bytes`` per head row for an 8-bit cache."""
+        ``scale_bytes`` per head row for an 8-bit cache; on a tensor-parallel rank ``tp``, of
+        that rank's share of the KV heads."""
         return KVLayout(
             model_id=model_id,
             dtype=dtype,
             block_size=block_size,
             num_layers=self.num_layers,
-            num_kv_heads=self.num_kv_heads,
+            num_kv_heads=self.num_kv_heads if tp is None else tp.kv_heads(self.num_kv_heads)[1],
             head_dim=self.head_dim,
             hash_seed=hash_seed,
             scale_bytes=scale_bytes,
+            tp_size=1 if tp is None else tp.size,
+            tp_rank=0 if tp is None else tp.rank,
         )
 
     @classmethod

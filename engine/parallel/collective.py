@@ -168,13 +168,13 @@ class TorchEPCollective:
     def _check_usable(self, op: str) -> None:
         if self._broken is not None:
             raise UnavailableError(
-                f"expert-parallel rank {self._rank}: {op} on a gang that is {self._broken}; "
+                f"gang rank {self._rank}: {op} on a gang that is {self._broken}; "
                 "the gang must be restarted"
             )
 
     def _fail(self, op: str, error: Exception) -> UnavailableError:
         self._broken = "broken"
-        logger.error("expert-parallel rank %s: %s failed: %s", self._rank, op, error)
+        logger.error("gang rank %s: %s failed: %s", self._rank, op, error)
         return UnavailableError(
-            f"expert-parallel rank {self._rank}: {op} failed, a peer rank died or stalled: {error}"
+            f"gang rank {self._rank}: {op} failed, a peer rank died or stalled: {error}"
         )

@@ -67,10 +67,10 @@ def init_ep_process_group(
         )
     except (RuntimeError, ValueError) as e:  # DistStoreError (timeout) is a RuntimeError
         raise UnavailableError(
-            f"expert-parallel rank {rank}/{world_size}: rendezvous at {init_method} failed: {e}"
+            f"gang rank {rank}/{world_size}: rendezvous at {init_method} failed: {e}"
         ) from e
     logger.info(
-        "expert-parallel rank %s/%s joined %s (%s, timeout %.1fs)",
+        "gang rank %s/%s joined %s (%s, timeout %.1fs)",
         rank,
         world_size,
         init_method,

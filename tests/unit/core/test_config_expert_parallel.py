@@ -132,3 +132,13 @@ def test_eplb_on_a_gang_is_accepted() -> None:
 def test_bad_eplb_is_rejected_naming_the_field(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=re.escape(message)):
         pool(**fields)
+
+
+def test_a_tensor_parallel_pool_is_refused_until_serve_gangs_run_it() -> None:
+    with pytest.raises(ValidationError, match=re.escape("decode.engine.tensor_parallel_size (2)")):
+        ClusterConfig.model_validate(
+            {
+                "model": {"name": "builtin:tiny-llama"},
+                "decode": {"engine": {"tensor_parallel_size": 2}},
+            }
+        )

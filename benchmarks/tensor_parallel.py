@@ -1,0 +1,117 @@
+"""Tensor parallelism on the CPU: a TP=2 gang against one rank, same model, same cores.
+
+Two engines of the same checkpoint (default ``builtin:llama-1b``, float32 on the CPU: 1.1B
+parameters, where the matmuls dominate a step): ``LLM(model)`` with every core, and
+``LLM(model, tensor_parallel_size=2)`` (rank 0 here, rank 1 a follower process; one core each).
+Each round, interleaved, times on both: a prefill (one new token after ``--prompt-tokens`` random
+tokens; prefix caching off) and a decode (``--new-tokens`` greedy tokens after the same prompt),
+and checks that both decode the same tokens. Progress goes to stderr; the last stdout line is one
+JSON object:
+
+- ``tp2_decode_tpot_ratio``: TP=2 time per output token over one rank's (target <= 1.3: on two
+  shared cores TP buys no speed, the figure is what the collectives and the step broadcast cost);
+- ``tp2_prefill_throughput_ratio``: TP=2 prefill tokens/s over one rank's;
+- ``tp2_output_identical``: greedy tokens equal in every round;
+- the times behind them (``tpot_ms``, ``prefill_tok_s`` per engine), best of ``--repeats``.
+
+The heterogeneous P/D keys of issue 32 (``hetero_pd_bytes_ratio``, ``hetero_pd_output_identical``)
+come with the per-rank KV transfer, which is not built yet.
+
+Usage: ``python benchmarks/tensor_parallel.py [--model builtin:llama-1b] [--prompt-tokens 256]
+[--new-tokens 16] [--repeats 2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+import time
+
+import torch
+
+from core.sampling import SamplingParams
+from engine import LLM
+
+logger = logging.getLogger("tensor_parallel")
+
+
+def timed(llm: LLM, prompt: list[int], new_tokens: int, threads: int) -> tuple[float, list[int]]:
+    """Seconds to generate ``new_tokens`` greedy tokens after ``prompt``, and the tokens."""
+    torch.set_num_threads(threads)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    [out] = llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
+    return time.perf_counter() - start, list(out.outputs[0].token_ids)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:llama-1b")
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    cores = os.cpu_count() or 2
+    options = {
+        "dtype": "float32",
+        "max_model_len": args.prompt_tokens + args.new_tokens + 16,
+        "enable_prefix_caching": False,  # every round computes its whole prompt
+        "kv_cache_memory_bytes": 256 << 20,
+        "max_num_batched_tokens": max(2048, args.prompt_tokens),
+    }
+    logger.info("one rank: %s on %d cores", args.model, cores)
+    one = LLM(args.model, **options)
+    # NOTE: read by both ranks' build (core.env): one core per rank
+    os.environ["PDSERVE_NUM_THREADS"] = str(max(1, cores // 2))
+    logger.info("tensor_parallel_size=2: one core per rank")
+    two = LLM(args.model, tensor_parallel_size=2, **options)
+    vocab = one.engine.parts.arch.vocab_size
+    rng = random.Random(0)
+    best: dict[str, float] = {}
+    identical = True
+    reference: list[int] = []
+    try:
+        for round_ in range(args.repeats + 1):  # the first round warms up
+            prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
+            for name, llm, threads in (("tp1", one, cores), ("tp2", two, max(1, cores // 2))):
+                prefill_s, _ = timed(llm, prompt, 1, threads)
+                decode_s, tokens = timed(llm, prompt, args.new_tokens, threads)
+                tpot = (decode_s - prefill_s) / (args.new_tokens - 1)
+                if round_ == 0:
+                    continue
+                best[f"{name}_prefill_s"] = min(best.get(f"{name}_prefill_s", 1e9), prefill_s)
+                best[f"{name}_tpot_s"] = min(best.get(f"{name}_tpot_s", 1e9), tpot)
+                if name == "tp1":
+                    reference = tokens
+                else:
+                    identical = identical and tokens == reference
+                logger.info(
+                    "round %d %s: prefill %.2f s, TPOT %.1f ms", round_, name, prefill_s, tpot * 1e3
+                )
+    finally:
+        two.shutdown()
+    result = {
+        "model": args.model,
+        "cores": cores,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "tpot_ms": {"tp1": best["tp1_tpot_s"] * 1e3, "tp2": best["tp2_tpot_s"] * 1e3},
+        "prefill_tok_s": {
+            "tp1": args.prompt_tokens / best["tp1_prefill_s"],
+            "tp2": args.prompt_tokens / best["tp2_prefill_s"],
+        },
+        "tp2_decode_tpot_ratio": best["tp2_tpot_s"] / best["tp1_tpot_s"],
+        "tp2_prefill_throughput_ratio": best["tp1_prefill_s"] / best["tp2_prefill_s"],
+        "tp2_output_identical": identical,
+        "targets": {"tp2_decode_tpot_ratio": "<= 1.3", "tp2_output_identical": "true"},
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Driving a tensor-parallel gang: rank 0 plans each step, the other ranks run its forward.
+
+Rank 0 (the leader) is an ordinary :class:`~engine.engine.LLMEngine`: its scheduler and KV
+manager decide every step, its sampler draws every token. Its model runner is a
+:class:`LeaderRunner`, which, before each forward, broadcasts the step to the followers: the
+requests whose per-request state ended since the last step, and each scheduled request's tokens,
+start position, block table, whether it samples and whether it wants prompt logprobs. A follower
+(:func:`follow_leader`) runs the same :class:`~engine.model_runner.ModelRunner` forward on the
+same blocks with its own shard of the weights and of the KV heads, so every rank's all-reduces
+and logit gathers pair up, and its KV cache holds its heads of exactly the blocks rank 0 filled.
+Followers never sample; their logits are dropped.
+
+A step travels as one int64 tensor (:func:`encode_step` / :func:`decode_step`; no pickle)
+broadcast from rank 0 on the gang's control group — a gloo group apart from the one the model's
+collectives use, so a follower may wait for the next step as long as the leader stays idle
+without timing out the model's collectives. A :data:`STOP` message ends the followers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from core.errors import UnavailableError
+from core.sampling import SamplingParams
+from engine.kv.storage import KVStorage
+from engine.model_runner import ModelRunner, PendingTokens, StepLogits
+from engine.models import CausalLM
+from engine.scheduler.output import ScheduledRequest
+
+logger = logging.getLogger(__name__)
+
+_STEP, _STOP = 1, 0
+_NO_PROMPT_LOGPROBS = -1
+
+
+@dataclass(frozen=True)
+class TPStep:
+    """One step as the followers run it."""
+
+    released: tuple[str, ...]  # requests whose runner state ended before this step
+    scheduled: tuple[ScheduledRequest, ...]
+
+
+STOP = TPStep((), ())
+"""The message that ends the followers (encoded apart from an empty step)."""
+
+
+def encode_step(step: TPStep | None) -> torch.Tensor:
+    """``step`` (None: :data:`STOP`) as a flat int64 tensor."""
+    if step is None:
+        return torch.tensor([_STOP], dtype=torch.int64)
+    words: list[int] = [_STEP, len(step.released), len(step.scheduled)]
+    for request_id in step.released:
+        _put_text(words, request_id)
+    for item in step.scheduled:
+        _put_text(words, item.request_id)
+        words.append(len(item.token_ids))
+        words.extend(item.token_ids)
+        words.append(item.start_position)
+        words.append(len(item.block_ids))
+        words.extend(item.block_ids)
+        words.append(int(item.samples_token))
+        prompt_logprobs = item.sampling_params.prompt_logprobs
+        words.append(_NO_PROMPT_LOGPROBS if prompt_logprobs is None else prompt_logprobs)
+    return torch.tensor(words, dtype=torch.int64)
+
+
+def decode_step(tensor: torch.Tensor) -> TPStep | None:
+    """The step :func:`encode_step` wrote (None for :data:`STOP`); ``ValueError`` when the
+    words do not parse exactly."""
+    words = tensor.tolist()
+    reader = _Words(words)
+    if reader.take() == _STOP:
+        return None
+    num_released, num_scheduled = reader.take(), reader.take()
+    released = tuple(reader.text() for _ in range(num_released))
+    scheduled = []
+    for _ in range(num_scheduled):
+        request_id = reader.text()
+        token_ids = reader.many(reader.take())
+        start_position = reader.take()
+        block_ids = reader.many(reader.take())
+        samples_token = bool(reader.take())
+        prompt_logprobs = reader.take()
+        params = SamplingParams(
+            prompt_logprobs=None if prompt_logprobs == _NO_PROMPT_LOGPROBS else prompt_logprobs
+        )
+        scheduled.append(
+            ScheduledRequest(
+                request_id, token_ids, start_position, block_ids, samples_token, params, 0
+            )
+        )
+    if not reader.done():
+        raise ValueError(f"tensor-parallel step: {len(words) - reader.at} words left over")
+    return TPStep(released, tuple(scheduled))
+
+
+def _put_text(words: list[int], text: str) -> None:
+    data = text.encode()
+    words.append(len(data))
+    words.extend(data)
+
+
+class _Words:
+    def __init__(self, words: list[int]) -> None:
+        self.words = words
+        self.at = 0
+
+    def take(self) -> int:
+        if self.at >= len(self.words):
+            raise ValueError("tensor-parallel step: message ends early")
+        self.at += 1
+        return self.words[self.at - 1]
+
+    def many(self, count: int) -> list[int]:
+        if count < 0 or self.at + count > len(self.words):
+            raise ValueError("tensor-parallel step: message ends early")
+        self.at += count
+        return self.words[self.at - count : self.at]
+
+    def text(self) -> str:
+        return bytes(self.many(self.take())).decode()
+
+    def done(self) -> bool:
+        return self.at == len(self.words)
+
+
+class StepChannel(Protocol):
+    """How rank 0 hands each step to the other ranks (every rank calls, in the same order)."""
+
+    def send(self, step: TPStep | None) -> None:
+        """Rank 0: broadcast ``step`` (None: stop)."""
+        ...
+
+    def receive(self) -> TPStep | None:
+        """Another rank: the next step rank 0 sent (None: stop)."""
+        ...
+
+
+class BroadcastChannel:
+    """A :class:`StepChannel` over a ``torch.distributed`` (gloo) group: a length, then the
+    words. Raises :class:`UnavailableError` when a peer is gone."""
+
+    def __init__(self, group: torch.distributed.ProcessGroup, rank: int) -> None:
+        self.group = group
+        self.rank = rank
+
+    def send(self, step: TPStep | None) -> None:
+        words = encode_step(step)
+        self._broadcast(torch.tensor([words.numel()], dtype=torch.int64))
+        self._broadcast(words)
+
+    def receive(self) -> TPStep | None:
+        length = torch.zeros(1, dtype=torch.int64)
+        self._broadcast(length)
+        words = torch.zeros(int(length.item()), dtype=torch.int64)
+        self._broadcast(words)
+        return decode_step(words)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        try:
+            torch.distributed.broadcast(tensor, src=0, group=self.group)
+        except RuntimeError as e:  # DistBackendError is a RuntimeError
+            raise UnavailableError(
+                f"tensor-parallel rank {self.rank}: step broadcast failed, a peer rank died or "
+                f"stalled: {e}"
+            ) from e
+
+
+class LeaderRunner(ModelRunner):
+    """Rank 0's model runner: every forward is first broadcast to the followers."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        storage: KVStorage,
+        channel: StepChannel,
+        *,
+        graph_batch_sizes: Sequence[int] = (),
+        max_model_len: int | None = None,
+    ) -> None:
+        super().__init__(
+            model, storage, graph_batch_sizes=graph_batch_sizes, max_model_len=max_model_len
+        )
+        self.channel = channel
+        self._released: list[str] = []
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        """Forget the requests here; the followers forget them with the next step."""
+        super().release(request_ids)
+        self._released.extend(request_ids)
+
+    def execute(
+        self, scheduled: list[ScheduledRequest], pending: PendingTokens | None = None
+    ) -> StepLogits:
+        """Broadcast the step, then run rank 0's share of it."""
+        if pending is not None:  # the config refuses overlapped steps with tensor parallelism
+            raise ValueError("a tensor-parallel leader cannot run overlapped steps")
+        released, self._released = tuple(self._released), []
+        self.channel.send(TPStep(released, tuple(scheduled)))
+        return super().execute(scheduled)
+
+    def stop_followers(self) -> None:
+        """Tell the followers to return from :func:`follow_leader`."""
+        self.channel.send(None)
+
+
+def follow_leader(runner: ModelRunner, channel: StepChannel) -> int:
+    """A follower's loop: run every step rank 0 sends until it sends stop; returns the number
+    of steps run. Raises what a step or the channel raises (the gang is broken then)."""
+    steps = 0
+    while (step := channel.receive()) is not None:
+        runner.release(step.released)
+        if step.scheduled:
+            runner.execute(list(step.scheduled))
+        steps += 1
+    logger.info("tensor-parallel follower: stopped after %d steps", steps)
+    return steps

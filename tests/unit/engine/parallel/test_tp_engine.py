@@ -1,0 +1,187 @@
+"""Tensor-parallel engines on the CPU: ``LLM(model, tensor_parallel_size=N)`` with real follower
+processes over gloo. Greedy output must equal one rank's, through chunked prefill, prefix hits,
+preemption, an 8-bit KV cache, replicated KV heads and sliding windows; followers stop with the
+``LLM`` and a dead follower fails the step without hanging or leaking."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from core.config import EngineConfig, KVTiersConfig
+from core.errors import ConfigError, LayoutMismatchError, UnavailableError
+from core.hashing import HASH_ALGORITHM
+from core.sampling import SamplingParams
+from engine import LLM
+from engine.builtin import resolve_model
+from engine.models import ModelArchConfig
+from engine.parallel.tp_step import STOP, TPStep, decode_step, encode_step
+from engine.scheduler.output import ScheduledRequest
+from tests.unit.engine.models.hf_checkpoints import add_byte_tokenizer, save_checkpoint
+from tests.waiting import wait_until
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+SHARED = [7, 8, 9, 10, 11, 12, 13, 14] * 5  # 40 tokens: two full blocks of 16 shared
+PROMPTS = [[*SHARED, 3, 4, 5], [*SHARED, 60, 61], [21, 22, 23, 24] * 12, [5, 6]]
+
+
+def greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    outputs = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY, use_tqdm=False)
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+def step_item(request_id: str, tokens: list[int], prompt_logprobs: int | None = None):
+    return ScheduledRequest(
+        request_id,
+        tokens,
+        start_position=3,
+        block_ids=[4, 9, 0],
+        samples_token=prompt_logprobs is None,
+        sampling_params=SamplingParams(prompt_logprobs=prompt_logprobs),
+        num_output_tokens=0,
+    )
+
+
+def test_a_step_travels_as_words_and_back() -> None:
+    step = TPStep(
+        released=("done-1", "préempté"),
+        scheduled=(step_item("a", [1, 2, 3]), step_item("b-é", [9], prompt_logprobs=2)),
+    )
+    decoded = decode_step(encode_step(step))
+    assert decoded is not None
+    assert decoded.released == step.released
+    for got, sent in zip(decoded.scheduled, step.scheduled, strict=True):
+        assert (got.request_id, got.token_ids, got.start_position, got.block_ids) == (
+            sent.request_id,
+            sent.token_ids,
+            sent.start_position,
+            sent.block_ids,
+        )
+        assert got.samples_token == sent.samples_token
+        assert got.sampling_params.prompt_logprobs == sent.sampling_params.prompt_logprobs
+    assert decode_step(encode_step(None)) is None
+    assert decode_step(encode_step(STOP)) == STOP  # an empty step is not a stop
+
+
+def test_a_torn_step_is_refused() -> None:
+    words = encode_step(TPStep(("x",), (step_item("a", [1, 2, 3]),)))
+    with pytest.raises(ValueError, match="ends early"):
+        decode_step(words[:-3])
+    with pytest.raises(ValueError, match="left over"):
+        decode_step(words.new_tensor([*words.tolist(), 0]))
+
+
+def test_one_rank_layouts_keep_their_fingerprint_and_ranks_differ() -> None:
+    arch = ModelArchConfig.from_dir(resolve_model("builtin:tiny-llama"))
+    layout = arch.kv_layout("m", "float32", 16, 0)
+    legacy = {k: v for k, v in asdict(layout).items() if k not in ("tp_size", "tp_rank")}
+    text = "|".join(
+        f"{k}={v}" for k, v in sorted({**legacy, "hash_algorithm": HASH_ALGORITHM}.items())
+    )
+    assert layout.fingerprint() == hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    rank1 = replace(layout, num_kv_heads=1, tp_size=2, tp_rank=1)
+    assert (
+        len({layout.fingerprint(), rank1.fingerprint(), replace(rank1, tp_rank=0).fingerprint()})
+        == 3
+    )
+    with pytest.raises(LayoutMismatchError, match="tp_size: 1 != 2"):
+        layout.check_compatible(rank1)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"compile_model": True},
+        {"async_scheduling": "on"},
+        {"kv_tiers": KVTiersConfig(host={"bytes": 1 << 20})},
+    ],
+)
+def test_combinations_not_built_are_refused_by_the_config(options: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match="tensor_parallel_size \\(2\\) cannot be combined"):
+        EngineConfig(tensor_parallel_size=2, **options)
+
+
+def test_a_size_that_does_not_split_the_model_is_refused_before_any_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_gang(*_: object) -> None:
+        raise AssertionError("no follower may start")
+
+    monkeypatch.setattr("engine.llm.start_gang", no_gang)
+    with pytest.raises(ConfigError, match="tensor_parallel_size=3 does not divide the 8 attention"):
+        LLM("builtin:tiny-llama", tensor_parallel_size=3)
+
+
+def test_tp2_equals_one_rank_through_chunks_prefix_hits_and_preemption() -> None:
+    options = {
+        "max_num_batched_tokens": 32,  # prompts of 40+ tokens prefill in chunks
+        "max_model_len": 64,
+        # 16 KiB a block on each of two ranks (one of the two KV heads): 10 blocks for four
+        # requests that need 11 at the end (two share a prefix), so some are preempted
+        "kv_cache_memory_bytes": 10 * 16 * 1024,
+        "max_num_seqs": 4,
+    }
+    reference = LLM("builtin:tiny-llama", **options)
+    expected = greedy(reference, PROMPTS)
+    with LLM("builtin:tiny-llama", tensor_parallel_size=2, **options) as llm:
+        assert greedy(llm, PROMPTS) == expected
+        again = llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in again] == expected
+        assert max(o.num_cached_tokens for o in again) >= 16  # the shared prefix hit
+        assert llm.engine.scheduler.stats().num_preemptions_total > 0
+        followers = llm._gang.processes  # type: ignore[union-attr]
+        assert llm.engine.scheduler.stats().num_used_blocks == 0
+    assert all(process.wait(timeout=30) == 0 for process in followers)
+
+
+def test_tp2_with_an_8bit_kv_cache_and_prompt_logprobs() -> None:
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, prompt_logprobs=1)
+    reference = LLM("builtin:tiny-llama", kv_cache_dtype="int8")
+    expected = reference.generate(prompt_token_ids=PROMPTS[:2], sampling_params=params)
+    with LLM("builtin:tiny-llama", kv_cache_dtype="int8", tensor_parallel_size=2) as llm:
+        got = llm.generate(prompt_token_ids=PROMPTS[:2], sampling_params=params, use_tqdm=False)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine.outputs[0].token_ids == theirs.outputs[0].token_ids
+        assert mine.prompt_logprobs is not None and theirs.prompt_logprobs is not None
+        for a, b in zip(mine.prompt_logprobs[1:], theirs.prompt_logprobs[1:], strict=True):
+            assert a is not None and b is not None
+            assert a.keys() == b.keys()
+            for token in a:  # sums in another order, then 8-bit rounding of K and V
+                assert abs(a[token].logprob - b[token].logprob) < 5e-3
+
+
+@pytest.mark.parametrize(
+    ("preset", "size"),
+    [
+        ("qwen2", 2),  # one KV head replicated on both ranks, qkv bias, tied embeddings
+        ("mistral-swa", 2),  # a sliding window shorter than the prompts
+        ("llama-mqa", 4),  # four ranks over one KV head
+    ],
+)
+def test_hf_families_decode_as_one_rank(tmp_path: Path, preset: str, size: int) -> None:
+    checkpoint = save_checkpoint(preset, tmp_path / preset)
+    add_byte_tokenizer(checkpoint.path)
+    path = str(checkpoint.path)
+    prompts = [[3, 17, 29, 44, 5, 61, 7] * 5, [9, 2, 33, 14] * 3]
+    expected = greedy(LLM(path, dtype="float32"), prompts)
+    with LLM(path, dtype="float32", tensor_parallel_size=size) as llm:
+        assert greedy(llm, prompts) == expected
+
+
+def test_a_dead_follower_fails_the_step_and_nothing_is_left_running() -> None:
+    llm = LLM("builtin:tiny-llama", tensor_parallel_size=2)
+    try:
+        [follower] = llm._gang.processes  # type: ignore[union-attr]
+        follower.kill()
+        follower.wait(timeout=30)
+        with pytest.raises(UnavailableError, match="peer rank died"):
+            greedy(llm, PROMPTS[:1])
+        assert not llm.engine.has_unfinished()
+        assert llm.engine.scheduler.stats().num_used_blocks == 0
+    finally:
+        llm.shutdown()
+    wait_until(lambda: follower.poll() is not None, timeout_s=10, message="the follower reaped")
