@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from core.errors import KVCacheError
+from core.tensor_parallel import tp_split_problem
 from sizer.shape import ModelShape
 
 DEFAULT_TABLE_CONTEXTS = (2048, 8192, 32768, 131072)
@@ -100,14 +101,27 @@ def _capacity_at(shape: ModelShape, inputs: SizingInputs, tp: int) -> tuple[int,
 def choose_tensor_parallel(shape: ModelShape, inputs: SizingInputs) -> int:
     """The given TP size, or the smallest power of two holding one request of context_len."""
     if inputs.tensor_parallel_size is not None:
+        problem = _split_problem(shape, inputs.tensor_parallel_size)
+        if problem is not None:
+            raise KVCacheError(f"{shape.name}: {problem}")
         return inputs.tensor_parallel_size
-    for tp in _AUTO_TP_CHOICES:
+    splits = [tp for tp in _AUTO_TP_CHOICES if _split_problem(shape, tp) is None]
+    for tp in splits:
         if _capacity_at(shape, inputs, tp)[2] >= 1:
             return tp
     raise KVCacheError(
-        f"{shape.name} does not fit even on {_AUTO_TP_CHOICES[-1]} GPUs of "
-        f"{inputs.gpu_memory_bytes / 1e9:g} GB at {inputs.context_len_tokens} tokens"
+        f"{shape.name} does not fit on {splits[-1]} GPUs of {inputs.gpu_memory_bytes / 1e9:g} GB "
+        f"at {inputs.context_len_tokens} tokens (its {shape.num_attention_heads} attention heads "
+        f"and {shape.num_kv_heads} KV heads split over {', '.join(map(str, splits))} GPUs)"
     )
+
+
+def _split_problem(shape: ModelShape, tp: int) -> str | None:
+    """Why the engine would refuse ``tp`` for this model (the same rule); MLA models keep one
+    latent per token and are not split by heads here."""
+    if shape.mla_latent_dim is not None:
+        return None
+    return tp_split_problem(tp, shape.num_attention_heads, shape.num_kv_heads)
 
 
 def plan_capacity(shape: ModelShape, inputs: SizingInputs) -> CapacityPlan:

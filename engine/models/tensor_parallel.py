@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 
 from core.errors import ConfigError
+from core.tensor_parallel import tp_split_problem
 from engine.models.config import ModelArchConfig
 
 
@@ -85,29 +86,15 @@ class TPShard:
 
 
 def check_tensor_parallel(config: ModelArchConfig, size: int) -> None:
-    """Raise :class:`ConfigError` naming the numbers unless ``config`` splits over ``size``."""
+    """Raise :class:`ConfigError` naming the numbers unless ``config`` splits over ``size``
+    (:func:`core.tensor_parallel.tp_split_problem`; MoE layers are not split yet)."""
     param = "tensor_parallel_size"
-    if size < 1:
-        raise ConfigError(f"tensor_parallel_size must be >= 1, got {size}", param=param)
-    if size == 1:
-        return
-    if config.num_heads % size:
-        raise ConfigError(
-            f"tensor_parallel_size={size} does not divide the {config.num_heads} attention heads",
-            param=param,
-        )
-    kv = config.num_kv_heads
-    if kv % size and size % kv:
-        raise ConfigError(
-            f"tensor_parallel_size={size} and the {kv} KV heads: one must divide the other",
-            param=param,
-        )
-    if config.intermediate_size % size:
-        raise ConfigError(
-            f"tensor_parallel_size={size} does not divide the MLP width {config.intermediate_size}",
-            param=param,
-        )
-    if config.is_moe:
+    problem = tp_split_problem(
+        size, config.num_heads, config.num_kv_heads, config.intermediate_size
+    )
+    if problem is not None:
+        raise ConfigError(problem, param=param)
+    if size > 1 and config.is_moe:
         raise ConfigError(
             f"tensor_parallel_size={size} with an MoE model: shard its experts with "
             "expert_parallel instead (tensor-parallel MoE layers are not built yet)",

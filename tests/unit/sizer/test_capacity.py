@@ -34,6 +34,20 @@ def test_tensor_parallel_is_the_smallest_that_fits() -> None:
         plan_capacity(llama70, _inputs(tensor_parallel_size=1))
 
 
+def test_tensor_parallel_sizes_the_engine_refuses_are_refused_here_too() -> None:
+    """The sizer and the engine share one rule (``core.tensor_parallel``): heads split evenly,
+    KV heads and ranks divide one another."""
+    qwen = get_preset("Qwen2.5-7B")  # 28 attention heads, 4 KV heads
+    with pytest.raises(KVCacheError, match="tensor_parallel_size=8 does not divide the 28"):
+        plan_capacity(qwen, _inputs(tensor_parallel_size=8))
+    assert plan_capacity(qwen, _inputs(tensor_parallel_size=4)).tensor_parallel_size == 4
+    small_gpu = _inputs(gpu_memory_bytes=6 * 10**9, context_len_tokens=1024)
+    assert plan_capacity(qwen, small_gpu).tensor_parallel_size == 4
+    # auto never picks a size that does not split: too small for TP=4, and 8+ do not split
+    with pytest.raises(KVCacheError, match="split over 1, 2, 4 GPUs"):
+        plan_capacity(qwen, _inputs(gpu_memory_bytes=3 * 10**9, context_len_tokens=1024))
+
+
 def test_kv_heads_are_replicated_beyond_their_count() -> None:
     qwen = get_preset("Qwen2.5-7B")  # 4 KV heads
     assert qwen.kv_bytes_per_token("bf16", tensor_parallel_size=8) == 2 * 28 * 1 * 128 * 2
