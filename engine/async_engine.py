@@ -41,6 +41,7 @@ from core.stats import ReplicaStats
 from engine.engine import LLMEngine
 from engine.export_progress import ExportProgress, ExportWatcher
 from engine.outputs import RequestOutput
+from engine.parallel.tp_gang import build_tp_engine
 from engine.request import RequestStatus
 from engine.request_stream import ABORTED, RequestStream, Sink, StreamItem
 from engine.scheduler.output import ImportAllocation, PinnedBlocks, SchedulerStats
@@ -527,6 +528,10 @@ def build_async_engine(
 ) -> AsyncEngine:
     """A fresh engine for ``model`` on this process's device, running on its own thread
     (``shared_kv``: its KV's host bytes readable by same-node peers)."""
+    if engine.tensor_parallel_size > 1:  # rank 0 of a local gang; the thread's close stops it
+        return AsyncEngine(
+            build_tp_engine(model, engine, kv_event_callback=kv_event_callback, shared_kv=shared_kv)
+        )
     parts = build_engine_parts(
         model, engine, kv_event_callback=kv_event_callback, shared_kv=shared_kv
     )

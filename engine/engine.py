@@ -215,10 +215,11 @@ class LLMEngine:
 
     def close(self) -> None:
         """Release what outlives a step: the KV tiers' I/O threads (pending disk writes are
-        finished) and the disk tier's directory lock, and the shared KV segment's name. Requests
-        still queued stay queued."""
+        finished) and the disk tier's directory lock, the shared KV segment's name, and a
+        tensor-parallel gang's followers. Requests still queued stay queued."""
         self.scheduler.close()
         self.parts.storage.close()
+        self.runner.close()
 
     def has_unfinished(self) -> bool:
         """True while any request is queued, running, or waiting for imported KV, or a step

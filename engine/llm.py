@@ -11,10 +11,7 @@ from typing import Any, Literal, cast
 
 from core.config import DType, EngineConfig, KVTiersConfig, ModelConfig
 from core.sampling import SamplingParams
-from engine.builtin import resolve_model
 from engine.engine import LLMEngine
-from engine.models import ModelArchConfig
-from engine.models.tensor_parallel import check_tensor_parallel
 from engine.offline_batch import (
     PromptInput,
     PromptJob,
@@ -25,8 +22,7 @@ from engine.offline_batch import (
     prompt_salts,
 )
 from engine.outputs import RequestOutput
-from engine.parallel.tp_gang import Gang, agree_on_kv, start_gang
-from engine.parallel.tp_step import LeaderRunner
+from engine.parallel.tp_gang import build_tp_engine
 from engine.setup import build_engine_parts
 
 logger = logging.getLogger(__name__)
@@ -87,12 +83,14 @@ class LLM:
             async_scheduling=async_scheduling,
             tensor_parallel_size=tensor_parallel_size,
         )
-        self._gang: Gang | None = None
         if tensor_parallel_size == 1:
             self.engine = LLMEngine(build_engine_parts(model_cfg, engine_cfg))
         else:
-            self.engine, self._gang = _gang_engine(model_cfg, engine_cfg)
-            weakref.finalize(self, self._gang.close)  # followers stop with this LLM
+            self.engine = build_tp_engine(model_cfg, engine_cfg)
+        # NOTE: a tensor-parallel engine's followers stop when the LLM is collected, too
+        self._close = weakref.finalize(self, self.engine.close)
+        if tensor_parallel_size == 1:
+            self._close.detach()
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
@@ -158,9 +156,10 @@ class LLM:
         """Stop the tensor-parallel followers (their processes exit) and release the engine;
         idempotent. Also runs when the ``LLM`` is garbage-collected or used as a context
         manager; without tensor parallelism it only releases the engine."""
-        if self._gang is not None:
-            self._gang.close()
-        self.engine.close()
+        if self._close.alive:
+            self._close()
+        else:
+            self.engine.close()
 
     def __enter__(self) -> LLM:
         return self
@@ -183,28 +182,6 @@ class LLM:
                     if left[job.request_id] == 0:
                         advance()
         return [gather(job, finals) for job in jobs]
-
-
-def _gang_engine(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> tuple[LLMEngine, Gang]:
-    """Rank 0's engine of a local tensor-parallel gang, and the gang (its followers started).
-    A model the size does not split is refused before any process starts."""
-    arch = ModelArchConfig.from_dir(resolve_model(model_cfg.name))
-    check_tensor_parallel(arch, engine_cfg.tensor_parallel_size)
-    gang = start_gang(model_cfg, engine_cfg)
-    try:
-        parts = build_engine_parts(model_cfg, engine_cfg, tp=gang.member.shard)
-        agree_on_kv(gang.member, parts)
-        runner = LeaderRunner(
-            parts.model,
-            parts.storage,
-            gang.member.channel,
-            graph_batch_sizes=parts.cuda_graph_batch_sizes,
-            max_model_len=parts.scheduler.max_model_len,
-        )
-        return LLMEngine(parts, runner=runner), gang
-    except BaseException:
-        gang.abort()
-        raise
 
 
 def _conversations(messages: Messages | Sequence[Messages]) -> list[Messages]:

@@ -159,6 +159,10 @@ class ModelRunner:
         if self.graphs is not None and request_ids:
             self.graphs.table_rows.release(request_ids)
 
+    def close(self) -> None:
+        """Release what outlives the engine's steps (nothing here; a tensor-parallel leader
+        stops its followers)."""
+
     def _prompt_logits(
         self,
         scheduled: list[ScheduledRequest],

@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,11 +26,15 @@ import torch.distributed as dist
 
 from core.config import EngineConfig, ModelConfig
 from core.errors import ConfigError, UnavailableError
+from core.kv_events import KVEventBatch
+from engine.builtin import resolve_model
+from engine.engine import LLMEngine
 from engine.model_runner import ModelRunner
-from engine.models.tensor_parallel import TPShard
+from engine.models import ModelArchConfig
+from engine.models.tensor_parallel import TPShard, check_tensor_parallel
 from engine.parallel.collective import TorchEPCollective
 from engine.parallel.group import init_ep_process_group, rendezvous_address
-from engine.parallel.tp_step import BroadcastChannel, follow_leader
+from engine.parallel.tp_step import BroadcastChannel, LeaderRunner, follow_leader
 from engine.setup import EngineParts, build_engine_parts, pick_device
 
 logger = logging.getLogger(__name__)
@@ -181,3 +186,40 @@ def run_follower(model_json: str, engine_json: str, init_method: str, rank: int)
         if parts is not None:
             parts.storage.close()
         member.collective.close()
+
+
+def build_tp_engine(
+    model_cfg: ModelConfig,
+    engine_cfg: EngineConfig,
+    *,
+    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
+    shared_kv: bool = False,
+) -> LLMEngine:
+    """Rank 0's engine of a local gang of ``engine_cfg.tensor_parallel_size`` ranks, the
+    followers started; closing the engine stops them. A model the size does not split is
+    refused (:class:`ConfigError`) before any process starts; a failure while building kills
+    the followers."""
+    arch = ModelArchConfig.from_dir(resolve_model(model_cfg.name))
+    check_tensor_parallel(arch, engine_cfg.tensor_parallel_size)
+    gang = start_gang(model_cfg, engine_cfg)
+    try:
+        parts = build_engine_parts(
+            model_cfg,
+            engine_cfg,
+            kv_event_callback=kv_event_callback,
+            shared_kv=shared_kv,
+            tp=gang.member.shard,
+        )
+        agree_on_kv(gang.member, parts)
+        runner = LeaderRunner(
+            parts.model,
+            parts.storage,
+            gang.member.channel,
+            graph_batch_sizes=parts.cuda_graph_batch_sizes,
+            max_model_len=parts.scheduler.max_model_len,
+            gang=gang,
+        )
+        return LLMEngine(parts, runner=runner)
+    except BaseException:
+        gang.abort()
+        raise

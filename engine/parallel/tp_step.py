@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -31,6 +31,9 @@ from engine.kv.storage import KVStorage
 from engine.model_runner import ModelRunner, PendingTokens, StepLogits
 from engine.models import CausalLM
 from engine.scheduler.output import ScheduledRequest
+
+if TYPE_CHECKING:
+    from engine.parallel.tp_gang import Gang
 
 logger = logging.getLogger(__name__)
 
@@ -183,11 +186,15 @@ class LeaderRunner(ModelRunner):
         *,
         graph_batch_sizes: Sequence[int] = (),
         max_model_len: int | None = None,
+        gang: Gang | None = None,
     ) -> None:
+        """``gang``: the local gang whose followers this leader started, stopped by
+        :meth:`close`."""
         super().__init__(
             model, storage, graph_batch_sizes=graph_batch_sizes, max_model_len=max_model_len
         )
         self.channel = channel
+        self.gang = gang
         self._released: list[str] = []
 
     def release(self, request_ids: Sequence[str]) -> None:
@@ -205,9 +212,10 @@ class LeaderRunner(ModelRunner):
         self.channel.send(TPStep(released, tuple(scheduled)))
         return super().execute(scheduled)
 
-    def stop_followers(self) -> None:
-        """Tell the followers to return from :func:`follow_leader`."""
-        self.channel.send(None)
+    def close(self) -> None:
+        """Stop the gang's followers; idempotent."""
+        if self.gang is not None:
+            self.gang.close()
 
 
 def follow_leader(runner: ModelRunner, channel: StepChannel) -> int:

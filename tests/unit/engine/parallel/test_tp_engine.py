@@ -5,6 +5,7 @@ preemption, an 8-bit KV cache, replicated KV heads and sliding windows; follower
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -12,14 +13,17 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from core.config import EngineConfig, KVTiersConfig
+from core.config import EngineConfig, KVTiersConfig, ModelConfig
 from core.errors import ConfigError, LayoutMismatchError, UnavailableError
 from core.hashing import HASH_ALGORITHM
 from core.sampling import SamplingParams
 from engine import LLM
+from engine.async_engine import build_async_engine
 from engine.builtin import resolve_model
+from engine.engine import LLMEngine
 from engine.models import ModelArchConfig
-from engine.parallel.tp_step import STOP, TPStep, decode_step, encode_step
+from engine.parallel.tp_gang import Gang
+from engine.parallel.tp_step import STOP, LeaderRunner, TPStep, decode_step, encode_step
 from engine.scheduler.output import ScheduledRequest
 from tests.unit.engine.models.hf_checkpoints import add_byte_tokenizer, save_checkpoint
 from tests.waiting import wait_until
@@ -32,6 +36,12 @@ PROMPTS = [[*SHARED, 3, 4, 5], [*SHARED, 60, 61], [21, 22, 23, 24] * 12, [5, 6]]
 def greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     outputs = llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY, use_tqdm=False)
     return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+def leader_gang(llm: LLM | LLMEngine) -> Gang:
+    runner = (llm.engine if isinstance(llm, LLM) else llm).runner
+    assert isinstance(runner, LeaderRunner) and runner.gang is not None
+    return runner.gang
 
 
 def step_item(request_id: str, tokens: list[int], prompt_logprobs: int | None = None):
@@ -111,7 +121,7 @@ def test_a_size_that_does_not_split_the_model_is_refused_before_any_process(
     def no_gang(*_: object) -> None:
         raise AssertionError("no follower may start")
 
-    monkeypatch.setattr("engine.llm.start_gang", no_gang)
+    monkeypatch.setattr("engine.parallel.tp_gang.start_gang", no_gang)
     with pytest.raises(ConfigError, match="tensor_parallel_size=3 does not divide the 8 attention"):
         LLM("builtin:tiny-llama", tensor_parallel_size=3)
 
@@ -133,7 +143,7 @@ def test_tp2_equals_one_rank_through_chunks_prefix_hits_and_preemption() -> None
         assert [list(o.outputs[0].token_ids) for o in again] == expected
         assert max(o.num_cached_tokens for o in again) >= 16  # the shared prefix hit
         assert llm.engine.scheduler.stats().num_preemptions_total > 0
-        followers = llm._gang.processes  # type: ignore[union-attr]
+        followers = leader_gang(llm).processes
         assert llm.engine.scheduler.stats().num_used_blocks == 0
     assert all(process.wait(timeout=30) == 0 for process in followers)
 
@@ -175,7 +185,7 @@ def test_hf_families_decode_as_one_rank(tmp_path: Path, preset: str, size: int) 
 def test_a_dead_follower_fails_the_step_and_nothing_is_left_running() -> None:
     llm = LLM("builtin:tiny-llama", tensor_parallel_size=2)
     try:
-        [follower] = llm._gang.processes  # type: ignore[union-attr]
+        [follower] = leader_gang(llm).processes
         follower.kill()
         follower.wait(timeout=30)
         with pytest.raises(UnavailableError, match="peer rank died"):
@@ -185,3 +195,25 @@ def test_a_dead_follower_fails_the_step_and_nothing_is_left_running() -> None:
     finally:
         llm.shutdown()
     wait_until(lambda: follower.poll() is not None, timeout_s=10, message="the follower reaped")
+
+
+def test_an_async_engine_serves_a_tp_gang_and_its_shutdown_stops_the_followers() -> None:
+    """What a replica runs: ``build_async_engine`` with ``tensor_parallel_size: 2`` streams the
+    tokens one rank would, and shutting the engine thread down stops the follower."""
+    expected = greedy(LLM("builtin:tiny-llama"), PROMPTS[:1])[0]
+    engine = build_async_engine(
+        ModelConfig(name="builtin:tiny-llama"), EngineConfig(tensor_parallel_size=2)
+    )
+    followers = leader_gang(engine.engine).processes
+
+    async def stream() -> list[int]:
+        tokens: list[int] = []
+        async for output in engine.generate("tp-async", PROMPTS[0], GREEDY):
+            tokens = list(output.outputs[0].token_ids)
+        return tokens
+
+    try:
+        assert asyncio.run(stream()) == expected
+    finally:
+        engine.shutdown()
+    assert all(process.wait(timeout=30) == 0 for process in followers)
