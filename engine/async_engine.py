@@ -447,6 +447,9 @@ class AsyncEngine:
             return
         if output.finished:
             del self._sinks[output.request_id]
+        if output.error is not None:  # it failed alone: its stream raises, the others go on
+            self._push(output.request_id, sink, PdserveError(output.error))
+            return
         self._push(output.request_id, sink, output)
 
     def _push(self, request_id: str, sink: Sink, item: StreamItem) -> None:
@@ -489,7 +492,13 @@ class AsyncEngine:
         logger.error("engine step failed (%r); failing requests %s", error, list(failed))
         self._refresh_stats()
         for request_id, sink in failed.items():
-            self._push(request_id, sink, PdserveError(f"engine step failed: {error!r}"))
+            self._push(
+                request_id,
+                sink,
+                PdserveError(
+                    f"engine step failed for the whole batch, not for one request: {error!r}"
+                ),
+            )
 
     def _close_all(self) -> None:
         with self._lock:

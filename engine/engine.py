@@ -17,10 +17,10 @@ import torch
 from core.errors import InvalidRequestError
 from core.sampling import SamplingParams
 from engine.admission import check_request, request_generator
-from engine.device_io import DeviceReader
-from engine.model_runner import ModelRunner
+from engine.device_io import DeviceReader, upload
+from engine.model_runner import ModelRunner, StepLogits
 from engine.output_processor import OutputProcessor, RequestState
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, TokenLogprob
 from engine.prefill_rate import PrefillRate
 from engine.request import FinishReason, Request
 from engine.sampling import Sampler, SamplingRow
@@ -68,6 +68,8 @@ class LLMEngine:
         self._states: dict[str, RequestState] = {}
         self._generators: dict[str, torch.Generator] = {}
         self.grammars = GrammarStates(parts.tokenizer, parts.arch.vocab_size, parts.eos_token_ids)
+        self._failed: list[RequestOutput] = []
+        """Final outputs of requests that failed alone during a step, returned with its outputs."""
 
     @property
     def max_model_len(self) -> int:
@@ -247,9 +249,11 @@ class LLMEngine:
         if plan.is_empty:
             if self._in_flight is None:
                 self.scheduler.wait_for_loads(_LOAD_WAIT_S)
-                return []
-            return self._guarded(plan, self._settle_in_flight)
-        return self._guarded(plan, lambda: self._run(plan))
+                return self._take_failed()
+            outputs = self._guarded(plan, self._settle_in_flight)
+        else:
+            outputs = self._guarded(plan, lambda: self._run(plan))
+        return outputs + self._take_failed()
 
     def _guarded(
         self, plan: SchedulerOutput, body: Callable[[], list[RequestOutput]]
@@ -258,6 +262,7 @@ class LLMEngine:
             return body()
         except BaseException as e:
             in_flight, self._in_flight = self._in_flight, None
+            self._failed.clear()  # the whole step failed: its callers learn it from the error
             self._fail_plan(plan, e)
             if in_flight is not None:
                 self._fail_plan(in_flight.plan, e)
@@ -286,17 +291,46 @@ class LLMEngine:
                 state.scheduled(now)
         self.runner.release(plan.finished_request_ids + plan.preempted_request_ids)
         pending = previous.pending_tokens() if previous is not None else None
-        logits = self.runner.execute(plan.scheduled, pending)
+        logits = self.runner.execute(plan.scheduled, pending)  # a failure here is the batch's
         sample: DeviceSample | None = None
         read = None
-        if logits.request_ids:
-            by_id = {item.request_id: item for item in plan.scheduled}
-            rows = [self._sampling_row(by_id[rid]) for rid in logits.request_ids]
-            sample = self.sampler.sample_on_device(logits.logits, rows)
-            read = self.reader.start(sample.tensors())
+        request_ids = logits.request_ids
+        if request_ids:
+            sample, request_ids = self._sample_isolating_requests(plan, logits)
+            if sample is not None:
+                read = self.reader.start(sample.tensors())
         return InFlightStep(
-            plan, logits.request_ids, logits.prompt_logits, sample, read, time.perf_counter()
+            plan, request_ids, logits.prompt_logits, sample, read, time.perf_counter()
         )
+
+    def _sample_isolating_requests(
+        self, plan: SchedulerOutput, logits: StepLogits
+    ) -> tuple[DeviceSample | None, list[str]]:
+        """Queue the sampling of every request that samples this step; a request whose own row
+        fails (its sampling options, grammar, penalties, generator) fails alone. Returns the
+        sample and the requests it covers, in row order."""
+        by_id = {item.request_id: item for item in plan.scheduled}
+        rows: list[SamplingRow] = []
+        row_ids: list[str] = []
+        kept: list[int] = []
+        for i, request_id in enumerate(logits.request_ids):
+            try:
+                row = self._sampling_row(by_id[request_id])
+            except Exception as e:
+                self._fail_request(request_id, f"its sampling options failed: {e!r}")
+                continue
+            rows.append(row)
+            row_ids.append(request_id)
+            kept.append(i)
+        if not rows:
+            return None, []
+        values = logits.logits
+        if len(kept) < len(logits.request_ids):
+            values = values.index_select(0, upload(kept, torch.long, values.device))
+        isolated = self.sampler.sample_isolating_rows(values, rows)
+        for i, error in isolated.failures.items():
+            self._fail_request(row_ids[i], f"sampling it failed: {error!r}")
+        return isolated.sample, [row_ids[i] for i in isolated.kept]
 
     def _settle_in_flight(self) -> list[RequestOutput]:
         step, self._in_flight = self._in_flight, None
@@ -308,16 +342,34 @@ class LLMEngine:
         self.prefill_rate.record(step.plan.scheduled, time.perf_counter() - step.launched_s)
         for request_id, (start, prompt_rows) in step.prompt_logits.items():
             if request_id in self._states:
-                self.outputs.add_prompt_logprobs(self._states[request_id], start, prompt_rows)
-        tokens = dict(zip(step.request_ids, sampled.token_ids, strict=True))
-        logprobs = dict(zip(step.request_ids, sampled.logprobs, strict=True))
-        self.grammars.accept(tokens)
+                try:
+                    self.outputs.add_prompt_logprobs(self._states[request_id], start, prompt_rows)
+                except Exception as e:
+                    self._fail_request(request_id, f"its prompt logprobs failed: {e!r}")
+        tokens: dict[str, int] = {}
+        logprobs: dict[str, TokenLogprob | None] = {}
+        for request_id, token_id, logprob, finite in zip(
+            step.request_ids, sampled.token_ids, sampled.logprobs, sampled.finite, strict=True
+        ):
+            if not finite:
+                self._fail_request(request_id, "the model's logits for it are not finite (NaN/inf)")
+                continue
+            try:
+                self.grammars.accept_one(request_id, token_id)
+            except Exception as e:
+                self._fail_request(request_id, f"its grammar failed on token {token_id}: {e!r}")
+                continue
+            tokens[request_id], logprobs[request_id] = token_id, logprob
         results: list[RequestOutput] = []
         for update in self.scheduler.update_from_output(step.plan, tokens):
             state = self._states.get(update.request_id)
             if state is None:
                 continue
-            processed = self.outputs.process(state, update, logprobs.get(update.request_id))
+            try:
+                processed = self.outputs.process(state, update, logprobs.get(update.request_id))
+            except Exception as e:
+                self._fail_request(update.request_id, f"processing its output failed: {e!r}")
+                continue
             if processed.stop_string is not None:
                 self.scheduler.finish(update.request_id, FinishReason.STOP, processed.stop_string)
             if processed.output.finished:
@@ -334,9 +386,28 @@ class LLMEngine:
                 return True
         return False
 
+    def _fail_request(self, request_id: str, cause: str) -> None:
+        """End one request with an error (``finish_reason`` ``"error"``), its blocks freed,
+        while the rest of its step goes on; its final output goes out with the step's."""
+        state = self._states.get(request_id)
+        logger.warning("request %s failed alone: %s", request_id, cause)
+        self.scheduler.finish(request_id, FinishReason.ERROR)
+        self._forget(request_id)
+        if state is not None:
+            self._failed.append(self.outputs.failed(state, f"request {request_id}: {cause}"))
+
+    def _take_failed(self) -> list[RequestOutput]:
+        failed, self._failed = self._failed, []
+        return failed
+
     def _fail_plan(self, plan: SchedulerOutput, error: BaseException) -> None:
         request_ids = [item.request_id for item in plan.scheduled]
-        logger.error("engine step failed (%r); aborting requests %s", error, request_ids)
+        logger.error(
+            "engine step failed for the whole batch, not for one request (%r); aborting "
+            "requests %s",
+            error,
+            request_ids,
+        )
         for request_id in request_ids:
             try:
                 self.abort(request_id)

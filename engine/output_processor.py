@@ -25,7 +25,7 @@ from engine.outputs import (
     RequestOutput,
     TokenLogprob,
 )
-from engine.request import RequestStatus
+from engine.request import FinishReason, RequestStatus
 from engine.sampling import StopStringMatcher
 from engine.sampling.ops import top_logprobs
 from engine.scheduler.output import RequestUpdate
@@ -151,6 +151,28 @@ class OutputProcessor:
             metrics=state.metrics,
         )
         return ProcessedUpdate(output, check.stop if check.stopped else None)
+
+    def failed(self, state: RequestState, error: str) -> RequestOutput:
+        """The final output of a request that failed alone: what it generated so far (text
+        held back for a stop string left out), ``finish_reason`` ``"error"`` and the cause."""
+        completion = CompletionOutput(
+            index=0,
+            text=state.stops.text,
+            token_ids=tuple(state.token_ids),
+            cumulative_logprob=state.cumulative_logprob,
+            logprobs=None if state.logprobs is None else list(state.logprobs),
+            finish_reason=str(FinishReason.ERROR),
+        )
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            outputs=[completion],
+            finished=True,
+            prompt_logprobs=None if state.prompt_logprobs is None else list(state.prompt_logprobs),
+            metrics=state.metrics,
+            error=error,
+        )
 
     def add_prompt_logprobs(self, state: RequestState, start: int, logits: torch.Tensor) -> None:
         """Record the prompt logprobs that one step's logits [n, vocab] at positions ``start``

@@ -112,6 +112,9 @@ class RequestOutput:
     new_token_ids: tuple[int, ...] = ()
     new_text: str = ""
     metrics: RequestMetrics | None = None
+    error: str | None = None
+    """Why the request failed on its own (``finish_reason`` ``"error"``): its grammar, sampling
+    options, penalties or non-finite logits raised while the rest of its batch went on."""
 
     @property
     def token_ids(self) -> tuple[int, ...]:
@@ -125,7 +128,8 @@ class RequestOutput:
 
     @property
     def finish_reason(self) -> str | None:
-        """Why the first sequence ended (``stop``, ``length``, ``abort``), None while it runs."""
+        """Why the first sequence ended (``stop``, ``length``, ``abort``, ``error``), None while
+        it runs."""
         return self.outputs[0].finish_reason
 
 

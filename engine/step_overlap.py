@@ -50,7 +50,7 @@ class InFlightStep:
     def read_samples(self) -> SamplerOutput:
         """Wait for the read-back (once) and return the samples on the host."""
         if self.sample is None or self.read is None:
-            return SamplerOutput(token_ids=[], logprobs=[])
+            return SamplerOutput(token_ids=[], logprobs=[], finite=[])
         return self.sample.to_output(self.read.wait())
 
 

@@ -193,12 +193,11 @@ class GrammarStates:
     def get(self, request_id: str) -> GrammarState | None:
         return self._states.get(request_id)
 
-    def accept(self, tokens: dict[str, int]) -> None:
-        """Each constrained request's sampled token."""
-        for request_id, token_id in tokens.items():
-            state = self._states.get(request_id)
-            if state is not None and not state.terminated:
-                state.accept(token_id)
+    def accept_one(self, request_id: str, token_id: int) -> None:
+        """``request_id``'s sampled token, when it is constrained and not yet terminated."""
+        state = self._states.get(request_id)
+        if state is not None and not state.terminated:
+            state.accept(token_id)
 
     def forget(self, request_id: str) -> None:
         self._states.pop(request_id, None)

@@ -42,6 +42,8 @@ class SamplerOutput:
 
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
+    finite: list[bool]
+    """Whether row i's raw logits were all finite (a row with NaN or inf fails its request)."""
 
 
 @dataclass(frozen=True)
@@ -54,22 +56,33 @@ class DeviceSample:
     """
 
     token_ids: torch.Tensor  # [B] int64, on the logits' device
+    finite: torch.Tensor  # [B] bool: row i's raw logits were all finite
     logprobs: _LogprobTensors | None
     num_logprobs: tuple[int | None, ...]  # each row's ``params.logprobs``
 
     def tensors(self) -> list[torch.Tensor]:
         """The device tensors the host needs, ids first."""
         if self.logprobs is None:
-            return [self.token_ids]
-        return [self.token_ids, *self.logprobs.tensors()]
+            return [self.token_ids, self.finite]
+        return [self.token_ids, self.finite, *self.logprobs.tensors()]
 
     def to_output(self, host: Sequence[torch.Tensor]) -> SamplerOutput:
         """The host copies of :meth:`tensors` as lists."""
         token_id_list: list[int] = host[0].tolist()
         logprobs: list[TokenLogprob | None] = [None] * len(token_id_list)
         if self.logprobs is not None:
-            logprobs = self.logprobs.rows(host[1:], token_id_list, self.num_logprobs)
-        return SamplerOutput(token_ids=token_id_list, logprobs=logprobs)
+            logprobs = self.logprobs.rows(host[2:], token_id_list, self.num_logprobs)
+        return SamplerOutput(token_ids=token_id_list, logprobs=logprobs, finite=host[1].tolist())
+
+
+@dataclass(frozen=True)
+class IsolatedSample:
+    """What :meth:`Sampler.sample_isolating_rows` queued: the sample of the rows ``kept`` (in
+    that order; None when no row was kept) and the error of each row that failed alone."""
+
+    sample: DeviceSample | None
+    kept: tuple[int, ...]
+    failures: dict[int, Exception]
 
 
 @dataclass(frozen=True)
@@ -137,9 +150,64 @@ class Sampler:
             token_ids.index_copy_(0, index, drawn)
         return DeviceSample(
             token_ids=token_ids,
+            finite=torch.isfinite(logits).all(dim=-1),
             logprobs=_logprobs(logits, token_ids, rows),
             num_logprobs=tuple(row.params.logprobs for row in rows),
         )
+
+    def sample_isolating_rows(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow]
+    ) -> IsolatedSample:
+        """:meth:`sample_on_device`, except that rows which fail on their own (their grammar,
+        penalties, generator, ...) are left out and reported instead of failing the batch.
+
+        The batch is tried first; only when it raises is each row tried alone, every generator
+        put back to where it was before each try, so the rows that sample draw exactly what
+        they would have drawn without the failing ones. When every row samples alone but the
+        batch does not, nothing is attributable to a row: the batch's error is raised.
+        """
+        failures: dict[int, Exception] = {}
+        shared = self._generator.get_state()
+        saved: dict[int, torch.Tensor] = {}
+        for i, row in enumerate(rows):
+            if row.generator is not None:
+                try:
+                    saved[i] = row.generator.get_state()
+                except Exception as e:  # not a generator at all: that row cannot sample
+                    failures[i] = e
+        error: Exception | None = None
+        if not failures:
+            try:
+                sample = self.sample_on_device(logits, rows)
+                return IsolatedSample(sample, tuple(range(len(rows))), {})
+            except Exception as batch_error:
+                error = batch_error
+        for i in [i for i in range(len(rows)) if i not in failures]:
+            self._restore(rows, shared, saved)
+            try:
+                self.sample_on_device(logits[i : i + 1], [rows[i]])
+            except Exception as e:
+                failures[i] = e
+        self._restore(rows, shared, saved)
+        if not failures:
+            assert error is not None  # rows alone only run after the batch raised
+            raise error
+        kept = tuple(i for i in range(len(rows)) if i not in failures)
+        if not kept:
+            return IsolatedSample(None, (), failures)
+        index = upload(list(kept), torch.long, logits.device)
+        sample = self.sample_on_device(logits.index_select(0, index), [rows[i] for i in kept])
+        return IsolatedSample(sample, kept, failures)
+
+    def _restore(
+        self, rows: Sequence[SamplingRow], shared: torch.Tensor, saved: dict[int, torch.Tensor]
+    ) -> None:
+        """Put the shared generator and each row's own back to the states saved."""
+        self._generator.set_state(shared)
+        for i, state in saved.items():
+            generator = rows[i].generator
+            assert generator is not None  # saved only for rows that have one
+            generator.set_state(state)
 
     def _sample_random(
         self,

@@ -195,10 +195,12 @@ def test_duplicate_id_refusal_leaves_the_first_request_running(engine: LLMEngine
 def test_prefill_only_request_whose_sampling_fails_is_removed(
     engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its sampling raises on its own row: it fails alone (nothing of it stays)."""
     fail_after(engine.sampler, "sample_on_device", monkeypatch)
     engine.add_request("prefill-fails", PROMPT, SEEDED, prefill_only=True)
-    with pytest.raises(Injected):
-        engine.step()
+    [output] = engine.step()
+    assert output.finish_reason == "error" and output.error is not None
+    assert "Injected" in output.error
     assert engine.scheduler.get_request("prefill-fails") is None
     assert engine.get_pinned_blocks("prefill-fails") is None
 
@@ -213,18 +215,40 @@ def test_prefill_only_request_pinned_before_output_processing_fails_is_freed(
         observe=lambda: engine.get_pinned_blocks("pinned-fails") is not None,
     )
     engine.add_request("pinned-fails", PROMPT, GREEDY, prefill_only=True)
-    with pytest.raises(Injected):
-        engine.step()
+    [output] = engine.step()
+    assert output.finish_reason == "error"
     assert pinned == [True]  # the step had pinned the prompt's blocks when it failed
     assert engine.get_pinned_blocks("pinned-fails") is None
+    assert engine.scheduler.stats().num_used_blocks == 0
+
+
+def test_prefill_only_request_whose_forward_fails_is_removed(
+    engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure no row owns (the forward) fails the whole step, and the request with it."""
+    fail_after(engine.runner, "execute", monkeypatch)
+    engine.add_request("forward-fails", PROMPT, SEEDED, prefill_only=True)
+    with pytest.raises(Injected):
+        engine.step()
+    assert engine.scheduler.get_request("forward-fails") is None
+    assert engine.get_pinned_blocks("forward-fails") is None
 
 
 def test_offline_generate_with_a_failing_step_leaves_nothing(
     llm: LLM, engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_after(engine.sampler, "sample_on_device", monkeypatch)
+    fail_after(engine.runner, "execute", monkeypatch)
     with pytest.raises(Injected):
         llm.generate(prompt_token_ids=[PROMPT, PROMPT[:20]], sampling_params=SEEDED)
+
+
+def test_offline_generate_whose_every_row_fails_returns_errors_and_leaves_nothing(
+    llm: LLM, engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fail_after(engine.sampler, "sample_on_device", monkeypatch)
+    outputs = llm.generate(prompt_token_ids=[PROMPT, PROMPT[:20]], sampling_params=SEEDED)
+    assert [out.finish_reason for out in outputs] == ["error", "error"]
+    assert not engine.has_unfinished()
 
 
 # -- AsyncEngine: open / open_import / generate -----------------------------------------------
