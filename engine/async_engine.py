@@ -420,7 +420,7 @@ class AsyncEngine:
         try:
             outputs = self.engine.step() if self._driver is None else self._driver.step()
         except Exception as e:
-            if self._driver is not None and not self._driver.usable:
+            if not self.engine.usable or (self._driver is not None and not self._driver.usable):
                 logger.error("engine step failed for good (%r); stopping the engine", e)
                 self._stop_reason = f"the engine stopped: {e}"
                 return False

@@ -223,6 +223,12 @@ class LLMEngine:
         self.parts.storage.close()
         self.runner.close()
 
+    @property
+    def usable(self) -> bool:
+        """False once no step can succeed again (its tensor-parallel gang lost a rank): the
+        caller should stop this engine and start a new one."""
+        return self.runner.usable
+
     def has_unfinished(self) -> bool:
         """True while any request is queued, running, or waiting for imported KV, or a step
         still on the device holds outputs of a request not yet ended (a step whose requests

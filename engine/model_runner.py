@@ -163,6 +163,11 @@ class ModelRunner:
         """Release what outlives the engine's steps (nothing here; a tensor-parallel leader
         stops its followers)."""
 
+    @property
+    def usable(self) -> bool:
+        """False once no step can ever succeed again (a tensor-parallel gang that broke)."""
+        return True
+
     def _prompt_logits(
         self,
         scheduled: list[ScheduledRequest],

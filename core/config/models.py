@@ -92,6 +92,31 @@ class ServedModel:
         """This model's ``role`` pool in the KV index, the board and the routers."""
         return pool_key(role, self.scope)
 
+    def _check_tensor_parallel(self, role: Role, size: int) -> None:
+        """A tensor-parallel pool: decode only, with no prefill pool to pull KV from (the
+        per-rank transfer between pools is not built yet), one GPU per rank."""
+        if size == 1:
+            return
+        at, pool = self.field_path, self.pool_for(role)
+        if role == "prefill":
+            raise ValueError(
+                f"{at}prefill.engine.tensor_parallel_size ({size}): moving KV out of a "
+                "tensor-parallel prefill pool is not built yet; use it on decode with "
+                "prefill.num_replicas: 0"
+            )
+        if self.prefill.deployed:
+            raise ValueError(
+                f"{at}decode.engine.tensor_parallel_size ({size}) needs prefill.num_replicas: 0 "
+                "(moving KV into a tensor-parallel decode pool is not built yet: its replicas "
+                "prefill every prompt themselves)"
+            )
+        if pool.num_gpus and pool.num_gpus != size:
+            raise ValueError(
+                f"{at}decode.num_gpus ({pool.num_gpus:g}) must equal "
+                f"decode.engine.tensor_parallel_size ({size}): a tensor-parallel replica holds "
+                "one GPU per rank"
+            )
+
     def check(self) -> None:
         """The checks between this model's two pools; ValueError naming the field."""
         at = self.field_path
@@ -104,12 +129,7 @@ class ServedModel:
                     f"({theirs}): the KV layouts and block hashes must match"
                 )
         for role, engine in engines.items():
-            if engine.tensor_parallel_size > 1:
-                raise ValueError(
-                    f"{at}{role}.engine.tensor_parallel_size ({engine.tensor_parallel_size}): "
-                    "tensor-parallel replicas in a Serve pool are not built yet (the offline "
-                    "engine runs them: LLM(model, tensor_parallel_size=N))"
-                )
+            self._check_tensor_parallel(role, engine.tensor_parallel_size)
             ranks = self.pool_for(role).expert_parallel
             if engine.compile_model and ranks > 1:
                 raise ValueError(

@@ -196,6 +196,7 @@ class LeaderRunner(ModelRunner):
         self.channel = channel
         self.gang = gang
         self._released: list[str] = []
+        self._broken = False
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Forget the requests here; the followers forget them with the next step."""
@@ -209,8 +210,17 @@ class LeaderRunner(ModelRunner):
         if pending is not None:  # the config refuses overlapped steps with tensor parallelism
             raise ValueError("a tensor-parallel leader cannot run overlapped steps")
         released, self._released = tuple(self._released), []
-        self.channel.send(TPStep(released, tuple(scheduled)))
-        return super().execute(scheduled)
+        try:
+            self.channel.send(TPStep(released, tuple(scheduled)))
+            return super().execute(scheduled)
+        except UnavailableError:  # a rank died or stalled: the gang never steps again
+            self._broken = True
+            raise
+
+    @property
+    def usable(self) -> bool:
+        """False once a step found the gang broken (a rank gone)."""
+        return not self._broken
 
     def close(self) -> None:
         """Stop the gang's followers; idempotent."""

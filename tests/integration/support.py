@@ -36,6 +36,23 @@ def descendant_pids(root_pid: int) -> list[int]:
     return [process.pid for process in process_tree.descendants(root_pid)]
 
 
+def processes_running(cmdline_part: str) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every running process whose command line holds ``cmdline_part``
+    (Linux ``/proc``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if cmdline_part in cmdline and stat[0] not in "ZXx":
+            found.append((int(entry.name), int(stat[1])))
+    return found
+
+
 def is_running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     return process_tree.is_running(pid)

@@ -134,11 +134,28 @@ def test_bad_eplb_is_rejected_naming_the_field(fields: dict[str, Any], message: 
         pool(**fields)
 
 
-def test_a_tensor_parallel_pool_is_refused_until_serve_gangs_run_it() -> None:
-    with pytest.raises(ValidationError, match=re.escape("decode.engine.tensor_parallel_size (2)")):
-        ClusterConfig.model_validate(
-            {
-                "model": {"name": "builtin:tiny-llama"},
-                "decode": {"engine": {"tensor_parallel_size": 2}},
-            }
-        )
+def test_a_tensor_parallel_pool_is_decode_only_without_a_prefill_pool() -> None:
+    """A TP decode pool runs colocated (no KV moves into it yet); a TP prefill pool, one next
+    to a deployed prefill pool, or GPUs that are not one per rank are refused naming why."""
+    base = {"model": {"name": "builtin:tiny-llama"}}
+    tp_decode = {"engine": {"tensor_parallel_size": 2}, "num_replicas": 1}
+    config = ClusterConfig.model_validate(
+        {**base, "prefill": {"num_replicas": 0}, "decode": tp_decode}
+    )
+    assert config.engine_for("decode").tensor_parallel_size == 2
+    on_gpus = {**tp_decode, "num_gpus": 2}
+    ClusterConfig.model_validate({**base, "prefill": {"num_replicas": 0}, "decode": on_gpus})
+    refusals = [
+        ({"prefill": {"num_replicas": 1}, "decode": tp_decode}, "needs prefill.num_replicas: 0"),
+        (
+            {"prefill": {"num_replicas": 0}, "decode": {**tp_decode, "num_gpus": 1}},
+            "decode.num_gpus (1) must equal decode.engine.tensor_parallel_size (2)",
+        ),
+        (
+            {"prefill": {"num_replicas": 1, "engine": {"tensor_parallel_size": 2}}},
+            "prefill.engine.tensor_parallel_size (2): moving KV out",
+        ),
+    ]
+    for pools, message in refusals:
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            ClusterConfig.model_validate({**base, **pools})

@@ -217,3 +217,26 @@ def test_an_async_engine_serves_a_tp_gang_and_its_shutdown_stops_the_followers()
     finally:
         engine.shutdown()
     assert all(process.wait(timeout=30) == 0 for process in followers)
+
+
+def test_a_replica_whose_follower_died_stops_its_engine_for_the_health_check() -> None:
+    """A broken gang never steps again: the engine says so (``usable``), the engine thread
+    stops, and the replica's health check (``is_running``) turns it over to Serve."""
+    engine = build_async_engine(
+        ModelConfig(name="builtin:tiny-llama"), EngineConfig(tensor_parallel_size=2)
+    )
+    [follower] = leader_gang(engine.engine).processes
+    follower.kill()
+    follower.wait(timeout=30)
+
+    async def one() -> None:
+        async for _ in engine.generate("after-death", PROMPTS[0], GREEDY):
+            pass
+
+    try:
+        with pytest.raises(UnavailableError):
+            asyncio.run(one())
+        wait_until(lambda: not engine.is_running(), timeout_s=30, message="the engine stops")
+        assert not engine.engine.usable
+    finally:
+        engine.shutdown()

@@ -1,0 +1,155 @@
+"""A tensor-parallel decode pool (``engine.tensor_parallel_size: 2``) under Serve, in its own app.
+
+The app shares the cluster and HTTP proxy with the shared app but lives under ``/tp`` and is
+removed at the end. Each decode replica is one Serve replica owning the gang: rank 0 in the
+replica's process, rank 1 a child process of it (so the gang is on the replica's node by
+construction). Streaming output equals the offline one-rank engine's; scaling the pool up and
+down adds and removes whole gangs, and removing the app leaves no follower behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+from cluster.ops.deploy_schema import deploy_schema
+from cluster.ops.rest import ServeRest
+from cluster.serve.config_file import load_cluster_config
+from cluster.serve.pool_options import DECODE_DEPLOYMENT
+from core.config import ClusterConfig
+from core.sampling import SamplingParams
+from engine import LLM
+from tests.cluster_fixtures import ServingApp, SimCluster
+from tests.integration.support import APP_NAME, app_config, engine_section, processes_running
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+TP_APP = "pdserve-tp-test"
+ROUTE = "/tp"
+MODEL = "builtin:tiny-llama"
+SERVED = "tiny-llama-tp"
+PROMPTS = ["Tensor parallel: each rank holds half the heads.", "Hi"]
+MAX_TOKENS = 8
+FOLLOWER = "engine.parallel.tp_follower"
+
+
+@dataclass(frozen=True)
+class Follower:
+    pid: int
+    ppid: int
+
+
+def tp_config(port: int) -> ClusterConfig:
+    """The TP app: no prefill pool, one decode replica of two ranks."""
+    return load_cluster_config(
+        app_config(
+            port,
+            model={"name": MODEL, "dtype": "float32", "served_name": SERVED},
+            prefill={"num_replicas": 0},
+            decode={
+                "autoscaling": None,
+                "num_replicas": 1,
+                "num_cpus": 0.25,
+                "engine": {"tensor_parallel_size": 2},
+            },
+            cluster={"address": "auto", "app_name": TP_APP},
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def tp_app(serving_app: ServingApp, sim_cluster: SimCluster) -> Iterator[tuple[str, ServeRest]]:
+    """Deploy the TP app next to the shared one (same proxy, route ``/tp``); remove it after."""
+    config = tp_config(serving_app.config.server.port)
+    rest = ServeRest(sim_cluster.dashboard_url)
+    others = {
+        name: app["deployed_app_config"]
+        for name, app in rest.details().get("applications", {}).items()
+        if name != TP_APP and app.get("deployed_app_config")
+    }
+    assert APP_NAME in others
+    schema = deploy_schema(config, others)
+    for entry in schema["applications"]:
+        if entry["name"] == TP_APP:
+            entry["route_prefix"] = ROUTE
+    ServeSubmissionClient(sim_cluster.dashboard_url).deploy_applications(schema)
+    try:
+        rest.wait_running(TP_APP, 180)
+        endpoint = f"{serving_app.endpoint}{ROUTE}"
+        wait_until(
+            lambda: httpx.get(f"{endpoint}/ready", timeout=10).status_code == 200,
+            60,
+            "TP app ready",
+        )
+        yield endpoint, rest
+    finally:
+        rest.remove(TP_APP)
+        wait_until(lambda: rest.app_details(TP_APP) is None, 60, "TP app removed")
+        wait_until(lambda: not followers(), 60, "no follower left once the app is gone")
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[str]:
+    """Greedy completions of the offline one-rank engine with the app's options."""
+    llm = LLM(MODEL, dtype="float32", **engine_section())
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    return [out.text for out in llm.generate(PROMPTS, sampling_params=params)]
+
+
+def followers() -> list[Follower]:
+    """Every tensor-parallel follower process on this machine (the simulated nodes)."""
+    return [Follower(pid, ppid) for pid, ppid in processes_running(FOLLOWER)]
+
+
+def decode_replicas(rest: ServeRest) -> list[dict[str, Any]]:
+    """RUNNING replicas of the TP app's decode pool."""
+    app = rest.app_details(TP_APP) or {}
+    replicas = app.get("deployments", {}).get(DECODE_DEPLOYMENT, {}).get("replicas", [])
+    return [r for r in replicas if r["state"] == "RUNNING"]
+
+
+def streamed_text(endpoint: str, prompt: str) -> str:
+    """One greedy completion, streamed through the official client."""
+    client = openai.OpenAI(base_url=f"{endpoint}/v1", api_key="unused", max_retries=0)
+    stream = client.completions.create(
+        model=SERVED,
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        stream=True,
+        timeout=60,
+    )
+    return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+
+def test_a_tp_decode_gang_streams_what_one_rank_decodes(
+    tp_app: tuple[str, ServeRest], reference: list[str]
+) -> None:
+    endpoint, rest = tp_app
+    [replica] = decode_replicas(rest)
+    [follower] = followers()
+    assert follower.ppid == replica["pid"]  # rank 1 is the replica's child: same node
+    assert [streamed_text(endpoint, p) for p in PROMPTS] == reference
+
+
+def test_scaling_a_tp_pool_moves_whole_gangs(
+    tp_app: tuple[str, ServeRest], reference: list[str]
+) -> None:
+    endpoint, rest = tp_app
+    rest.scale(TP_APP, {DECODE_DEPLOYMENT: 2})
+    wait_until(lambda: len(decode_replicas(rest)) == 2, 120, "two TP decode replicas")
+    pids = {r["pid"] for r in decode_replicas(rest)}
+    wait_until(lambda: {f.ppid for f in followers()} == pids, 30, "a follower per replica")
+    assert [streamed_text(endpoint, p) for p in PROMPTS * 2] == reference * 2
+    rest.scale(TP_APP, {DECODE_DEPLOYMENT: 1})
+    wait_until(lambda: len(decode_replicas(rest)) == 1, 120, "back to one TP decode replica")
+    wait_until(lambda: len(followers()) == 1, 60, "the removed gang's follower exits")
+    assert streamed_text(endpoint, PROMPTS[0]) == reference[0]
