@@ -7,12 +7,16 @@ is imported inside the commands so ``pdserve --help`` stays fast.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from core.console import fail
-from core.errors import PdserveError
+from core.errors import ConfigError, PdserveError
+
+if TYPE_CHECKING:
+    from core.config import ServedModel
 
 _APP_HELP = "Serve application name (cluster.app_name of the config)."
 console = Console()
@@ -27,6 +31,7 @@ def validate_command(
 
     try:
         cfg = load_cluster_config(config)
+        notes = [note for served in cfg.served_models() for note in _check_splits(served)]
     except PdserveError as e:
         fail(e.message)
         return
@@ -45,6 +50,36 @@ def validate_command(
         f"ray {cfg.cluster.address}, http {cfg.server.host}:{cfg.server.port}",
         highlight=False,
     )
+    for note in notes:
+        console.print(f"note: {note}", highlight=False)
+
+
+def _check_splits(served: ServedModel) -> list[str]:
+    """Refuse a pool's ``tensor_parallel_size`` that the engine would refuse for this model
+    (:mod:`core.tensor_parallel`, as ``pdserve size`` does); notes for the sizes not checked
+    because the model's ``config.json`` is not on this machine."""
+    from core.tensor_parallel import tp_split_problem
+    from sizer.model_dir import load_model_shape
+
+    notes = []
+    for role in ("prefill", "decode"):
+        size = served.engine_for(role).tensor_parallel_size
+        if size == 1:
+            continue
+        try:
+            shape = load_model_shape(served.model.name)
+        except PdserveError as e:
+            notes.append(f"{role}.engine.tensor_parallel_size ({size}) not checked: {e.message}")
+            continue
+        problem = tp_split_problem(size, shape.num_attention_heads, shape.num_kv_heads)
+        if problem is None and shape.num_active_params < shape.num_params:
+            problem = f"tensor_parallel_size={size} with an MoE model is not built yet"
+        if problem is not None:
+            raise ConfigError(
+                f"model {served.name} ({served.model.name}): {role}.engine.{problem}",
+                param="tensor_parallel_size",
+            )
+    return notes
 
 
 def up_command(
