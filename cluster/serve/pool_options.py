@@ -90,6 +90,8 @@ def autoscaling_options(pool: PoolConfig) -> dict[str, Any] | None:
     }
     if scaling.initial_replicas is not None:
         options["initial_replicas"] = scaling.initial_replicas
+    if scaling.look_back_period_s is not None:
+        options["look_back_period_s"] = scaling.look_back_period_s
     return options
 
 

@@ -33,6 +33,13 @@ class AutoscalingConfig(StrictModel):
     downscale_delay_s: float = Field(
         600.0, ge=0.0, description="Load must stay low this long before removing replicas."
     )
+    look_back_period_s: float | None = Field(
+        None,
+        gt=0.0,
+        description="The window over which Serve averages each replica's load (and pdserve's "
+        "planner signals) before a decision; None: Serve's default (30 s). Shorter reacts "
+        "sooner to a burst and flaps more.",
+    )
 
     @model_validator(mode="after")
     def _range_is_ordered(self) -> AutoscalingConfig:

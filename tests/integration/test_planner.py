@@ -46,7 +46,13 @@ def _planner(mode: str, tmp_path: Path) -> dict[str, Any]:
 
 
 def _planner_config(port: int, planner: dict[str, Any]) -> dict[str, Any]:
-    scaling = {"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0.0}
+    # a 5 s window (Serve's default: 30 s) so the burst shows in the averages within seconds
+    scaling = {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "upscale_delay_s": 0.0,
+        "look_back_period_s": 5.0,
+    }
     raw = app_config(
         port,
         cluster={"app_name": APP, "route_prefix": "/planner"},

@@ -58,6 +58,7 @@ def tp_config(port: int) -> ClusterConfig:
                 "num_replicas": 1,
                 "num_cpus": 0.25,
                 "engine": {"tensor_parallel_size": 2},
+                "graceful_shutdown_timeout_s": 1.0,  # scaling down and removal need no drain
             },
             cluster={"address": "auto", "app_name": TP_APP},
         )

@@ -11,9 +11,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from cluster.ingress.telemetry.worker_stats import WorkerStatsCollector
 from cluster.ops.scaling import model_scope
 from cluster.ops.status_view import pool_rows
-from cluster.serve.pool_options import pool_deployment_name, pool_of_deployment
+from cluster.serve.pool_options import (
+    autoscaling_options,
+    pool_deployment_name,
+    pool_of_deployment,
+)
 from cluster.serve.stats_board import StatsBoard
 from core.codec import to_plain
+from core.config import PoolConfig
 from core.errors import ConfigError
 from core.stats import ReplicaReport, ReplicaStats
 
@@ -96,3 +101,12 @@ def test_status_lists_pools_model_by_model_then_the_ingress() -> None:
         ("Ingress", "", None),
     ]
     assert pool_rows({})[:2] == [("Prefill", "prefill", None), ("Decode", "decode", None)]
+
+
+def test_the_look_back_window_reaches_serve_only_when_set() -> None:
+    scaling = {"min_replicas": 1, "max_replicas": 3}
+    default = autoscaling_options(PoolConfig.model_validate({"autoscaling": scaling}))
+    assert default is not None and "look_back_period_s" not in default
+    short = {**scaling, "look_back_period_s": 5.0}
+    options = autoscaling_options(PoolConfig.model_validate({"autoscaling": short}))
+    assert options is not None and options["look_back_period_s"] == 5.0

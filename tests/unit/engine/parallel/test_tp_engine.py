@@ -167,7 +167,6 @@ def test_tp2_with_an_8bit_kv_cache_and_prompt_logprobs() -> None:
 @pytest.mark.parametrize(
     ("preset", "size"),
     [
-        ("qwen2", 2),  # one KV head replicated on both ranks, qkv bias, tied embeddings
         ("mistral-swa", 2),  # a sliding window shorter than the prompts
         ("llama-mqa", 4),  # four ranks over one KV head
     ],
@@ -180,21 +179,6 @@ def test_hf_families_decode_as_one_rank(tmp_path: Path, preset: str, size: int) 
     expected = greedy(LLM(path, dtype="float32"), prompts)
     with LLM(path, dtype="float32", tensor_parallel_size=size) as llm:
         assert greedy(llm, prompts) == expected
-
-
-def test_a_dead_follower_fails_the_step_and_nothing_is_left_running() -> None:
-    llm = LLM("builtin:tiny-llama", tensor_parallel_size=2)
-    try:
-        [follower] = leader_gang(llm).processes
-        follower.kill()
-        follower.wait(timeout=30)
-        with pytest.raises(UnavailableError, match="peer rank died"):
-            greedy(llm, PROMPTS[:1])
-        assert not llm.engine.has_unfinished()
-        assert llm.engine.scheduler.stats().num_used_blocks == 0
-    finally:
-        llm.shutdown()
-    wait_until(lambda: follower.poll() is not None, timeout_s=10, message="the follower reaped")
 
 
 def test_an_async_engine_serves_a_tp_gang_and_its_shutdown_stops_the_followers() -> None:
@@ -234,9 +218,11 @@ def test_a_replica_whose_follower_died_stops_its_engine_for_the_health_check() -
             pass
 
     try:
-        with pytest.raises(UnavailableError):
+        with pytest.raises(UnavailableError, match="peer rank died"):
             asyncio.run(one())
         wait_until(lambda: not engine.is_running(), timeout_s=30, message="the engine stops")
         assert not engine.engine.usable
     finally:
         engine.shutdown()
+    stats = engine.engine.scheduler.stats()
+    assert stats.num_used_blocks == 0 and stats.num_running == 0
