@@ -129,50 +129,21 @@ class OutputProcessor:
         reason_str: str | None = None if reason is None else str(reason)
         if check.stopped:
             finished, reason_str = True, "stop"
-        completion = CompletionOutput(
-            index=0,
-            text=state.stops.text,
-            token_ids=tuple(state.token_ids),
-            cumulative_logprob=state.cumulative_logprob,
-            logprobs=None if state.logprobs is None else list(state.logprobs),
-            finish_reason=reason_str,
-            stop_reason=check.stop if check.stopped else update.stop_reason,
-        )
-        output = RequestOutput(
-            request_id=state.request_id,
-            prompt=state.prompt,
-            prompt_token_ids=state.prompt_token_ids,
-            outputs=[completion],
+        output = _output(
+            state,
+            reason_str,
+            check.stop if check.stopped else update.stop_reason,
             finished=finished,
             num_cached_tokens=update.num_cached_tokens,
-            prompt_logprobs=None if state.prompt_logprobs is None else list(state.prompt_logprobs),
             new_token_ids=tuple(new_ids),
             new_text="".join(pieces),
-            metrics=state.metrics,
         )
         return ProcessedUpdate(output, check.stop if check.stopped else None)
 
     def failed(self, state: RequestState, error: str) -> RequestOutput:
         """The final output of a request that failed alone: what it generated so far (text
         held back for a stop string left out), ``finish_reason`` ``"error"`` and the cause."""
-        completion = CompletionOutput(
-            index=0,
-            text=state.stops.text,
-            token_ids=tuple(state.token_ids),
-            cumulative_logprob=state.cumulative_logprob,
-            logprobs=None if state.logprobs is None else list(state.logprobs),
-            finish_reason=str(FinishReason.ERROR),
-        )
-        return RequestOutput(
-            request_id=state.request_id,
-            prompt=state.prompt,
-            prompt_token_ids=state.prompt_token_ids,
-            outputs=[completion],
-            finished=True,
-            prompt_logprobs=None if state.prompt_logprobs is None else list(state.prompt_logprobs),
-            metrics=state.metrics,
-            error=error,
-        )
+        return _output(state, str(FinishReason.ERROR), None, finished=True, error=error)
 
     def add_prompt_logprobs(self, state: RequestState, start: int, logits: torch.Tensor) -> None:
         """Record the prompt logprobs that one step's logits [n, vocab] at positions ``start``
@@ -212,3 +183,40 @@ class OutputProcessor:
     def _entry(self, token_id: int, value: float, rank: int) -> Logprob:
         text = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return Logprob(logprob=value, rank=rank, decoded_token=text)
+
+
+def _output(
+    state: RequestState,
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    *,
+    finished: bool,
+    num_cached_tokens: int = 0,
+    new_token_ids: tuple[int, ...] = (),
+    new_text: str = "",
+    error: str | None = None,
+) -> RequestOutput:
+    """``state``'s request output so far, its one sequence ending as given, with the step's
+    new tokens and text."""
+    completion = CompletionOutput(
+        index=0,
+        text=state.stops.text,
+        token_ids=tuple(state.token_ids),
+        cumulative_logprob=state.cumulative_logprob,
+        logprobs=None if state.logprobs is None else list(state.logprobs),
+        finish_reason=finish_reason,
+        stop_reason=stop_reason,
+    )
+    return RequestOutput(
+        request_id=state.request_id,
+        prompt=state.prompt,
+        prompt_token_ids=state.prompt_token_ids,
+        outputs=[completion],
+        finished=finished,
+        num_cached_tokens=num_cached_tokens,
+        prompt_logprobs=None if state.prompt_logprobs is None else list(state.prompt_logprobs),
+        new_token_ids=new_token_ids,
+        new_text=new_text,
+        metrics=state.metrics,
+        error=error,
+    )

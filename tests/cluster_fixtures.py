@@ -22,7 +22,9 @@ import httpx
 import ray
 from ray import serve
 from ray.cluster_utils import Cluster
+from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
+from cluster.ops.deploy_schema import deploy_schema
 from cluster.ops.launcher import deploy
 from cluster.ops.rest import ServeRest
 from cluster.serve.config_file import load_cluster_config
@@ -73,15 +75,17 @@ class ServingApp:
         handle = serve.get_deployment_handle(INGRESS_DEPLOYMENT, APP_NAME)
         handle.set_draining.remote(draining).result(timeout_s=30)
 
-    def deployment(self, name: str) -> dict[str, Any]:
-        """Serve's REST details of one deployment (replicas with their nodes)."""
-        app = self.rest.app_details(APP_NAME) or {}
+    def deployment(self, name: str, app_name: str = APP_NAME) -> dict[str, Any]:
+        """Serve's REST details of one deployment of ``app_name`` (replicas with their
+        nodes)."""
+        app = self.rest.app_details(app_name) or {}
         details: dict[str, Any] = app.get("deployments", {}).get(name, {})
         return details
 
-    def running_replicas(self, name: str) -> list[dict[str, Any]]:
-        """RUNNING replicas of deployment ``name``."""
-        return [r for r in self.deployment(name).get("replicas", []) if r["state"] == "RUNNING"]
+    def running_replicas(self, name: str, app_name: str = APP_NAME) -> list[dict[str, Any]]:
+        """RUNNING replicas of deployment ``name`` of ``app_name`` (default: the shared app)."""
+        replicas = self.deployment(name, app_name).get("replicas", [])
+        return [r for r in replicas if r["state"] == "RUNNING"]
 
     def url(self, path: str) -> str:
         """Absolute URL of ``path`` on the endpoint."""
@@ -176,3 +180,34 @@ def _at_baseline(app: ServingApp) -> bool:
     response = httpx.get(app.url("/ready"), timeout=10)
     ready = response.status_code == 200 and not response.json()["degraded"]
     return len(live) == 2 and idle and ready
+
+
+@contextlib.contextmanager
+def side_app(serving_app: ServingApp, config: ClusterConfig, route: str) -> Iterator[str]:
+    """Deploy ``config``'s app next to the shared one (same proxy, under ``route``), wait until
+    it answers ``/ready``, yield its endpoint; remove it afterwards."""
+    name = config.cluster.app_name
+    rest = serving_app.rest
+    others = {
+        app_name: app["deployed_app_config"]
+        for app_name, app in rest.details().get("applications", {}).items()
+        if app_name != name and app.get("deployed_app_config")
+    }
+    assert APP_NAME in others
+    schema = deploy_schema(config, others)
+    for entry in schema["applications"]:
+        if entry["name"] == name:
+            entry["route_prefix"] = route
+    ServeSubmissionClient(rest.dashboard_url).deploy_applications(schema)
+    try:
+        rest.wait_running(name, 180)
+        endpoint = f"{serving_app.endpoint}{route}"
+        wait_until(
+            lambda: httpx.get(f"{endpoint}/ready", timeout=10).status_code == 200,
+            60,
+            f"{name} ready",
+        )
+        yield endpoint
+    finally:
+        rest.remove(name)
+        wait_until(lambda: rest.app_details(name) is None, 60, f"{name} removed")

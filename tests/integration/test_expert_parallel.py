@@ -18,17 +18,14 @@ import openai
 import pytest
 import ray
 from ray import serve
-from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
-from cluster.ops.deploy_schema import deploy_schema
-from cluster.ops.rest import ServeRest
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.config import ClusterConfig
 from core.sampling import SamplingParams
 from engine import LLM
-from tests.cluster_fixtures import ServingApp, SimCluster
-from tests.integration.support import APP_NAME, MODEL, SERVED_NAME, app_config, engine_section
+from tests.cluster_fixtures import ServingApp, side_app
+from tests.integration.support import MODEL, SERVED_NAME, app_config, engine_section
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -63,33 +60,10 @@ def ep_config(port: int) -> ClusterConfig:
 
 
 @pytest.fixture(scope="module")
-def ep_app(serving_app: ServingApp, sim_cluster: SimCluster) -> Iterator[tuple[str, ServeRest]]:
-    """Deploy the EP app next to the shared one (same proxy, route ``/ep``); remove it after."""
-    config = ep_config(serving_app.config.server.port)
-    rest = ServeRest(sim_cluster.dashboard_url)
-    others = {
-        name: app["deployed_app_config"]
-        for name, app in rest.details().get("applications", {}).items()
-        if name != EP_APP and app.get("deployed_app_config")
-    }
-    assert APP_NAME in others
-    schema = deploy_schema(config, others)
-    for entry in schema["applications"]:
-        if entry["name"] == EP_APP:
-            entry["route_prefix"] = ROUTE
-    ServeSubmissionClient(sim_cluster.dashboard_url).deploy_applications(schema)
-    try:
-        rest.wait_running(EP_APP, 180)
-        endpoint = f"{serving_app.endpoint}{ROUTE}"
-        wait_until(
-            lambda: httpx.get(f"{endpoint}/ready", timeout=10).status_code == 200,
-            60,
-            "EP app ready",
-        )
-        yield endpoint, rest
-    finally:
-        rest.remove(EP_APP)
-        wait_until(lambda: rest.app_details(EP_APP) is None, 60, "EP app removed")
+def ep_app(serving_app: ServingApp) -> Iterator[tuple[str, ServingApp]]:
+    """The EP app next to the shared one (route ``/ep``); removed after."""
+    with side_app(serving_app, ep_config(serving_app.config.server.port), ROUTE) as endpoint:
+        yield endpoint, serving_app
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +74,9 @@ def reference() -> list[str]:
     return [out.text for out in llm.generate(PROMPTS, sampling_params=params)]
 
 
-def decode_replicas(rest: ServeRest) -> list[dict[str, Any]]:
-    """RUNNING replicas of the EP app's decode gang."""
-    app = rest.app_details(EP_APP) or {}
-    replicas = app.get("deployments", {}).get("Decode", {}).get("replicas", [])
-    return [r for r in replicas if r["state"] == "RUNNING"]
+def decode_replicas(app: ServingApp) -> list[dict[str, Any]]:
+    """RUNNING replicas of the side app's decode pool."""
+    return app.running_replicas("Decode", EP_APP)
 
 
 def greedy_text(endpoint: str, prompt: str) -> str:
@@ -123,10 +95,10 @@ def greedy_text(endpoint: str, prompt: str) -> str:
 
 
 def test_ep_decode_gang_matches_offline_engine(
-    ep_app: tuple[str, ServeRest], reference: list[str]
+    ep_app: tuple[str, ServingApp], reference: list[str]
 ) -> None:
-    endpoint, rest = ep_app
-    replicas = decode_replicas(rest)
+    endpoint, app = ep_app
+    replicas = decode_replicas(app)
     assert len(replicas) == 2
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
         got = list(pool.map(lambda p: greedy_text(endpoint, p), PROMPTS * 2))
@@ -146,11 +118,11 @@ def test_ep_decode_gang_matches_offline_engine(
 
 
 def test_killing_a_rank_restarts_the_gang_and_no_request_hangs(
-    ep_app: tuple[str, ServeRest], reference: list[str]
+    ep_app: tuple[str, ServingApp], reference: list[str]
 ) -> None:
-    endpoint, rest = ep_app
-    before = {r["replica_id"] for r in decode_replicas(rest)}
-    victim = decode_replicas(rest)[1]
+    endpoint, app = ep_app
+    before = {r["replica_id"] for r in decode_replicas(app)}
+    victim = decode_replicas(app)[1]
 
     def long_request(i: int) -> int:
         body = {
@@ -170,8 +142,8 @@ def test_killing_a_rank_restarts_the_gang_and_no_request_hangs(
     assert set(statuses) <= {200, 500, 502, 503}, statuses
     wait_until(
         lambda: (
-            len(decode_replicas(rest)) == 2
-            and not {r["replica_id"] for r in decode_replicas(rest)} & before
+            len(decode_replicas(app)) == 2
+            and not {r["replica_id"] for r in decode_replicas(app)} & before
         ),
         150,
         "Serve restarts the whole decode gang (both ranks replaced)",

@@ -13,20 +13,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import openai
 import pytest
-from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
-from cluster.ops.deploy_schema import deploy_schema
-from cluster.ops.rest import ServeRest
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.pool_options import DECODE_DEPLOYMENT
 from core.config import ClusterConfig
 from core.sampling import SamplingParams
 from engine import LLM
-from tests.cluster_fixtures import ServingApp, SimCluster
-from tests.integration.support import APP_NAME, app_config, engine_section, processes_running
+from tests.cluster_fixtures import ServingApp, side_app
+from tests.integration.support import app_config, engine_section, processes_running
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -66,34 +62,11 @@ def tp_config(port: int) -> ClusterConfig:
 
 
 @pytest.fixture(scope="module")
-def tp_app(serving_app: ServingApp, sim_cluster: SimCluster) -> Iterator[tuple[str, ServeRest]]:
-    """Deploy the TP app next to the shared one (same proxy, route ``/tp``); remove it after."""
-    config = tp_config(serving_app.config.server.port)
-    rest = ServeRest(sim_cluster.dashboard_url)
-    others = {
-        name: app["deployed_app_config"]
-        for name, app in rest.details().get("applications", {}).items()
-        if name != TP_APP and app.get("deployed_app_config")
-    }
-    assert APP_NAME in others
-    schema = deploy_schema(config, others)
-    for entry in schema["applications"]:
-        if entry["name"] == TP_APP:
-            entry["route_prefix"] = ROUTE
-    ServeSubmissionClient(sim_cluster.dashboard_url).deploy_applications(schema)
-    try:
-        rest.wait_running(TP_APP, 180)
-        endpoint = f"{serving_app.endpoint}{ROUTE}"
-        wait_until(
-            lambda: httpx.get(f"{endpoint}/ready", timeout=10).status_code == 200,
-            60,
-            "TP app ready",
-        )
-        yield endpoint, rest
-    finally:
-        rest.remove(TP_APP)
-        wait_until(lambda: rest.app_details(TP_APP) is None, 60, "TP app removed")
-        wait_until(lambda: not followers(), 60, "no follower left once the app is gone")
+def tp_app(serving_app: ServingApp) -> Iterator[tuple[str, ServingApp]]:
+    """The TP app next to the shared one (route ``/tp``); no follower is left once it is gone."""
+    with side_app(serving_app, tp_config(serving_app.config.server.port), ROUTE) as endpoint:
+        yield endpoint, serving_app
+    wait_until(lambda: not followers(), 60, "no follower left once the app is gone")
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +82,9 @@ def followers() -> list[Follower]:
     return [Follower(pid, ppid) for pid, ppid in processes_running(FOLLOWER)]
 
 
-def decode_replicas(rest: ServeRest) -> list[dict[str, Any]]:
-    """RUNNING replicas of the TP app's decode pool."""
-    app = rest.app_details(TP_APP) or {}
-    replicas = app.get("deployments", {}).get(DECODE_DEPLOYMENT, {}).get("replicas", [])
-    return [r for r in replicas if r["state"] == "RUNNING"]
+def decode_replicas(app: ServingApp) -> list[dict[str, Any]]:
+    """RUNNING replicas of the side app's decode pool."""
+    return app.running_replicas(DECODE_DEPLOYMENT, TP_APP)
 
 
 def streamed_text(endpoint: str, prompt: str) -> str:
@@ -132,25 +103,25 @@ def streamed_text(endpoint: str, prompt: str) -> str:
 
 
 def test_a_tp_decode_gang_streams_what_one_rank_decodes(
-    tp_app: tuple[str, ServeRest], reference: list[str]
+    tp_app: tuple[str, ServingApp], reference: list[str]
 ) -> None:
-    endpoint, rest = tp_app
-    [replica] = decode_replicas(rest)
+    endpoint, app = tp_app
+    [replica] = decode_replicas(app)
     [follower] = followers()
     assert follower.ppid == replica["pid"]  # rank 1 is the replica's child: same node
     assert [streamed_text(endpoint, p) for p in PROMPTS] == reference
 
 
 def test_scaling_a_tp_pool_moves_whole_gangs(
-    tp_app: tuple[str, ServeRest], reference: list[str]
+    tp_app: tuple[str, ServingApp], reference: list[str]
 ) -> None:
-    endpoint, rest = tp_app
-    rest.scale(TP_APP, {DECODE_DEPLOYMENT: 2})
-    wait_until(lambda: len(decode_replicas(rest)) == 2, 120, "two TP decode replicas")
-    pids = {r["pid"] for r in decode_replicas(rest)}
+    endpoint, app = tp_app
+    app.rest.scale(TP_APP, {DECODE_DEPLOYMENT: 2})
+    wait_until(lambda: len(decode_replicas(app)) == 2, 120, "two TP decode replicas")
+    pids = {r["pid"] for r in decode_replicas(app)}
     wait_until(lambda: {f.ppid for f in followers()} == pids, 30, "a follower per replica")
     assert [streamed_text(endpoint, p) for p in PROMPTS * 2] == reference * 2
-    rest.scale(TP_APP, {DECODE_DEPLOYMENT: 1})
-    wait_until(lambda: len(decode_replicas(rest)) == 1, 120, "back to one TP decode replica")
+    app.rest.scale(TP_APP, {DECODE_DEPLOYMENT: 1})
+    wait_until(lambda: len(decode_replicas(app)) == 1, 120, "back to one TP decode replica")
     wait_until(lambda: len(followers()) == 1, 60, "the removed gang's follower exits")
     assert streamed_text(endpoint, PROMPTS[0]) == reference[0]
