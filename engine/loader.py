@@ -138,13 +138,8 @@ def _load_file(
                     param=name,
                 )
             for slot in slots:
-                index = slot.source_index()
-                if slot.src_expert is not None:
-                    tensor = source[slot.src_expert]
-                elif index is not None:  # a tensor-parallel rank's slice: only its bytes
-                    tensor = source[index]
-                else:
-                    tensor = f.get_tensor(name)
+                index = slot.source_index()  # an expert, a rank's slice: only those bytes
+                tensor = f.get_tensor(name) if index is None else source[index]
                 _destination(params, slot).copy_(tensor)
 
 

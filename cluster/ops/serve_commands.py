@@ -72,8 +72,6 @@ def _check_splits(served: ServedModel) -> list[str]:
             notes.append(f"{role}.engine.tensor_parallel_size ({size}) not checked: {e.message}")
             continue
         problem = tp_split_problem(size, shape.num_attention_heads, shape.num_kv_heads)
-        if problem is None and shape.num_active_params < shape.num_params:
-            problem = f"tensor_parallel_size={size} with an MoE model is not built yet"
         if problem is not None:
             raise ConfigError(
                 f"model {served.name} ({served.model.name}): {role}.engine.{problem}",

@@ -84,8 +84,9 @@ class EngineConfig(StrictModel):
         description="Ranks one replica's model is split over (Megatron layout: attention heads, "
         "MLP width and vocabulary; one all-reduce per attention and per MLP). Rank 0 schedules "
         "and owns the KV manager; every rank holds its own heads' KV. Must divide the attention "
-        "heads and the MLP width; KV heads are split, or replicated when fewer than ranks. Not "
-        "yet with MoE models, compile_model, KV tiers or overlapped steps (auto turns them off).",
+        "heads and the MLP width (MoE: every expert's width); KV heads are split, or replicated "
+        "when fewer than ranks. Not yet with compile_model, KV tiers or overlapped steps (auto "
+        "turns them off).",
     )
 
     kv_tiers: KVTiersConfig = Field(

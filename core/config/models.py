@@ -104,6 +104,11 @@ class ServedModel:
                 "tensor-parallel prefill pool is not built yet; use it on decode with "
                 "prefill.num_replicas: 0"
             )
+        if pool.expert_parallel > 1:
+            raise ValueError(
+                f"{at}decode: engine.tensor_parallel_size ({size}) cannot be combined with "
+                f"expert_parallel ({pool.expert_parallel}) yet"
+            )
         if self.prefill.deployed:
             raise ValueError(
                 f"{at}decode.engine.tensor_parallel_size ({size}) needs prefill.num_replicas: 0 "

@@ -61,7 +61,12 @@ class DecoderLayer(nn.Module):
         self.mlp: nn.Module  # GatedMLP or MoELayer (or an expert-parallel wrapper of it)
         if config.is_moe_layer(layer_idx):
             self.mlp = MoELayer(
-                config, dtype=dtype, device=device, expert_ids=expert_ids, kernels=kernels
+                config,
+                dtype=dtype,
+                device=device,
+                expert_ids=expert_ids,
+                kernels=kernels,
+                tp=tp,
             )
         else:
             self.mlp = GatedMLP(

@@ -29,6 +29,7 @@ from engine.models.config import ModelArchConfig
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.layers import GatedMLP, Linear, empty_param
 from engine.models.quant import quantize_rows
+from engine.models.tensor_parallel import TPShard
 
 
 class MoELayer(nn.Module):
@@ -46,9 +47,15 @@ class MoELayer(nn.Module):
         device: torch.device | str,
         expert_ids: Sequence[int] | None = None,
         kernels: ModelKernels = TORCH_KERNELS,
+        tp: TPShard | None = None,
     ) -> None:
+        """``tp``: a tensor-parallel rank, which holds its share of every expert's width (and
+        of the shared expert's) and sums the ranks' partial outputs with one all-reduce."""
         super().__init__()
         hidden, inter = config.hidden_size, config.moe_intermediate_size
+        self.tp = tp
+        if tp is not None:
+            inter = tp.split(inter)[1]
         self.kernels = kernels
         self.num_experts = config.num_experts
         self.top_k = config.top_k
@@ -72,6 +79,7 @@ class MoELayer(nn.Module):
                 dtype=dtype,
                 device=device,
                 kernels=kernels,
+                tp=tp,
             )
             self.shared_expert_gate = Linear(hidden, 1, bias=False, dtype=dtype, device=device)
 
@@ -140,7 +148,9 @@ class MoELayer(nn.Module):
             hidden, topk_ids.reshape(-1), self.top_k, topk_weights.reshape(-1)
         )  # [T*k, H] float32, as :meth:`combine` weighs them
         out = weighted.view(num_tokens, self.top_k, hidden_size).sum(dim=1).to(hidden.dtype)
-        shared = self.shared_forward(hidden)
+        if self.tp is not None:  # each rank computed its share of every expert's width
+            out = self.tp.all_reduce(out)
+        shared = self.shared_forward(hidden)  # a tensor-parallel shared expert sums itself
         return out if shared is None else out + shared
 
 

@@ -95,8 +95,12 @@ def check_tensor_parallel(config: ModelArchConfig, size: int) -> None:
     if problem is not None:
         raise ConfigError(problem, param=param)
     if size > 1 and config.is_moe:
-        raise ConfigError(
-            f"tensor_parallel_size={size} with an MoE model: shard its experts with "
-            "expert_parallel instead (tensor-parallel MoE layers are not built yet)",
-            param=param,
-        )
+        for name, width in (
+            ("expert width", config.moe_intermediate_size),
+            ("shared expert width", config.shared_expert_intermediate_size),
+        ):
+            if width % size:
+                raise ConfigError(
+                    f"tensor_parallel_size={size} does not divide the {name} {width}",
+                    param=param,
+                )

@@ -41,11 +41,15 @@ class WeightSlot:
             return shape
         return (*shape[: self.src_dim], self.src_len, *shape[self.src_dim + 1 :])
 
-    def source_index(self) -> tuple[slice, ...] | None:
-        """The index of a rank's slice into the checkpoint tensor (None: no slicing)."""
-        if self.src_len is None:
-            return None
-        return (*[slice(None)] * self.src_dim, slice(self.src_start, self.src_start + self.src_len))
+    def source_index(self) -> tuple[int | slice, ...] | None:
+        """The index into the checkpoint tensor of what is copied — one expert of a fused
+        expert tensor, a rank's slice (``src_dim`` counts past the expert dim), or both; None
+        for the whole tensor."""
+        index: tuple[int | slice, ...] = () if self.src_expert is None else (self.src_expert,)
+        if self.src_len is not None:
+            cut = slice(self.src_start, self.src_start + self.src_len)
+            index = (*index, *[slice(None)] * self.src_dim, cut)
+        return index or None
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ def build_weight_map(
         expected.update(_attention(config, f"{src}.self_attn", f"{dst}.self_attn", tp, skipped))
         if config.is_moe_layer(i):
             block = _moe_block(config, src, checkpoint_names)
-            expected.update(_moe(config, block, f"{dst}.mlp", checkpoint_names, owned, skipped))
+            expected.update(_moe(config, block, f"{dst}.mlp", checkpoint_names, owned, skipped, tp))
         else:
             expected.update(
                 _gated_mlp(f"{src}.mlp", f"{dst}.mlp", hidden, config.intermediate_size, tp)
@@ -174,25 +178,36 @@ def _moe(
     names: Collection[str],
     owned: Sequence[int],
     skipped: set[str],
+    tp: TPShard | None = None,
 ) -> dict[str, list[WeightSlot]]:
+    """Router, optional shared expert and the owned experts; a tensor-parallel rank reads its
+    share of every expert's width (gate/up rows, down columns), as of the shared expert's."""
     assert cfg.spec.moe is not None
     hidden, inter, num_experts = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
     out = {f"{src}.gate.weight": [WeightSlot(f"{dst}.gate.weight", (num_experts, hidden))]}
     if cfg.shared_expert_intermediate_size > 0:
         shared_inter = cfg.shared_expert_intermediate_size
-        out.update(_gated_mlp(f"{src}.shared_expert", f"{dst}.shared_expert", hidden, shared_inter))
+        out.update(
+            _gated_mlp(f"{src}.shared_expert", f"{dst}.shared_expert", hidden, shared_inter, tp)
+        )
         out[f"{src}.shared_expert_gate.weight"] = [
             WeightSlot(f"{dst}.shared_expert_gate.weight", (1, hidden))
         ]
+    first, width = (0, inter) if tp is None else tp.split(inter)
+    rows = {} if tp is None else {"src_len": width}
+    cols = {} if tp is None else {"src_dim": 1, "src_start": first, "src_len": width}
     gate_up, down = f"{dst}.gate_up_proj", f"{dst}.down_proj"
     if f"{src}.experts.gate_up_proj" in names:
         fused_gate_up, fused_down = (num_experts, 2 * inter, hidden), (num_experts, hidden, inter)
+        # one slot per expert, or — on a tensor-parallel rank — its gate rows and its up rows
+        pieces = ((0, 0),) if tp is None else ((0, first), (width, inter + first))
         out[f"{src}.experts.gate_up_proj"] = [
-            WeightSlot(gate_up, fused_gate_up, expert=local, src_expert=e)
+            WeightSlot(gate_up, fused_gate_up, dst_row, local, e, src_start=src_row, **rows)
             for local, e in enumerate(owned)
+            for dst_row, src_row in pieces
         ]
         out[f"{src}.experts.down_proj"] = [
-            WeightSlot(down, fused_down, expert=local, src_expert=e)
+            WeightSlot(down, fused_down, expert=local, src_expert=e, **cols)
             for local, e in enumerate(owned)
         ]
         return out
@@ -204,7 +219,9 @@ def _moe(
         if local is None:
             skipped.update(names_e)
             continue
-        out[names_e[0]] = [WeightSlot(gate_up, (inter, hidden), 0, local)]
-        out[names_e[1]] = [WeightSlot(gate_up, (inter, hidden), inter, local)]
-        out[names_e[2]] = [WeightSlot(down, (hidden, inter), 0, local)]
+        out[names_e[0]] = [WeightSlot(gate_up, (inter, hidden), 0, local, src_start=first, **rows)]
+        out[names_e[1]] = [
+            WeightSlot(gate_up, (inter, hidden), width, local, src_start=first, **rows)
+        ]
+        out[names_e[2]] = [WeightSlot(down, (hidden, inter), 0, local, **cols)]
     return out

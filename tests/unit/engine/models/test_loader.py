@@ -121,7 +121,10 @@ def _expert_ids_read(reads: list[tuple[str, Any]]) -> set[int]:
         if ".experts." not in name:
             continue
         suffix = name.split(".experts.")[1]
-        ids.add(int(suffix.split(".")[0]) if index is None else index)
+        if index is None:  # a per-expert tensor, read whole
+            ids.add(int(suffix.split(".")[0]))
+        else:  # a fused tensor: the expert is the first index (then a rank's slice, if any)
+            ids.add(index[0] if isinstance(index, tuple) else index)
     return ids
 
 

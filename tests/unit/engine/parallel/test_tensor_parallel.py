@@ -1,6 +1,7 @@
 """Tensor-parallel models on the CPU: every rank a thread holding only its slices, the
 collectives between them in process. TP=2 and TP=4 must decode what TP=1 decodes, for GQA, MQA
-(KV heads replicated), biases, tied embeddings, odd head dims and sliding windows."""
+(KV heads replicated), biases, tied embeddings, odd head dims, sliding windows and MoE layers
+(every expert's width split over the ranks)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def decode_on_ranks(path: Path, size: int) -> list[tuple[list[list[int]], list[t
         ("llama-mqa", (2, 4)),  # one KV head replicated on every rank, q/k/v/o biases
         ("qwen2", (2,)),  # qkv bias, tied embeddings (the vocabulary-sliced LM head)
         ("mistral-swa", (2,)),  # head dim 40, a sliding window shorter than the prompts
+        ("mixtral", (2,)),  # every expert's width split over the ranks, per-expert tensors
+        ("qwen2-moe", (2,)),  # routed and shared experts split, a dense layer between
+        ("qwen3-moe", (2,)),  # q/k norms, no shared expert
     ],
 )
 def test_tp_decodes_what_one_rank_decodes(tmp_path: Path, preset: str, sizes: tuple[int, ...]):
@@ -64,6 +68,15 @@ def test_tp_decodes_what_one_rank_decodes(tmp_path: Path, preset: str, sizes: tu
             assert rank_tokens == tokens, (preset, size)
             for got, want in zip(rank_logits, logits, strict=True):
                 torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_tp_splits_fused_expert_tensors_too(tmp_path: Path) -> None:
+    """A checkpoint with every layer's experts in one ``experts.gate_up_proj`` tensor: each
+    rank reads its gate rows and its up rows of every expert, and its down columns."""
+    checkpoint = save_checkpoint("qwen2-moe", tmp_path / "fused", original_format=False)
+    tokens, _ = greedy_generate(load_rank(checkpoint.path, None), PROMPTS, NEW_TOKENS)
+    for rank_tokens, _ in decode_on_ranks(checkpoint.path, 2):
+        assert rank_tokens == tokens
 
 
 def test_a_rank_holds_only_its_slices(tmp_path: Path) -> None:

@@ -164,6 +164,13 @@ def test_tp2_with_an_8bit_kv_cache_and_prompt_logprobs() -> None:
                 assert abs(a[token].logprob - b[token].logprob) < 5e-3
 
 
+def test_a_moe_engine_decodes_as_one_rank_with_its_experts_split() -> None:
+    options = {"max_num_batched_tokens": 32, "max_model_len": 128}
+    expected = greedy(LLM("builtin:tiny-moe", **options), PROMPTS)
+    with LLM("builtin:tiny-moe", tensor_parallel_size=2, **options) as llm:
+        assert greedy(llm, PROMPTS) == expected
+
+
 @pytest.mark.parametrize(
     ("preset", "size"),
     [
