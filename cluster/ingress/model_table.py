@@ -48,6 +48,8 @@ class ModelHealth:
     """Its prefill pool is required but unavailable: every prompt prefills on decode."""
     ready: bool
     """A request sent now would be served."""
+    reason: str
+    """Why, in words: what serves this model now, or what is missing."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,19 @@ class ServedRoute:
         """This model's health now (with local fallback, decode alone serves every prompt)."""
         prefill, decode = self.flow.prefill_available(), self.flow.decode.healthy()
         degraded = self.settings.prefill_required and not prefill
-        serves = not degraded or self.settings.disaggregation.fallback_to_local_prefill
-        return ModelHealth(prefill, decode, degraded, serves and decode)
+        fallback = self.settings.disaggregation.fallback_to_local_prefill
+        serves = not degraded or fallback
+        if not decode:
+            reason = "no decode replica is serving"
+        elif prefill:
+            reason = "prefill and decode replicas are serving"
+        elif degraded and not fallback:
+            reason = "no prefill replica is serving and local prefill is off"
+        elif degraded:
+            reason = "decode serves alone: no prefill replica is serving, prompts prefill on decode"
+        else:
+            reason = "decode serves alone: no prefill replica is running (colocated or scaled to 0)"
+        return ModelHealth(prefill, decode, degraded, serves and decode, reason)
 
 
 def build_route(endpoint: ModelEndpoint, metrics: IngressMetrics) -> ServedRoute:

@@ -2,7 +2,8 @@
 
 ``/health`` always answers 200 with the state; ``/ready`` answers 200 only when a request sent
 now is served by every model (with local fallback, decode alone serves every prompt, so a
-missing prefill pool only shows as ``degraded``), else 503. Both are public (no API key).
+missing prefill pool only shows as ``degraded``), else 503. Both bodies carry a ``reason`` in
+words (what serves each model now, or what is missing). Both are public (no API key).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from cluster.ingress.http.admission import RequestGate
-from cluster.ingress.model_table import ModelTable
+from cluster.ingress.model_table import ModelHealth, ModelTable
 
 
 def add_probe_routes(app: FastAPI, table: ModelTable, gate: RequestGate) -> None:
@@ -42,9 +43,22 @@ def _status(table: ModelTable, gate: RequestGate) -> dict[str, Any]:
         "decode": all(h.decode for h in health.values()),
         "degraded": ["prefill_unavailable"] if any(h.degraded for h in health.values()) else [],
         "ready": not gate.draining and all(h.ready for h in health.values()),
+        "reason": _reason(health, gate.draining),
     }
     if len(health) > 1:
         status["models"] = {
-            name: {"prefill": h.prefill, "decode": h.decode} for name, h in health.items()
+            name: {"prefill": h.prefill, "decode": h.decode, "reason": h.reason}
+            for name, h in health.items()
         }
     return status
+
+
+def _reason(health: dict[str, ModelHealth], draining: bool) -> str:
+    """The body's ``reason``: draining, else the one model's reason, else each model's that is
+    not plainly served (``name: reason``) or that every model is."""
+    if draining:
+        return "draining: new requests are refused"
+    if len(health) == 1:
+        return next(iter(health.values())).reason
+    notes = [f"{name}: {h.reason}" for name, h in health.items() if not (h.ready and h.prefill)]
+    return "; ".join(notes) or "every model's prefill and decode replicas are serving"

@@ -219,6 +219,12 @@ def test_ready_needs_decode_and_prefill_only_without_fallback(
         serves = decode_ok and (prefill_ok or fallback)
         assert ready.status_code == (200 if serves else 503), (prefill_ok, decode_ok, fallback)
         assert health.status_code == 200
+        expected_reason = {
+            (False, True, False): "no prefill replica is serving and local prefill is off",
+            (True, False, True): "no decode replica is serving",
+            (False, True, True): "decode serves alone: no prefill replica is serving",
+        }[(prefill_ok, decode_ok, fallback)]
+        assert expected_reason in body["reason"] and expected_reason in health.json()["reason"]
 
 
 def test_ready_without_a_required_prefill_pool_needs_decode_only(

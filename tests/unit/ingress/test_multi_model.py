@@ -170,4 +170,10 @@ def test_ready_reports_every_model(app: TwoModels) -> None:
     app.large.is_healthy = False
     response = app.get("/ready")
     assert response.status_code == 503
-    assert response.json()["models"]["large"] == {"prefill": True, "decode": False}
+    body = response.json()
+    assert body["models"]["large"] == {
+        "prefill": True,
+        "decode": False,
+        "reason": "no decode replica is serving",
+    }
+    assert body["reason"] == "large: no decode replica is serving"
