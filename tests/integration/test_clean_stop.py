@@ -94,9 +94,11 @@ def test_down_stops_an_unreaped_up_cleanly(tmp_path: Path) -> None:
         endpoint = state["endpoint"]
         ready = httpx.get(f"{endpoint}/ready", timeout=30)
         assert ready.status_code == 200, ready.text
+        alone = "decode serves alone: no prefill replica is running (colocated or scaled to 0)"
         assert ready.json() == {
             "status": "ready", "draining": False, "prefill": False, "decode": True,
             "degraded": [],  # a pool that may scale to zero is not missing
+            "reason": alone,
         }  # fmt: skip
         prompt = "A prompt long enough to go to the prefill pool if it had a replica. " * 2
         body = {"model": "tiny-moe", "prompt": prompt, "max_tokens": 4}
