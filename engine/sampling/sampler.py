@@ -167,9 +167,12 @@ class Sampler:
         batch does not, nothing is attributable to a row: the batch's error is raised.
         """
         failures: dict[int, Exception] = {}
-        shared = self._generator.get_state()
+        # NOTE: only rows that draw move a generator; a greedy batch saves no state at all
+        drawing = [i for i, row in enumerate(rows) if not _is_greedy(row.params)]
+        shared = self._generator.get_state() if drawing else None
         saved: dict[int, torch.Tensor] = {}
-        for i, row in enumerate(rows):
+        for i in drawing:
+            row = rows[i]
             if row.generator is not None:
                 try:
                     saved[i] = row.generator.get_state()
@@ -200,10 +203,14 @@ class Sampler:
         return IsolatedSample(sample, kept, failures)
 
     def _restore(
-        self, rows: Sequence[SamplingRow], shared: torch.Tensor, saved: dict[int, torch.Tensor]
+        self,
+        rows: Sequence[SamplingRow],
+        shared: torch.Tensor | None,
+        saved: dict[int, torch.Tensor],
     ) -> None:
-        """Put the shared generator and each row's own back to the states saved."""
-        self._generator.set_state(shared)
+        """Put the shared generator (when saved) and each row's own back to the states saved."""
+        if shared is not None:
+            self._generator.set_state(shared)
         for i, state in saved.items():
             generator = rows[i].generator
             assert generator is not None  # saved only for rows that have one
