@@ -22,16 +22,17 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.parametrize("pair", ["inproc"
 
 
 def test_heartbeats_keep_a_queued_pull_alive(pair: Pair, reference: dict[str, list[int]]) -> None:
-    """One import thread and a slow exporter: the second pull waits ~1 s in the queue, twice
-    its lease; heartbeats keep the export alive, so both pulls succeed."""
+    """One import thread and a slow exporter: the second pull waits ~1.5 s in the queue, about
+    twice its lease; heartbeats keep the export alive, so both pulls succeed. Each decode starts
+    as soon as its prefill returns, so only the queue (not a slow CI machine) outlasts a lease."""
     assert pair.hub is not None
     prefill_storage = pair.prefill.engine.engine.parts.storage
     exporter = InProcKVTransport(
         prefill_storage,
         pair.hub,
-        lease_s=0.5,
+        lease_s=0.8,
         chunk_bytes=2 * pair.block_bytes,
-        faults=FaultInjection(delay_per_chunk_s=0.2),
+        faults=FaultInjection(delay_per_chunk_s=0.3),
     )
     importer = InProcKVTransport(pair.decode.engine.engine.parts.storage, pair.hub, num_threads=1)
     pair.closables += [exporter, importer]
@@ -43,13 +44,12 @@ def test_heartbeats_keep_a_queued_pull_alive(pair: Pair, reference: dict[str, li
         await reset_prefix_cache(pair.decode.engine)
         names = ["len150", "len70"]
         ids = [new_request_id() for _ in names]
-        results = []
+        results, streams = [], []
         for request_id, name in zip(ids, names, strict=True):
-            results.append(await prefill(slow_prefill, request_id, PROMPTS[name], GREEDY))
-        streams = [
-            collect(decode, decode_request(rid, PROMPTS[n], GREEDY, result))
-            for rid, n, result in zip(ids, names, results, strict=True)
-        ]
+            result = await prefill(slow_prefill, request_id, PROMPTS[name], GREEDY)
+            request = decode_request(request_id, PROMPTS[name], GREEDY, result)
+            results.append(result)
+            streams.append(asyncio.create_task(collect(decode, request)))
         all_chunks = await asyncio.gather(*streams)
         for name, result, chunks in zip(names, results, all_chunks, strict=True):
             assert all(c.error is None for c in chunks), chunks[-1]
