@@ -34,6 +34,7 @@ class RouterSettings:
     namespace: str = "pdserve"
     poll_interval_s: float = 0.05
     max_staleness_s: float = 5.0
+    index_shards: int = 1  # ``routing.kv_index_shards``: how many index actors to follow
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RouterSettings:
@@ -74,6 +75,7 @@ class RouterSettings:
             "max_sessions": self.max_sessions >= 1,
             "poll_interval_s": self.poll_interval_s > 0,
             "max_staleness_s": self.max_staleness_s > 0,
+            "index_shards": isinstance(self.index_shards, int) and self.index_shards >= 1,
         }
         for key, ok in checks.items():
             if not ok:

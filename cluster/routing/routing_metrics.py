@@ -54,6 +54,8 @@ class RoutingSnapshot:
 
     pools: dict[str, PoolRoutingSnapshot]
     index: IndexStats | None = None
+    index_shard_losses_total: int = 0
+    """Times a router stopped trusting an unreachable index shard's replicas."""
 
 
 @dataclass
@@ -98,6 +100,7 @@ class RoutingMetrics:
         self._lock = threading.Lock()
         self._pools: dict[str, _PoolMetrics] = {}
         self._index: IndexStats | None = None
+        self._shard_losses = 0
 
     def record_decision(self, pool: str, decision: RoutingDecision, latency_s: float) -> None:
         """Count one routing decision and how long it took."""
@@ -120,17 +123,23 @@ class RoutingMetrics:
         with self._lock:
             self._index = stats
 
+    def record_shard_lost(self) -> None:
+        """Count one index shard given up as unreachable (its replicas route by load)."""
+        with self._lock:
+            self._shard_losses += 1
+
     def snapshot(self) -> RoutingSnapshot:
         """Every metric now."""
         with self._lock:
             pools = {pool: m.snapshot() for pool, m in self._pools.items()}
-            return RoutingSnapshot(pools, self._index)
+            return RoutingSnapshot(pools, self._index, self._shard_losses)
 
     def reset(self) -> None:
         """Forget everything (benchmarks between runs, tests)."""
         with self._lock:
             self._pools.clear()
             self._index = None
+            self._shard_losses = 0
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -67,6 +67,7 @@ class PdserveRequestRouter(RequestRouter):
                 metrics=self.metrics,
                 poll_interval_s=self.settings.poll_interval_s,
                 max_staleness_s=self.settings.max_staleness_s,
+                num_shards=self.settings.index_shards,
             )
             if self.settings.use_index
             else StaticIndexSource(None)

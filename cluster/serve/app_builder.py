@@ -88,7 +88,9 @@ def _role_deployment(
     hooks = ReplicaHooks(
         identity=ServeReplicaIdentity(),
         stats_reporter=BoardReporter(config.cluster.app_name, model=served.scope),
-        kv_events=IndexPublisherFactory(served.pool_key(role)),
+        kv_events=IndexPublisherFactory(
+            served.pool_key(role), num_shards=config.routing.kv_index_shards
+        ),
         gang=gang_engine_factory(served.pool_for(role)),
     )
     return deployment.bind(to_plain(replica_spec(config, served, role, kv_token)), hooks)
@@ -118,7 +120,7 @@ def _pool_options(config: ClusterConfig, served: ServedModel, role: Role) -> dic
             role,
             config.routing.policy,
             block_size=served.engine_for(role).block_size,
-            options={"model": served.scope},
+            options={"model": served.scope, "index_shards": config.routing.kv_index_shards},
         ),
     }
 

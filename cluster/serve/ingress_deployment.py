@@ -72,7 +72,12 @@ class RoutingCollector(Collector):
                 decisions.add_metric([pool, reason], count)
             hit_rate.add_metric([pool], metrics.prefix_hit_rate)
             latency_p50.add_metric([pool], metrics.decision_latency_s.p50)
-        yield from (decisions, hit_rate, latency_p50)
+        shard_losses = CounterMetricFamily(
+            "pdserve:kv_index_shard_losses",
+            "Times an unreachable KV index shard's replicas were routed by load only.",
+            value=snapshot.index_shard_losses_total,
+        )
+        yield from (decisions, hit_rate, latency_p50, shard_losses)
         if snapshot.index is not None:
             for key, value in dataclasses.asdict(snapshot.index).items():
                 yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)
@@ -98,6 +103,7 @@ class IngressDeployment:
             serve.get_replica_context().app_name,
             namespace=INDEX_NAMESPACE,
             metrics=RoutingMetrics(),
+            num_shards=cluster_config.routing.kv_index_shards,
         )
         self._index.ensure_started()
         self._ingress = create_app(

@@ -27,6 +27,15 @@ class RoutingConfig(StrictModel):
         "streaming it dies, drains or stalls (it continues with the tokens already sent; "
         "greedy output unchanged). 0: such a request fails with a 503.",
     )
+    kv_index_shards: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Ray actors the cluster KV index is split over, by replica (each replica "
+        "publishes its KV events to one; routers merge them). Ingest capacity grows with "
+        "shards; 1 follows a few hundred replicas (docs/operations.md, 'The control plane "
+        "at scale').",
+    )
 
 
 class DisaggregationConfig(StrictModel):

@@ -1,7 +1,9 @@
 """The KV index as a named, detached Ray actor, and the worker-side hook that feeds it.
 
-One actor per Serve application (name ``pdserve-kv-index-<app>`` in namespace ``pdserve``),
-created on first use by whichever side needs it first (``get_if_exists``), with 0 CPUs.
+One actor per Serve application (name ``pdserve-kv-index-<app>`` in namespace ``pdserve``), or
+with ``routing.kv_index_shards: S`` one per shard (``pdserve-kv-index-<app>-shard<k>of<S>``, each
+following the replicas ``shards.shard_of`` gives it), created on first use by whichever side
+needs it first (``get_if_exists``), with 0 CPUs.
 Detached so that it does not share the fate of the replica that happened to create it; a
 restart gives it a new epoch, after which routers reload and workers resync by themselves.
 ``pdserve down`` removes it with :func:`kill_index_actor`.
@@ -17,6 +19,7 @@ Worker wiring (in the roles' ``deployment.py``, through the factory the app buil
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ import ray
 from cluster.routing.kv_index.event_relay import KVEventPump, KVEventRelay
 from cluster.routing.kv_index.ops import TierSnapshot
 from cluster.routing.kv_index.replication import KVIndexServer
+from cluster.routing.kv_index.shards import shard_of
 from core.kv_events import KVEventBatch
 
 logger = logging.getLogger(__name__)
@@ -36,18 +40,24 @@ INDEX_NAMESPACE = "pdserve"
 KVIndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(KVIndexServer)
 
 
-def index_actor_name(app_name: str) -> str:
-    """The actor name of an application's KV index."""
-    return f"pdserve-kv-index-{app_name or 'default'}"
+def index_actor_name(app_name: str, shard: int = 0, num_shards: int = 1) -> str:
+    """The actor name of an application's KV index (of one of its ``num_shards`` shards)."""
+    name = f"pdserve-kv-index-{app_name or 'default'}"
+    return name if num_shards == 1 else f"{name}-shard{shard}of{num_shards}"
 
 
 def get_or_create_index_actor(
-    app_name: str, *, namespace: str = INDEX_NAMESPACE, replica_ttl_s: float = 30.0
+    app_name: str,
+    *,
+    namespace: str = INDEX_NAMESPACE,
+    replica_ttl_s: float = 30.0,
+    shard: int = 0,
+    num_shards: int = 1,
 ) -> Any:
-    """The application's index actor handle, creating it if needed (a blocking GCS call:
-    never call this on an event loop; use ``asyncio.to_thread``)."""
+    """The application's index actor handle (``shard`` of ``num_shards``), creating it if
+    needed (a blocking GCS call: never call this on an event loop; use ``asyncio.to_thread``)."""
     return KVIndexActor.options(
-        name=index_actor_name(app_name),
+        name=index_actor_name(app_name, shard, num_shards),
         namespace=namespace,
         get_if_exists=True,
         lifetime="detached",
@@ -55,23 +65,39 @@ def get_or_create_index_actor(
 
 
 def kill_index_actor(app_name: str, *, namespace: str = INDEX_NAMESPACE) -> bool:
-    """Remove the application's index actor; False when there was none."""
-    try:
-        actor = ray.get_actor(index_actor_name(app_name), namespace=namespace)
-    except ValueError:
-        return False
-    ray.kill(actor, no_restart=True)
-    return True
+    """Remove the application's index actor and every shard of it, whatever shard count it
+    ran with; False when there was none."""
+    name = index_actor_name(app_name)
+    killed = False
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] != namespace:
+            continue
+        if actor["name"] == name or actor["name"].startswith(f"{name}-shard"):
+            with contextlib.suppress(ValueError):  # gone meanwhile
+                ray.kill(ray.get_actor(actor["name"], namespace=namespace), no_restart=True)
+                killed = True
+    return killed
 
 
 class ActorIndexSink:
-    """:class:`~cluster.routing.kv_index.event_relay.IndexSink` over the actor, for the pump thread
-    (blocking ``ray.get`` with a timeout; re-looks the actor up after a failure)."""
+    """:class:`~cluster.routing.kv_index.event_relay.IndexSink` over the actor (the shard that
+    follows the pump's replica), for the pump thread (blocking ``ray.get`` with a timeout;
+    re-looks the actor up after a failure)."""
 
-    def __init__(self, app_name: str, *, namespace: str, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        app_name: str,
+        *,
+        namespace: str,
+        timeout_s: float = 5.0,
+        shard: int = 0,
+        num_shards: int = 1,
+    ) -> None:
         self._app_name = app_name
         self._namespace = namespace
         self._timeout_s = timeout_s
+        self._shard = shard
+        self._num_shards = num_shards
         self._actor: Any = None
 
     def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -97,7 +123,12 @@ class ActorIndexSink:
 
     def _call(self, method: str, *args: Any) -> Any:
         if self._actor is None:
-            self._actor = get_or_create_index_actor(self._app_name, namespace=self._namespace)
+            self._actor = get_or_create_index_actor(
+                self._app_name,
+                namespace=self._namespace,
+                shard=self._shard,
+                num_shards=self._num_shards,
+            )
         try:
             return ray.get(getattr(self._actor, method).remote(*args), timeout=self._timeout_s)
         except Exception:
@@ -129,11 +160,16 @@ class IndexPublisherFactory:
     namespace: str = INDEX_NAMESPACE
     flush_interval_s: float = 0.01
     heartbeat_s: float = 2.0
+    num_shards: int = 1
 
     def start(self, replica_id: str, app_name: str) -> IndexPublisher:
-        """Create the relay and start the pump thread for one replica."""
+        """Create the relay and start the pump thread for one replica (publishing to the
+        shard that follows it)."""
         relay = KVEventRelay()
-        sink = ActorIndexSink(app_name, namespace=self.namespace)
+        shard = shard_of(replica_id, self.num_shards)
+        sink = ActorIndexSink(
+            app_name, namespace=self.namespace, shard=shard, num_shards=self.num_shards
+        )
         pump = KVEventPump(
             relay,
             sink,
@@ -143,5 +179,6 @@ class IndexPublisherFactory:
             heartbeat_s=self.heartbeat_s,
         )
         pump.start()
-        logger.info("replica %s publishes KV events to %s", replica_id, index_actor_name(app_name))
+        name = index_actor_name(app_name, shard, self.num_shards)
+        logger.info("replica %s publishes KV events to %s", replica_id, name)
         return IndexPublisher(relay, pump)

@@ -7,7 +7,12 @@ would have to carry every cached hash. Instead each router polls the index actor
 prompts against its local :class:`~cluster.routing.kv_index.replication.KVIndexFollower` in
 microseconds: a routing decision never awaits anything. When the last successful poll is older than
 ``max_staleness_s`` the view reports itself unavailable and the policy falls back to load (reason
-``degraded_index``).
+``degraded_index``). With a sharded index (``routing.kv_index_shards``) one poll asks every shard
+at once and merges the replies into the one local index; a shard unreachable for longer than
+``max_staleness_s`` has its replicas degraded (their hits count as none, so they are chosen by
+load and session affinity; counted in ``pdserve:kv_index_shard_losses_total``) until a poll
+reaches it again and reloads it from a snapshot; the view is unavailable only when no shard is
+fresh.
 
 :class:`IndexSource` is what the router needs; :class:`StaticIndexSource` serves a fixed index
 (tests, benchmarks of the policy) and :class:`ActorIndexSource` is the Ray implementation. The
@@ -29,6 +34,7 @@ import ray
 from cluster.routing.kv_index.actor import get_or_create_index_actor
 from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.kv_index.replication import KVIndexFollower
+from cluster.routing.kv_index.shards import shard_of
 from cluster.routing.routing_metrics import RoutingMetrics
 
 logger = logging.getLogger(__name__)
@@ -87,18 +93,23 @@ class ActorIndexSource:
         call_timeout_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         actor: Any = None,
+        num_shards: int = 1,
+        actors: Sequence[Any] | None = None,
     ) -> None:
-        """``actor``: an index actor handle to use instead of looking it up by name."""
+        """``actor`` (unsharded) or ``actors`` (one per shard): index actor handles to use
+        instead of looking them up by name."""
         self.app_name = app_name
         self.namespace = namespace
         self.poll_interval_s = poll_interval_s
         self.max_staleness_s = max_staleness_s
         self.call_timeout_s = call_timeout_s
-        self.follower = KVIndexFollower()
+        self.num_shards = num_shards
+        self.follower = KVIndexFollower(num_shards)
         self._metrics = metrics
         self._clock = clock
-        self._last_sync_s: float | None = None
-        self._actor: Any = actor
+        self._last_sync_s: list[float | None] = [None] * num_shards
+        self._lost = [False] * num_shards
+        self._actors: list[Any] = list(actors) if actors is not None else [actor] * num_shards
         self._task: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # for readers on other threads (best_match)
 
@@ -113,10 +124,10 @@ class ActorIndexSource:
             self._task.cancel()
 
     def view(self) -> KVIndex | None:
-        """The follower's index while the last sync is recent enough."""
-        if self._last_sync_s is None or self._clock() - self._last_sync_s > self.max_staleness_s:
-            return None
-        return self.follower.index
+        """The follower's index while some shard's last sync is recent enough."""
+        now_s = self._clock()
+        fresh = any(t is not None and now_s - t <= self.max_staleness_s for t in self._last_sync_s)
+        return self.follower.index if fresh else None
 
     def best_match(self, pool: str, block_hashes: Sequence[int]) -> int:
         """The longest usable prefix (in blocks, device plus host and disk tiers) over
@@ -128,22 +139,62 @@ class ActorIndexSource:
             return max(index.match(pool, block_hashes).values(), default=0)
 
     def report_replica_gone(self, replica_id: str) -> None:
-        """Ask the actor to drop the replica (its log then tells every router)."""
-        if self._actor is not None:
-            self._actor.remove_replica.remote(replica_id)
+        """Ask the replica's shard to drop it (its log then tells every router)."""
+        actor = self._actors[shard_of(replica_id, self.num_shards)]
+        if actor is not None:
+            actor.remove_replica.remote(replica_id)
 
     async def sync_once(self) -> None:
-        """One poll: fetch and apply the changes since the last one."""
-        if self._actor is None:
-            self._actor = await asyncio.to_thread(
-                get_or_create_index_actor, self.app_name, namespace=self.namespace
-            )
-        ref = self._actor.updates.remote(self.follower.epoch, self.follower.cursor)
-        update = await asyncio.wait_for(ref, self.call_timeout_s)
+        """One poll of every shard at once: fetch and apply the changes since the last one.
+        Raises the first shard's failure after applying what the others returned."""
+        replies = await asyncio.gather(
+            *(self._poll(shard) for shard in range(self.num_shards)), return_exceptions=True
+        )
+        now_s = self._clock()
+        failure: BaseException | None = None
         with self._lock:
-            self.follower.apply_update(update)
-        self._last_sync_s = self._clock()
+            for shard, reply in enumerate(replies):
+                if isinstance(reply, BaseException):
+                    self._actors[shard] = None  # look it up again (it may be recreated)
+                    failure = failure or reply
+                    self._check_stale(shard, now_s)
+                    continue
+                self.follower.apply_update(reply, shard)
+                self._last_sync_s[shard] = now_s
+                self._lost[shard] = False
         self._metrics.record_index(self.follower.index.stats())
+        if failure is not None:
+            raise failure
+
+    async def _poll(self, shard: int) -> dict[str, Any]:
+        if self._actors[shard] is None:
+            self._actors[shard] = await asyncio.to_thread(
+                get_or_create_index_actor,
+                self.app_name,
+                namespace=self.namespace,
+                shard=shard,
+                num_shards=self.num_shards,
+            )
+        epoch, cursor = self.follower.epochs[shard], self.follower.cursors[shard]
+        ref = self._actors[shard].updates.remote(epoch, cursor)
+        update: dict[str, Any] = await asyncio.wait_for(ref, self.call_timeout_s)
+        return update
+
+    def _check_stale(self, shard: int, now_s: float) -> None:
+        """Give up on a shard unreachable for longer than ``max_staleness_s`` (once)."""
+        last_s = self._last_sync_s[shard]
+        if self._lost[shard] or last_s is None or now_s - last_s <= self.max_staleness_s:
+            return
+        self._lost[shard] = True
+        num_replicas = self.follower.forget_shard(shard)
+        self._metrics.record_shard_lost()
+        logger.warning(
+            "KV index shard %d of app %s unreachable: its %d replicas route by load until it "
+            "is back",
+            shard,
+            self.app_name,
+            num_replicas,
+        )
 
     async def _run(self) -> None:
         num_failures = 0
@@ -162,6 +213,5 @@ class ActorIndexSource:
                     num_failures,
                     e,
                 )
-                self._actor = None
             backoff_s = min(self.poll_interval_s * 2 ** min(num_failures, 10), _MAX_BACKOFF_S)
             await asyncio.sleep(backoff_s)

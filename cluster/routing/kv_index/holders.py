@@ -1,38 +1,50 @@
 """The KV index's storage: who holds which hash in which medium, and the prefix walk over it.
 
-:class:`Holders` keeps, per pool, ``hash -> (device holders, host-or-disk holders)`` as bitmasks
-of replica slots, and per replica (:class:`ReplicaEntries`) ``hash -> media bits``. The walk in
-:meth:`Holders.match` follows the engine's lookup: a run of leading blocks on the device, then a
-run held in the host or disk tier, ending at the first block held in neither. A block in both
-host and disk counts as host (the engine loads it from there).
+:class:`Holders` keeps, per pool and per medium (device, host, disk), ``hash -> holders``. The
+holders value is encoded to stay small at a thousand replicas: a hash held by one replica (most
+of them: a session's blocks live where the session is pinned) stores that replica's **slot**, a
+small int; a hash held by several stores the **complement of their slot bitmask** (a negative
+int), so one bit per replica is paid only where a block is really shared. Each replica
+(:class:`ReplicaEntries`) keeps a count of the hashes it holds and an append-only ``array`` of
+the hashes it started to hold (8 bytes each, compacted when stale entries pile up), which is all
+that dropping its entries needs. ``benchmarks/control_plane_scale.py`` measures the bytes per
+(block, replica) entry this gives.
+
+The walk in :meth:`Holders.match` follows the engine's lookup: a run of leading blocks on the
+device, then a run held in the host or disk tier, ending at the first block held in neither. A
+block in both host and disk counts as host (the engine loads it from there).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cluster.routing.kv_index.ops import DEVICE_BIT, LOWER_BITS, MEDIUM_BITS
+from cluster.routing.kv_index.ops import DEVICE_BIT, MEDIUM_BITS
 from core.hashing import BlockHash
 
 _HOST_BIT = MEDIUM_BITS["host"]
+_DISK_BIT = MEDIUM_BITS["disk"]
+_COMPACT_SLACK = 1024  # stale log entries tolerated beyond the live count before compacting
+
+Encoded = int
+"""A holders value: ``slot >= 0`` for one holder, ``~mask < 0`` for several."""
 
 
 @dataclass
 class ReplicaEntries:
-    """One replica's place in the index: pool, bit slot, event seq, health and entries."""
+    """One replica's place in the index: pool, bit slot, event seq, health and entry count."""
 
     pool: str
     slot: int
     last_seq: int
     degraded: bool = False
-    media: dict[BlockHash, int] = field(default_factory=dict)
-    """hash -> ``MEDIUM_BITS`` mask of the media holding it."""
-
-    def hashes_in(self, medium: str) -> set[BlockHash]:
-        """The hashes held in ``medium``."""
-        bit = MEDIUM_BITS[medium]
-        return {h for h, bits in self.media.items() if bits & bit}
+    num_entries: int = 0
+    """Distinct hashes held in any medium."""
+    log: array[int] = field(default_factory=lambda: array("Q"))
+    """Every hash this replica began to hold since the last compaction (may repeat, may be
+    stale); the live ones are those the pool's holders still credit to ``slot``."""
 
 
 @dataclass(frozen=True)
@@ -50,64 +62,130 @@ class TierHit:
 
 
 class Holders:
-    """Per pool: hash -> (device holders, lower-tier holders) slot bitmasks."""
+    """Per pool and medium: hash -> encoded holders (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._pools: dict[str, dict[BlockHash, tuple[int, int]]] = {}
+        self._pools: dict[str, dict[int, dict[BlockHash, Encoded]]] = {}
+        self._num_hashes: dict[str, int] = {}
 
     def num_hashes(self) -> int:
         """Distinct (pool, hash) pairs held anywhere."""
-        return sum(len(h) for h in self._pools.values())
+        return sum(self._num_hashes.values())
 
     def store(self, replica: ReplicaEntries, hashes: Iterable[BlockHash], bit: int) -> None:
         """``replica`` now holds ``hashes`` in the medium of ``bit``."""
-        holders = self._pools.setdefault(replica.pool, {})
-        slot_bit = 1 << replica.slot
+        media = self._media(replica.pool)
+        target = media[bit]
+        others = [d for b, d in media.items() if b != bit and d]
+        slot, log = replica.slot, replica.log
+        new_hashes = 0
+        if not others:  # the common case (no host or disk tier): no other medium to consult
+            for block_hash in hashes:
+                value = target.get(block_hash)
+                if value is None:
+                    target[block_hash] = slot
+                    new_hashes += 1
+                elif value == slot or (value < 0 and (~value >> slot) & 1):
+                    continue
+                else:
+                    target[block_hash] = _with(value, slot)
+                replica.num_entries += 1
+                log.append(block_hash)
+            self._num_hashes[replica.pool] += new_hashes
+            return
         for block_hash in hashes:
-            bits = replica.media.get(block_hash, 0) | bit
-            replica.media[block_hash] = bits
-            holders[block_hash] = _masks(holders.get(block_hash, (0, 0)), slot_bit, bits)
+            value = target.get(block_hash)
+            if value is None:
+                target[block_hash] = slot
+                if not any(block_hash in d for d in others):
+                    new_hashes += 1
+            elif value == slot or (value < 0 and (~value >> slot) & 1):
+                continue
+            else:
+                target[block_hash] = _with(value, slot)
+            if not any(_holds(d.get(block_hash), slot) for d in others):
+                replica.num_entries += 1
+                log.append(block_hash)
+        self._num_hashes[replica.pool] += new_hashes
 
     def remove(self, replica: ReplicaEntries, hashes: Iterable[BlockHash], bit: int) -> None:
         """``replica`` no longer holds ``hashes`` in the medium of ``bit``."""
-        holders = self._pools.get(replica.pool, {})
-        slot_bit = 1 << replica.slot
+        media = self._pools.get(replica.pool)
+        if media is None:
+            return
+        target = media[bit]
+        others = [d for b, d in media.items() if b != bit and d]
+        slot = replica.slot
+        gone_hashes = 0
         for block_hash in hashes:
-            bits = replica.media.get(block_hash, 0)
-            if not bits & bit:
+            value = target.get(block_hash)
+            if not _holds(value, slot):
                 continue
-            bits &= ~bit
-            if bits:
-                replica.media[block_hash] = bits
+            assert value is not None
+            rest = _without(value, slot)
+            if rest is None:
+                del target[block_hash]
+                if not any(block_hash in d for d in others):
+                    gone_hashes += 1
             else:
-                del replica.media[block_hash]
-            masks = _masks(holders.get(block_hash, (0, 0)), slot_bit, bits)
-            if masks == (0, 0):
-                holders.pop(block_hash, None)
-            else:
-                holders[block_hash] = masks
+                target[block_hash] = rest
+            if not any(_holds(d.get(block_hash), slot) for d in others):
+                replica.num_entries -= 1
+        self._num_hashes[replica.pool] -= gone_hashes
+        if len(replica.log) > 2 * replica.num_entries + _COMPACT_SLACK:
+            replica.log = array("Q", self._live(replica, media))
 
     def clear(self, replica: ReplicaEntries) -> None:
         """Drop every entry of ``replica``."""
-        for bit in MEDIUM_BITS.values():
-            self.remove(replica, list(replica.media), bit)
+        media = self._pools.get(replica.pool)
+        if media is not None:
+            live = self._live(replica, media)
+            replica.log = array("Q")
+            for bit in media:
+                self.remove(replica, live, bit)
+        replica.log = array("Q")
+        replica.num_entries = 0
+
+    def hashes_of(self, replica: ReplicaEntries, bit: int) -> set[BlockHash]:
+        """The hashes ``replica`` holds in the medium of ``bit``."""
+        media = self._pools.get(replica.pool)
+        if media is None:
+            return set()
+        target = media[bit]
+        return {h for h in replica.log if _holds(target.get(h), replica.slot)}
+
+    def holds(self, replica: ReplicaEntries, block_hash: BlockHash, bit: int) -> bool:
+        """True when ``replica`` holds ``block_hash`` in the medium of ``bit``."""
+        media = self._pools.get(replica.pool)
+        return media is not None and _holds(media[bit].get(block_hash), replica.slot)
 
     def match(
         self, pool: str, block_hashes: Sequence[BlockHash], alive: int
     ) -> dict[int, tuple[int, int]]:
         """``slot -> (device run, whole usable run)`` for the slots in ``alive`` with a hit."""
-        holders = self._pools.get(pool)
-        if not holders or not block_hashes:
+        media = self._pools.get(pool)
+        if not media or not block_hashes:
             return {}
+        device, host, disk = media[DEVICE_BIT], media[_HOST_BIT], media[_DISK_BIT]
+        has_lower = bool(host or disk)
         on_device = alive
         num_device: dict[int, int] = {}
         num_total: dict[int, int] = {}
         for i, block_hash in enumerate(block_hashes):
-            device, lower = holders.get(block_hash, (0, 0))
-            still_device = on_device & device
-            still = still_device | (alive & lower)
-            _note(on_device & ~still_device, i, num_device)
-            _note(alive & ~still, i, num_total)
+            value = device.get(block_hash)
+            if value is None:
+                still_device = 0
+            else:
+                still_device = on_device & ((1 << value) if value >= 0 else ~value)
+            if has_lower:
+                lower = _mask(host.get(block_hash)) | _mask(disk.get(block_hash))
+                still = still_device | (alive & lower)
+            else:
+                still = still_device
+            if still_device != on_device:
+                _note(on_device & ~still_device, i, num_device)
+            if still != alive:
+                _note(alive & ~still, i, num_total)
             alive, on_device = still, still_device
             if not alive:
                 break
@@ -115,25 +193,58 @@ class Holders:
         _note(alive, len(block_hashes), num_total)
         return {slot: (num_device.get(slot, 0), n) for slot, n in num_total.items() if n}
 
+    def split_hit(
+        self, replica: ReplicaEntries, block_hashes: Sequence[BlockHash], runs: tuple[int, int]
+    ) -> TierHit:
+        """The :class:`TierHit` of a ``(device run, usable run)`` pair from :meth:`match`."""
+        num_device, num_total = runs
+        lower_run = block_hashes[num_device:num_total]
+        num_host = sum(1 for h in lower_run if self.holds(replica, h, _HOST_BIT))
+        return TierHit(num_device, num_host, len(lower_run) - num_host)
 
-def split_hit(
-    replica: ReplicaEntries, block_hashes: Sequence[BlockHash], runs: tuple[int, int]
-) -> TierHit:
-    """The :class:`TierHit` of a ``(device run, usable run)`` pair from :meth:`Holders.match`."""
-    num_device, num_total = runs
-    lower_run = block_hashes[num_device:num_total]
-    num_host = sum(1 for h in lower_run if replica.media.get(h, 0) & _HOST_BIT)
-    return TierHit(num_device, num_host, len(lower_run) - num_host)
+    def _media(self, pool: str) -> dict[int, dict[BlockHash, Encoded]]:
+        media = self._pools.get(pool)
+        if media is None:
+            media = self._pools[pool] = {bit: {} for bit in MEDIUM_BITS.values()}
+            self._num_hashes[pool] = 0
+        return media
+
+    @staticmethod
+    def _live(replica: ReplicaEntries, media: dict[int, dict[BlockHash, Encoded]]) -> list[int]:
+        """The distinct hashes of ``replica``'s log it still holds in some medium."""
+        slot = replica.slot
+        return [
+            h
+            for h in dict.fromkeys(replica.log)
+            if any(_holds(d.get(h), slot) for d in media.values())
+        ]
 
 
-def _masks(masks: tuple[int, int], slot_bit: int, bits: int) -> tuple[int, int]:
-    """``(device, lower)`` holder masks with one replica's bit set from its media ``bits``."""
-    device, lower = masks[0] & ~slot_bit, masks[1] & ~slot_bit
-    if bits & DEVICE_BIT:
-        device |= slot_bit
-    if bits & LOWER_BITS:
-        lower |= slot_bit
-    return device, lower
+def _holds(value: Encoded | None, slot: int) -> bool:
+    if value is None:
+        return False
+    return value == slot if value >= 0 else bool((~value >> slot) & 1)
+
+
+def _mask(value: Encoded | None) -> int:
+    if value is None:
+        return 0
+    return (1 << value) if value >= 0 else ~value
+
+
+def _with(value: Encoded, slot: int) -> Encoded:
+    """``value``'s holders plus ``slot`` (two or more: always the mask form)."""
+    return ~(_mask(value) | (1 << slot))
+
+
+def _without(value: Encoded, slot: int) -> Encoded | None:
+    """``value``'s holders less ``slot``; ``None`` when none is left."""
+    mask = _mask(value) & ~(1 << slot)
+    if not mask:
+        return None
+    if mask & (mask - 1):
+        return ~mask
+    return mask.bit_length() - 1
 
 
 def _note(mask: int, count: int, into: dict[int, int]) -> None:

@@ -18,11 +18,11 @@ back), stopping at the first block it holds in neither (:meth:`KVIndex.match_tie
 many blocks come from each medium; a block in both host and disk counts as host, the cheaper).
 The walk is O(len(hashes)) bit operations over every replica of the pool at once.
 
-Memory: each replica gets a bit slot; per pool a dict maps hash -> (device holders, lower-tier
-holders) bitmasks (~120 B per distinct hash) and each replica keeps a hash -> media-bits dict
-(~70 B per entry), so the index is bounded by the replicas' KV capacities in every tier; a
-replica reporting more than ``max_blocks_per_replica`` entries is degraded rather than allowed
-to grow it further.
+Memory: each replica gets a slot; per pool and medium a dict maps hash -> its holders (one
+replica's slot, or a bitmask only where a block is shared; see ``holders``) and each replica
+keeps an 8-byte-per-hash log for dropping its entries, so the index is bounded by the replicas'
+KV capacities in every tier; a replica reporting more than ``max_blocks_per_replica`` entries is
+degraded rather than allowed to grow it further.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cluster.routing.kv_index.holders import Holders, ReplicaEntries, TierHit, split_hit
+from cluster.routing.kv_index.holders import Holders, ReplicaEntries, TierHit
 from cluster.routing.kv_index.ops import (
     DEVICE_BIT,
     MEDIUM_BITS,
@@ -109,13 +109,13 @@ class KVIndex:
             elif op.kind == OP_REMOVED:
                 self._holders.remove(replica, op.hashes, MEDIUM_BITS[op.medium])
             elif op.kind == OP_CLEARED:  # the device pool's reset: lower tiers keep theirs
-                on_device = [h for h, bits in replica.media.items() if bits & DEVICE_BIT]
+                on_device = self._holders.hashes_of(replica, DEVICE_BIT)
                 self._holders.remove(replica, on_device, DEVICE_BIT)
-        if len(replica.media) > self.max_blocks_per_replica:
+        if replica.num_entries > self.max_blocks_per_replica:
             logger.warning(
                 "replica %s reports %d cached blocks (limit %d): degraded",
                 replica_id,
-                len(replica.media),
+                replica.num_entries,
                 self.max_blocks_per_replica,
             )
             self._degrade(replica)
@@ -152,7 +152,7 @@ class KVIndex:
         self._holders.store(replica, snapshot_hashes, DEVICE_BIT)
         for medium, hashes in (tiers or {}).items():
             self._holders.store(replica, hashes, MEDIUM_BITS[medium])
-        if len(replica.media) > self.max_blocks_per_replica:
+        if replica.num_entries > self.max_blocks_per_replica:
             self._degrade(replica)
 
     def mark_degraded(self, replica_id: str) -> bool:
@@ -185,7 +185,8 @@ class KVIndex:
         result: dict[str, TierHit] = {}
         for slot, slot_runs in runs.items():
             replica_id = self._slot_owner[slot]
-            result[replica_id] = split_hit(self._replicas[replica_id], block_hashes, slot_runs)
+            replica = self._replicas[replica_id]
+            result[replica_id] = self._holders.split_hit(replica, block_hashes, slot_runs)
         return result
 
     def replica_ids(self, pool: str | None = None) -> list[str]:
@@ -215,14 +216,16 @@ class KVIndex:
     def cached_hashes(self, replica_id: str, medium: str = "device") -> set[BlockHash]:
         """A copy of the hashes the index believes ``replica_id`` holds in ``medium``."""
         replica = self._replicas.get(replica_id)
-        return set() if replica is None else replica.hashes_in(medium)
+        if replica is None:
+            return set()
+        return self._holders.hashes_of(replica, MEDIUM_BITS[medium])
 
     def stats(self) -> IndexStats:
         """Sizes for the metrics hooks (index size, degraded replicas)."""
         return IndexStats(
             num_replicas=len(self._replicas),
             num_degraded_replicas=sum(1 for r in self._replicas.values() if r.degraded),
-            num_entries=sum(len(r.media) for r in self._replicas.values()),
+            num_entries=sum(r.num_entries for r in self._replicas.values()),
             num_hashes=self._holders.num_hashes(),
         )
 

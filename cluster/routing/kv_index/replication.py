@@ -24,6 +24,7 @@ from typing import Any
 
 from cluster.routing.kv_index.index import ApplyStatus, IndexStats, KVIndex
 from cluster.routing.kv_index.ops import IndexOp, TierSnapshot, parse_op, parse_tiers
+from cluster.routing.kv_index.shards import shard_of
 
 logger = logging.getLogger(__name__)
 
@@ -153,22 +154,49 @@ class KVIndexServer:
 
 
 class KVIndexFollower:
-    """A router's copy of the index, kept current by :meth:`apply_update`."""
+    """A router's copy of the index, kept current by :meth:`apply_update`: of one server, or
+    of ``num_shards`` shard servers merged into one index (their replicas never overlap, see
+    ``shards``), each followed at its own ``(epoch, cursor)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_shards: int = 1) -> None:
         self.index = KVIndex()
-        self.epoch: str | None = None
-        self.cursor = 0
+        self.num_shards = num_shards
+        self.epochs: list[str | None] = [None] * num_shards
+        self.cursors = [0] * num_shards
 
-    def apply_update(self, update: dict[str, Any]) -> None:
-        """Apply one :meth:`KVIndexServer.updates` reply."""
+    @property
+    def epoch(self) -> str | None:
+        """The first shard's epoch (the only one when unsharded)."""
+        return self.epochs[0]
+
+    @property
+    def cursor(self) -> int:
+        """The first shard's cursor (the only one when unsharded)."""
+        return self.cursors[0]
+
+    def apply_update(self, update: dict[str, Any], shard: int = 0) -> None:
+        """Apply one :meth:`KVIndexServer.updates` reply of ``shard``'s server."""
         if "snapshot" in update:
-            self.index = load_index(update["snapshot"])
+            for replica_id in self._replicas_of(shard):
+                self.index.remove_replica(replica_id)
+            load_index(update["snapshot"], into=self.index)
         else:
             for entry in update["entries"]:
                 self._replay(entry)
-        self.epoch = update["epoch"]
-        self.cursor = int(update["cursor"])
+        self.epochs[shard] = update["epoch"]
+        self.cursors[shard] = int(update["cursor"])
+
+    def forget_shard(self, shard: int) -> int:
+        """``shard`` is unreachable: stop trusting its replicas (their hits count as none until
+        its next snapshot, which the next successful poll asks for). Returns how many."""
+        replica_ids = self._replicas_of(shard)
+        for replica_id in replica_ids:
+            self.index.mark_degraded(replica_id)
+        self.epochs[shard] = None
+        return len(replica_ids)
+
+    def _replicas_of(self, shard: int) -> list[str]:
+        return [r for r in self.index.replica_ids() if shard_of(r, self.num_shards) == shard]
 
     def _replay(self, entry: LogEntry) -> None:
         kind, replica_id = entry["kind"], entry["replica_id"]
@@ -205,9 +233,9 @@ def export_index(index: KVIndex) -> dict[str, Any]:
     }
 
 
-def load_index(data: dict[str, Any]) -> KVIndex:
-    """Rebuild an index from :func:`export_index`."""
-    index = KVIndex()
+def load_index(data: dict[str, Any], into: KVIndex | None = None) -> KVIndex:
+    """Rebuild an index from :func:`export_index` (adding its replicas to ``into`` if given)."""
+    index = KVIndex() if into is None else into
     for item in data["replicas"]:
         replica_id = str(item["replica_id"])
         index.resync(

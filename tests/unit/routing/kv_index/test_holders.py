@@ -1,0 +1,82 @@
+"""The index's compact storage against a plain model: one holder stored as a slot, several as a
+bitmask, per-replica logs compacted, at slot numbers past one machine word."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cluster.routing.kv_index import holders as holders_module
+from cluster.routing.kv_index.index import KVIndex
+from cluster.routing.kv_index.ops import IndexOp
+
+MEDIA = ("device", "host", "disk")
+
+
+def model_hit(media: dict[str, set[int]], prompt: list[int]) -> tuple[int, int, int]:
+    """The engine's walk: a device run, then a host-or-disk run (host preferred)."""
+    num_device = 0
+    while num_device < len(prompt) and prompt[num_device] in media["device"]:
+        num_device += 1
+    host = disk = 0
+    for h in prompt[num_device:]:
+        if h in media["host"]:
+            host += 1
+        elif h in media["disk"]:
+            disk += 1
+        else:
+            break
+    return num_device, host, disk
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_stores_and_removes_agree_with_a_set_model(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(holders_module, "_COMPACT_SLACK", 4)  # compact often
+    rng = random.Random(seed)
+    index = KVIndex()
+    replicas = [f"r{i}" for i in range(90)]  # slots up to 89: masks wider than 64 bits
+    model: dict[str, dict[str, set[int]]] = {r: {m: set() for m in MEDIA} for r in replicas}
+    seqs = dict.fromkeys(replicas, 0)
+    for replica in replicas:
+        index.resync(replica, [], 0, pool="decode")
+    for _ in range(1500):
+        replica = rng.choice(replicas[:12] if rng.random() < 0.7 else replicas)
+        medium = rng.choice(MEDIA) if rng.random() < 0.4 else "device"
+        hashes = [rng.randrange(30) for _ in range(rng.randrange(1, 6))]
+        roll = rng.random()
+        if roll < 0.55:
+            op = IndexOp("stored", hashes, medium)
+            model[replica][medium].update(hashes)
+        elif roll < 0.97:
+            op = IndexOp("removed", hashes, medium)
+            model[replica][medium].difference_update(hashes)
+        else:
+            op = IndexOp("cleared", [])
+            model[replica]["device"].clear()
+        index.apply_ops(replica, seqs[replica], [op])
+        seqs[replica] += 1
+        if rng.random() < 0.01:  # a replica leaves and comes back empty
+            index.remove_replica(replica)
+            index.resync(replica, [], seqs[replica], pool="decode")
+            model[replica] = {m: set() for m in MEDIA}
+    for replica in replicas:
+        for medium in MEDIA:
+            assert index.cached_hashes(replica, medium) == model[replica][medium]
+    held = [set().union(*model[r].values()) for r in replicas]
+    assert index.stats().num_entries == sum(len(h) for h in held)
+    assert index.stats().num_hashes == len(set().union(*held))
+    for _ in range(60):
+        prompt = [rng.randrange(30) for _ in range(rng.randrange(1, 8))]
+        expected = {}
+        for replica in replicas:
+            hit = model_hit(model[replica], prompt)
+            if sum(hit):
+                expected[replica] = hit
+        got = {
+            r: (t.num_device, t.num_host, t.num_disk)
+            for r, t in index.match_tiers("decode", prompt).items()
+        }
+        assert got == expected
