@@ -35,6 +35,8 @@ class RouterSettings:
     poll_interval_s: float = 0.05
     max_staleness_s: float = 5.0
     index_shards: int = 1  # ``routing.kv_index_shards``: how many index actors to follow
+    index_stride: int = 1  # ``routing.kv_index_stride``: one block hash in this many indexed
+    max_scored_candidates: int = 64  # past this, score the best holders and a random sample
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RouterSettings:
@@ -76,6 +78,8 @@ class RouterSettings:
             "poll_interval_s": self.poll_interval_s > 0,
             "max_staleness_s": self.max_staleness_s > 0,
             "index_shards": isinstance(self.index_shards, int) and self.index_shards >= 1,
+            "index_stride": isinstance(self.index_stride, int) and self.index_stride >= 1,
+            "max_scored_candidates": self.max_scored_candidates >= 2,
         }
         for key, ok in checks.items():
             if not ok:

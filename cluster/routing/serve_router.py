@@ -6,11 +6,19 @@ one replica each, best first, so Serve sends to the first one that accepts.
 
 Per decision, synchronously and without I/O (nothing here awaits, so the ingress event loop is
 never blocked): read the request's ``routing`` keys (``request_features``: block hashes, prompt
-length, session id — computed once by the ingress), describe each candidate
+length, session id — computed once by the ingress), match the hashes against the local index
+follower (``kv_index.follower``), describe each candidate
 (:class:`~cluster.routing.load_tracker.LoadTracker` for what this router sent and has not seen
 finish, the replica's ``routing_stats`` for waiting requests and KV blocks, Serve's queue
-length cache when it has one), match the hashes against the local index follower
-(``kv_index.follower``), run the policy, then record the load, the session pin and the metrics.
+length cache when it has one), run the policy, then record the load, the session pin and the
+metrics.
+
+At scale the policy does not score every replica: past ``max_scored_candidates`` (64) it scores
+the replicas caching the longest prefixes (up to half of that), the session's pinned replica and
+a random sample of the rest (power-of-k choices, as Serve's own router samples two), and ranks
+the unscored replicas after them in Serve's order. A decision over a thousand replicas then
+costs the index walk plus a fixed amount, not a description of every replica
+(``benchmarks/control_plane_scale.py``).
 
 Where the index lives, and why: a named Ray actor fed by the workers' KV event batches; each router
 keeps a follower copy that a background task on the router's loop updates from the actor's change
@@ -25,14 +33,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import time
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
+from cluster.routing.kv_index.holders import TierHit
+from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.load_tracker import LoadTracker
-from cluster.routing.policy_types import PoolRole, ReplicaLoad, RoutingDecision, RoutingInputs
+from cluster.routing.policy_types import (
+    PoolRole,
+    ReplicaLoad,
+    RoutingDecision,
+    RoutingInputs,
+    SessionPin,
+)
 from cluster.routing.request_features import read_routing_keys
 from cluster.routing.router_kwargs import RouterSettings
 from cluster.routing.routing_metrics import routing_metrics
@@ -60,6 +78,8 @@ class PdserveRequestRouter(RequestRouter):
         self.load = LoadTracker()
         self.metrics = routing_metrics()
         self._num_decisions = 0
+        self._rng = random.Random()
+        self._stats_cache: dict[str, tuple[object, RoutingStats]] = {}
         self.index_source: IndexSource = (
             ActorIndexSource(
                 self.app_name,
@@ -68,6 +88,7 @@ class PdserveRequestRouter(RequestRouter):
                 poll_interval_s=self.settings.poll_interval_s,
                 max_staleness_s=self.settings.max_staleness_s,
                 num_shards=self.settings.index_shards,
+                stride=self.settings.index_stride,
             )
             if self.settings.use_index
             else StaticIndexSource(None)
@@ -85,13 +106,21 @@ class PdserveRequestRouter(RequestRouter):
         try:
             self.index_source.ensure_started()
             features = self._features(pending_request)
-            decision = self.policy.choose(self._inputs(candidate_replicas, features))
+            now_s = time.monotonic()
+            index = self.index_source.view()
+            pool = pool_key(self.settings.pool.value, self.settings.model)
+            tier_hits = index.match_tiers(pool, features.block_hashes) if index is not None else {}
+            pin = self.sessions.pin_for(features.session_id, now_s)
+            scored, unscored = self._shortlist(candidate_replicas, tier_hits, pin)
+            inputs = self._inputs(scored, features, index, tier_hits, pin, now_s)
+            decision = self.policy.choose(inputs)
             self._record(decision, features, pending_request, time.perf_counter() - started_s)
         except Exception:  # a routing bug must not strand the request: Serve's order then
             logger.exception("routing failed; falling back to Serve's replica order")
             return [[replica] for replica in candidate_replicas]
-        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        return [[by_id[replica_id]] for replica_id in decision.ranked_replica_ids]
+        by_id = {r.replica_id.unique_id: r for r in scored}
+        ranked = [[by_id[replica_id]] for replica_id in decision.ranked_replica_ids]
+        return ranked + [[replica] for replica in unscored]
 
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
@@ -119,6 +148,7 @@ class PdserveRequestRouter(RequestRouter):
         self._forget(replica_id.unique_id)
 
     def _forget(self, replica_id: str) -> None:
+        self._stats_cache.pop(replica_id, None)
         self.load.forget_replica(replica_id)
         self.sessions.forget_replica(replica_id)
         self.index_source.report_replica_gone(replica_id)
@@ -134,12 +164,40 @@ class PdserveRequestRouter(RequestRouter):
             fallback_session_id=pending_request.metadata.session_id or None,
         )
 
-    def _inputs(self, candidates: list[RunningReplica], features: RoutingKeys) -> RoutingInputs:
-        now_s = time.monotonic()
-        index = self.index_source.view()
-        pool = pool_key(self.settings.pool.value, self.settings.model)
+    def _shortlist(
+        self,
+        candidates: list[RunningReplica],
+        tier_hits: Mapping[str, TierHit],
+        pin: SessionPin | None,
+    ) -> tuple[list[RunningReplica], list[RunningReplica]]:
+        """``(scored, unscored)``: every candidate scored up to ``max_scored_candidates``;
+        past it the longest cache hits, the pinned replica and a random sample (see the module
+        docstring). The round-robin baseline always rotates over every candidate."""
+        limit = self.settings.max_scored_candidates
+        if len(candidates) <= limit or self.policy.name == "round_robin":
+            return candidates, []
+        position = {r.replica_id.unique_id: i for i, r in enumerate(candidates)}
+        holders = [rid for rid in tier_hits if rid in position]
+        holders.sort(key=lambda rid: -tier_hits[rid].num_blocks)
+        chosen = dict.fromkeys(position[rid] for rid in holders[: limit // 2])
+        if pin is not None and pin.replica_id in position:
+            chosen[position[pin.replica_id]] = None
+        others = [i for i in range(len(candidates)) if i not in chosen]
+        chosen.update(dict.fromkeys(self._rng.sample(others, limit - len(chosen))))
+        scored = [candidates[i] for i in chosen]
+        unscored = [r for i, r in enumerate(candidates) if i not in chosen]
+        return scored, unscored
+
+    def _inputs(
+        self,
+        candidates: list[RunningReplica],
+        features: RoutingKeys,
+        index: KVIndex | None,
+        tier_hits: Mapping[str, TierHit],
+        pin: SessionPin | None,
+        now_s: float,
+    ) -> RoutingInputs:
         ids = [r.replica_id.unique_id for r in candidates]
-        tier_hits = index.match_tiers(pool, features.block_hashes) if index is not None else {}
         return RoutingInputs(
             role=self.settings.pool,
             candidates=tuple(self._replica_load(r) for r in candidates),
@@ -152,14 +210,14 @@ class PdserveRequestRouter(RequestRouter):
             degraded_replica_ids=frozenset(
                 i for i in ids if index is not None and index.is_degraded(i)
             ),
-            session_pin=self.sessions.pin_for(features.session_id, now_s),
+            session_pin=pin,
             now_s=now_s,
             tie_break=self._num_decisions,
         )
 
     def _replica_load(self, replica: RunningReplica) -> ReplicaLoad:
         replica_id = replica.replica_id.unique_id
-        stats = _routing_stats(replica)
+        stats = self._routing_stats(replica)
         num_running = self.load.num_requests(replica_id)
         if self._use_replica_queue_len_cache:
             num_ongoing = self.replica_queue_len_cache.get(replica.replica_id) or 0
@@ -195,16 +253,23 @@ class PdserveRequestRouter(RequestRouter):
         if self.load.begin(request_id, decision.replica_id, max(num_work_tokens, 0), now_s):
             self.metrics.record_decision(self.settings.pool.value, decision, latency_s)
 
-
-def _routing_stats(replica: RunningReplica) -> RoutingStats:
-    """The replica's last ``record_routing_stats``; empty before the first one."""
-    if not replica.routing_stats:
-        return RoutingStats()
-    try:
-        return from_plain(RoutingStats, replica.routing_stats)
-    except MessageError as e:
-        logger.warning("replica %s: unreadable routing stats: %s", replica.replica_id, e)
-        return RoutingStats()
+    def _routing_stats(self, replica: RunningReplica) -> RoutingStats:
+        """The replica's last ``record_routing_stats``; empty before the first one. Parsed
+        once per report: Serve replaces the object when a new one arrives (each second)."""
+        plain = replica.routing_stats
+        if not plain:
+            return RoutingStats()
+        replica_id = replica.replica_id.unique_id
+        cached = self._stats_cache.get(replica_id)
+        if cached is not None and cached[0] is plain:
+            return cached[1]
+        try:
+            stats = from_plain(RoutingStats, plain)
+        except MessageError as e:
+            logger.warning("replica %s: unreadable routing stats: %s", replica.replica_id, e)
+            stats = RoutingStats()
+        self._stats_cache[replica_id] = (plain, stats)  # holds ``plain``: its id stays unique
+        return stats
 
 
 class PrefixAwareRequestRouter(PdserveRequestRouter):

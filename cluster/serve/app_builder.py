@@ -89,7 +89,9 @@ def _role_deployment(
         identity=ServeReplicaIdentity(),
         stats_reporter=BoardReporter(config.cluster.app_name, model=served.scope),
         kv_events=IndexPublisherFactory(
-            served.pool_key(role), num_shards=config.routing.kv_index_shards
+            served.pool_key(role),
+            num_shards=config.routing.kv_index_shards,
+            stride=config.routing.kv_index_stride,
         ),
         gang=gang_engine_factory(served.pool_for(role)),
     )
@@ -120,7 +122,11 @@ def _pool_options(config: ClusterConfig, served: ServedModel, role: Role) -> dic
             role,
             config.routing.policy,
             block_size=served.engine_for(role).block_size,
-            options={"model": served.scope, "index_shards": config.routing.kv_index_shards},
+            options={
+                "model": served.scope,
+                "index_shards": config.routing.kv_index_shards,
+                "index_stride": config.routing.kv_index_stride,
+            },
         ),
     }
 

@@ -104,6 +104,7 @@ class IngressDeployment:
             namespace=INDEX_NAMESPACE,
             metrics=RoutingMetrics(),
             num_shards=cluster_config.routing.kv_index_shards,
+            stride=cluster_config.routing.kv_index_stride,
         )
         self._index.ensure_started()
         self._ingress = create_app(

@@ -36,6 +36,14 @@ class RoutingConfig(StrictModel):
         "shards; 1 follows a few hundred replicas (docs/operations.md, 'The control plane "
         "at scale').",
     )
+    kv_index_stride: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Index one block hash in this many (those divisible by it): KV events, "
+        "index memory and lookups shrink as many times, and a replica's cached prefix is "
+        "known to within about this many blocks. 1 indexes every block.",
+    )
 
 
 class DisaggregationConfig(StrictModel):

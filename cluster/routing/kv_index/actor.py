@@ -161,11 +161,12 @@ class IndexPublisherFactory:
     flush_interval_s: float = 0.01
     heartbeat_s: float = 2.0
     num_shards: int = 1
+    stride: int = 1
 
     def start(self, replica_id: str, app_name: str) -> IndexPublisher:
         """Create the relay and start the pump thread for one replica (publishing to the
         shard that follows it)."""
-        relay = KVEventRelay()
+        relay = KVEventRelay(stride=self.stride)
         shard = shard_of(replica_id, self.num_shards)
         sink = ActorIndexSink(
             app_name, namespace=self.namespace, shard=shard, num_shards=self.num_shards

@@ -71,8 +71,10 @@ class KVEventRelay:
     """Engine callback: mirrors the cached hashes per medium and queues compact batches
     (thread-safe)."""
 
-    def __init__(self, *, max_pending_batches: int = 4096) -> None:
+    def __init__(self, *, max_pending_batches: int = 4096, stride: int = 1) -> None:
+        """``stride``: publish only the sampled hashes (``routing.kv_index_stride``)."""
         self.max_pending_batches = max_pending_batches
+        self.stride = stride
         self._lock = threading.Lock()
         self._cached: dict[str, set[BlockHash]] = {m: set() for m in MEDIA}
         self._next_seq = 0
@@ -82,7 +84,7 @@ class KVEventRelay:
 
     def __call__(self, batch: KVEventBatch) -> None:
         """The engine's ``kv_event_callback`` (engine thread)."""
-        ops = compact_events(batch.events)
+        ops = compact_events(batch.events, self.stride)
         with self._lock:
             if batch.replica_seq != self._next_seq:
                 logger.warning(

@@ -95,6 +95,7 @@ class ActorIndexSource:
         actor: Any = None,
         num_shards: int = 1,
         actors: Sequence[Any] | None = None,
+        stride: int = 1,
     ) -> None:
         """``actor`` (unsharded) or ``actors`` (one per shard): index actor handles to use
         instead of looking them up by name."""
@@ -104,7 +105,7 @@ class ActorIndexSource:
         self.max_staleness_s = max_staleness_s
         self.call_timeout_s = call_timeout_s
         self.num_shards = num_shards
-        self.follower = KVIndexFollower(num_shards)
+        self.follower = KVIndexFollower(num_shards, stride)
         self._metrics = metrics
         self._clock = clock
         self._last_sync_s: list[float | None] = [None] * num_shards

@@ -21,12 +21,15 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cluster.routing.kv_index.ops import DEVICE_BIT, MEDIUM_BITS
+import numpy as np
+
+from cluster.routing.kv_index.ops import DEVICE_BIT, HOST_BIT, MEDIUM_BITS
 from core.hashing import BlockHash
 
-_HOST_BIT = MEDIUM_BITS["host"]
+_HOST_BIT = HOST_BIT
 _DISK_BIT = MEDIUM_BITS["disk"]
 _COMPACT_SLACK = 1024  # stale log entries tolerated beyond the live count before compacting
+_FEW_SLOTS = 8  # masks with more set bits are expanded to slots by numpy
 
 Encoded = int
 """A holders value: ``slot >= 0`` for one holder, ``~mask < 0`` for several."""
@@ -191,6 +194,8 @@ class Holders:
                 break
         _note(on_device, len(block_hashes), num_device)
         _note(alive, len(block_hashes), num_total)
+        if not has_lower:  # every run is a device run
+            return {slot: (n, n) for slot, n in num_total.items() if n}
         return {slot: (num_device.get(slot, 0), n) for slot, n in num_total.items() if n}
 
     def split_hit(
@@ -198,6 +203,8 @@ class Holders:
     ) -> TierHit:
         """The :class:`TierHit` of a ``(device run, usable run)`` pair from :meth:`match`."""
         num_device, num_total = runs
+        if num_device == num_total:
+            return TierHit(num_device)
         lower_run = block_hashes[num_device:num_total]
         num_host = sum(1 for h in lower_run if self.holds(replica, h, _HOST_BIT))
         return TierHit(num_device, num_host, len(lower_run) - num_host)
@@ -249,7 +256,12 @@ def _without(value: Encoded, slot: int) -> Encoded | None:
 
 def _note(mask: int, count: int, into: dict[int, int]) -> None:
     """Record ``count`` for every slot in ``mask``."""
-    while mask:
-        low = mask & -mask
-        into[low.bit_length() - 1] = count
-        mask ^= low
+    if mask.bit_count() <= _FEW_SLOTS:
+        while mask:
+            low = mask & -mask
+            into[low.bit_length() - 1] = count
+            mask ^= low
+        return
+    packed = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), np.uint8)
+    slots = np.flatnonzero(np.unpackbits(packed, bitorder="little"))
+    into.update(dict.fromkeys(slots.tolist(), count))

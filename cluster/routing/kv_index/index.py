@@ -18,6 +18,14 @@ back), stopping at the first block it holds in neither (:meth:`KVIndex.match_tie
 many blocks come from each medium; a block in both host and disk counts as host, the cheaper).
 The walk is O(len(hashes)) bit operations over every replica of the pool at once.
 
+Sampled hashes (``stride`` > 1, ``routing.kv_index_stride``): replicas publish only the hashes
+:func:`~cluster.routing.kv_index.ops.is_sampled` keeps, and a lookup walks the prompt's sampled
+hashes alone. A replica's hit then ends at the last sampled block of its run (the blocks after
+it, up to the next sampled one, are not known to be cached and count as uncached), so a hit is
+low by about ``stride`` blocks at most on average, while events, memory and the walk shrink
+``stride``-fold. A block evicted between two sampled ones is missed the other way (the hit
+runs on to the next sampled block); the engine then recomputes it, as after any stale hit.
+
 Memory: each replica gets a slot; per pool and medium a dict maps hash -> its holders (one
 replica's slot, or a bitmask only where a block is shared; see ``holders``) and each replica
 keeps an 8-byte-per-hash log for dropping its entries, so the index is bounded by the replicas'
@@ -35,6 +43,7 @@ from dataclasses import dataclass
 from cluster.routing.kv_index.holders import Holders, ReplicaEntries, TierHit
 from cluster.routing.kv_index.ops import (
     DEVICE_BIT,
+    HOST_BIT,
     MEDIUM_BITS,
     OP_CLEARED,
     OP_REMOVED,
@@ -73,18 +82,25 @@ class IndexStats:
 class KVIndex:
     """Per pool: block hash -> replicas holding it per medium; per replica: seq and health."""
 
-    def __init__(self, *, max_blocks_per_replica: int = DEFAULT_MAX_BLOCKS_PER_REPLICA) -> None:
+    def __init__(
+        self, *, max_blocks_per_replica: int = DEFAULT_MAX_BLOCKS_PER_REPLICA, stride: int = 1
+    ) -> None:
+        if stride < 1:
+            raise ValueError(f"stride must be at least 1, got {stride}")
         self.max_blocks_per_replica = max_blocks_per_replica
+        self.stride = stride
         self._replicas: dict[str, ReplicaEntries] = {}
         self._holders = Holders()
         self._slot_owner: dict[int, str] = {}
         self._free_slots: list[int] = []
+        self._healthy: dict[str, int] = {}  # pool -> slot mask of its trusted replicas
 
     # -- updates --------------------------------------------------------------------------
 
     def apply(self, replica_id: str, batch: KVEventBatch) -> ApplyStatus:
         """Apply one engine event batch of ``replica_id`` (see the module docstring)."""
-        return self.apply_ops(replica_id, batch.replica_seq, compact_events(batch.events))
+        ops = compact_events(batch.events, self.stride)
+        return self.apply_ops(replica_id, batch.replica_seq, ops)
 
     def apply_ops(self, replica_id: str, replica_seq: int, ops: Sequence[IndexOp]) -> ApplyStatus:
         """Apply a compact batch; ordering and gap rules as in the module docstring."""
@@ -149,6 +165,7 @@ class KVIndex:
         self._holders.clear(replica)
         replica.last_seq = seq - 1
         replica.degraded = False
+        self._healthy.clear()
         self._holders.store(replica, snapshot_hashes, DEVICE_BIT)
         for medium, hashes in (tiers or {}).items():
             self._holders.store(replica, hashes, MEDIUM_BITS[medium])
@@ -168,6 +185,7 @@ class KVIndex:
         replica = self._replicas.pop(replica_id, None)
         if replica is None:
             return False
+        self._healthy.clear()
         self._holders.clear(replica)
         del self._slot_owner[replica.slot]
         self._free_slots.append(replica.slot)
@@ -181,12 +199,36 @@ class KVIndex:
 
     def match_tiers(self, pool: str, block_hashes: Sequence[BlockHash]) -> dict[str, TierHit]:
         """Per healthy replica of ``pool`` with a hit: its usable prefix split by medium."""
+        if self.stride > 1:
+            return self._match_sampled(pool, block_hashes)
         runs = self._holders.match(pool, block_hashes, self._healthy_mask(pool))
         result: dict[str, TierHit] = {}
         for slot, slot_runs in runs.items():
             replica_id = self._slot_owner[slot]
             replica = self._replicas[replica_id]
             result[replica_id] = self._holders.split_hit(replica, block_hashes, slot_runs)
+        return result
+
+    def _match_sampled(self, pool: str, block_hashes: Sequence[BlockHash]) -> dict[str, TierHit]:
+        """:meth:`match_tiers` over the prompt's sampled blocks, widened back to blocks: the
+        sampled block at prompt position ``p`` stands for the blocks after the previous
+        sampled one up to ``p``, in its medium."""
+        positions = [i for i, h in enumerate(block_hashes) if h % self.stride == 0]
+        sampled = [block_hashes[i] for i in positions]
+        runs = self._holders.match(pool, sampled, self._healthy_mask(pool))
+        result: dict[str, TierHit] = {}
+        for slot, (num_device, num_total) in runs.items():
+            replica_id = self._slot_owner[slot]
+            replica = self._replicas[replica_id]
+            device_blocks = positions[num_device - 1] + 1 if num_device else 0
+            host_blocks = disk_blocks = 0
+            for k in range(num_device, num_total):
+                span = positions[k] - (positions[k - 1] if k else -1)
+                if self._holders.holds(replica, sampled[k], HOST_BIT):
+                    host_blocks += span
+                else:
+                    disk_blocks += span
+            result[replica_id] = TierHit(device_blocks, host_blocks, disk_blocks)
         return result
 
     def replica_ids(self, pool: str | None = None) -> list[str]:
@@ -232,10 +274,15 @@ class KVIndex:
     # -- internals ------------------------------------------------------------------------
 
     def _healthy_mask(self, pool: str) -> int:
-        mask = 0
-        for replica in self._replicas.values():
-            if replica.pool == pool and not replica.degraded:
-                mask |= 1 << replica.slot
+        """Slots of ``pool``'s trusted replicas (cached: replicas join, leave and degrade far
+        less often than prompts are matched)."""
+        mask = self._healthy.get(pool)
+        if mask is None:
+            mask = 0
+            for replica in self._replicas.values():
+                if replica.pool == pool and not replica.degraded:
+                    mask |= 1 << replica.slot
+            self._healthy[pool] = mask
         return mask
 
     def _take_slot(self, replica_id: str) -> int:
@@ -246,3 +293,4 @@ class KVIndex:
     def _degrade(self, replica: ReplicaEntries) -> None:
         self._holders.clear(replica)
         replica.degraded = True
+        self._healthy.clear()

@@ -2,7 +2,9 @@
 
 An engine's :class:`~core.kv_events.KVEventBatch` carries token ids the index never needs;
 :func:`compact_events` keeps each event's kind, hashes and **medium** (``device``, ``host`` or
-``disk``) as an :class:`IndexOp`. Ops travel as JSON-shaped lists ``[kind, hashes, medium]``;
+``disk``) as an :class:`IndexOp`. With a ``stride`` above 1 (``routing.kv_index_stride``) it
+keeps only the **sampled** hashes (:func:`is_sampled`: divisible by the stride), so a replica
+publishes one block in ``stride`` on average; ``index`` says how a lookup reads them. Ops travel as JSON-shaped lists ``[kind, hashes, medium]``;
 :func:`parse_op` reads them back (a two-element op from an older publisher means ``device``).
 """
 
@@ -18,6 +20,7 @@ OP_STORED, OP_REMOVED, OP_CLEARED = "stored", "removed", "cleared"
 MEDIUM_BITS: Mapping[str, int] = {medium: 1 << i for i, medium in enumerate(MEDIA)}
 """Medium -> its bit in a replica's per-hash media mask."""
 DEVICE_BIT = MEDIUM_BITS["device"]
+HOST_BIT = MEDIUM_BITS["host"]
 LOWER_BITS = MEDIUM_BITS["host"] | MEDIUM_BITS["disk"]
 _LOWER_MEDIA = frozenset(MEDIA[1:])
 
@@ -34,14 +37,23 @@ TierSnapshot = Mapping[str, Sequence[BlockHash]]
 """A replica's lower tiers at a resync: ``{"host": [...], "disk": [...]}``."""
 
 
-def compact_events(events: Iterable[KVEvent]) -> list[IndexOp]:
-    """The index's view of engine events: kinds, hashes and media (token ids dropped)."""
+def is_sampled(block_hash: BlockHash, stride: int) -> bool:
+    """True when the index keeps ``block_hash`` at this stride (every hash at stride 1)."""
+    return block_hash % stride == 0
+
+
+def compact_events(events: Iterable[KVEvent], stride: int = 1) -> list[IndexOp]:
+    """The index's view of engine events: kinds, sampled hashes and media (token ids dropped;
+    an event left without hashes is dropped)."""
     ops: list[IndexOp] = []
     for event in events:
-        if isinstance(event, BlockStored):
-            ops.append(IndexOp(OP_STORED, list(event.block_hashes), event.medium))
-        elif isinstance(event, BlockRemoved):
-            ops.append(IndexOp(OP_REMOVED, list(event.block_hashes), event.medium))
+        if isinstance(event, BlockStored | BlockRemoved):
+            kind = OP_STORED if isinstance(event, BlockStored) else OP_REMOVED
+            hashes = list(event.block_hashes)
+            if stride > 1:
+                hashes = [h for h in hashes if h % stride == 0]
+            if hashes:
+                ops.append(IndexOp(kind, hashes, event.medium))
         elif isinstance(event, AllBlocksCleared):
             ops.append(IndexOp(OP_CLEARED, []))
     return ops

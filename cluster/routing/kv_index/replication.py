@@ -158,8 +158,8 @@ class KVIndexFollower:
     of ``num_shards`` shard servers merged into one index (their replicas never overlap, see
     ``shards``), each followed at its own ``(epoch, cursor)``."""
 
-    def __init__(self, num_shards: int = 1) -> None:
-        self.index = KVIndex()
+    def __init__(self, num_shards: int = 1, stride: int = 1) -> None:
+        self.index = KVIndex(stride=stride)
         self.num_shards = num_shards
         self.epochs: list[str | None] = [None] * num_shards
         self.cursors = [0] * num_shards
