@@ -4,8 +4,9 @@ An engine's :class:`~core.kv_events.KVEventBatch` carries token ids the index ne
 :func:`compact_events` keeps each event's kind, hashes and **medium** (``device``, ``host`` or
 ``disk``) as an :class:`IndexOp`. With a ``stride`` above 1 (``routing.kv_index_stride``) it
 keeps only the **sampled** hashes (:func:`is_sampled`: divisible by the stride), so a replica
-publishes one block in ``stride`` on average; ``index`` says how a lookup reads them. Ops travel as JSON-shaped lists ``[kind, hashes, medium]``;
-:func:`parse_op` reads them back (a two-element op from an older publisher means ``device``).
+publishes one block in ``stride`` on average; ``index`` says how a lookup reads them. Ops
+travel as JSON-shaped lists ``[kind, hashes, medium]``; :func:`parse_op` reads them back (a
+two-element op from an older publisher means ``device``).
 """
 
 from __future__ import annotations
