@@ -153,6 +153,7 @@ class ActorIndexSource:
         )
         now_s = self._clock()
         failure: BaseException | None = None
+        synced = False
         with self._lock:
             for shard, reply in enumerate(replies):
                 if isinstance(reply, BaseException):
@@ -163,7 +164,9 @@ class ActorIndexSource:
                 self.follower.apply_update(reply, shard)
                 self._last_sync_s[shard] = now_s
                 self._lost[shard] = False
-        self._metrics.record_index(self.follower.index.stats())
+                synced = True
+        if synced:
+            self._metrics.record_index(self.follower.index.stats())
         if failure is not None:
             raise failure
 

@@ -58,6 +58,7 @@ class KVIndexServer:
         self._first_cursor = 0  # cursor of self._log[0]
         self._num_log_hashes = 0
         self._last_seen_s: dict[str, float] = {}
+        self._next_expiry_check_s = float("-inf")
 
     @property
     def cursor(self) -> int:
@@ -136,7 +137,13 @@ class KVIndexServer:
         return {**_stats_dict(stats), "num_log_entries": len(self._log)}
 
     def _expire_silent(self) -> None:
-        deadline_s = self._clock() - self.replica_ttl_s
+        """Remove replicas silent for ``replica_ttl_s``; looks at most once a second (or a
+        tenth of the TTL): a thousand replicas must not cost every publish a scan."""
+        now_s = self._clock()
+        if now_s < self._next_expiry_check_s:
+            return
+        self._next_expiry_check_s = now_s + min(1.0, self.replica_ttl_s / 10)
+        deadline_s = now_s - self.replica_ttl_s
         for replica_id, seen_s in list(self._last_seen_s.items()):
             if seen_s < deadline_s:
                 logger.warning("KV index: replica %s silent for too long", replica_id)
