@@ -450,7 +450,7 @@ def lag_run(
     shards = start_shards(app, num_shards)
     replicas = [f"lag-{r}" for r in range(num_replicas)]
     ray.get([shards[shard_of(r, num_shards)].resync.remote(r, "prefill", [], 0) for r in replicas])
-    fleet = ray.remote(num_cpus=0)(PumpFleet).remote()
+    fleet: Any = ray.remote(num_cpus=0)(PumpFleet).remote()
     source = ActorIndexSource(
         app, namespace="pdserve", metrics=RoutingMetrics(), num_shards=num_shards, actors=shards
     )
