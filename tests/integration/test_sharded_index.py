@@ -83,3 +83,13 @@ def test_a_restarted_shard_is_refilled_and_routing_follows_it_again(handle: Any)
     ray.kill(shard, no_restart=False)
     wait_until(lambda: shard_holds(holder, 6), 30.0, "the restarted shard is refilled")
     wait_until(lambda: merged_view_holds(6), 30.0, "a router's view has the prefix again")
+
+
+def test_the_scale_harness_measures_lag_through_real_shards(sim_cluster: SimCluster) -> None:
+    """``benchmarks/control_plane_scale.py``'s lag run, small: a pump fleet in its own actor,
+    two shard actors, a router's view; every batch reaches the view."""
+    from benchmarks.control_plane_scale import lag_run
+
+    run = lag_run(4, 2, 1, [2000.0] * 4, 0.5, warm_s=0.2)
+    assert run["batches_not_seen"] == 0 and run["calls_per_s"] > 0
+    assert 0 < run["lag_p50_ms"] <= run["lag_p99_ms"] < 5000
