@@ -27,7 +27,8 @@ Measured, in one run:
 - ``index_bytes_per_block``: traced Python memory of an index of 1,024 such replicas over its
   (block, replica) entries; the follower's replay rate (what every router pays per event);
 - ``ingest``: events/s one shard and two shards apply on this machine's cores, each call
-  carrying ``--events-per-call`` events (a pump's coalesced batch under load);
+  carrying ``--events-per-call`` events (a pump's coalesced batch under load), and the calls/s
+  one shard takes when each carries only 10 (its fixed cost per call);
 - ``lag``: for a fleet at the stated rates, p50/p99 from an event's emission to its appearance in
   a router's view, and the offered rate; a sweep finds the highest offered rate with lag p99
   under 100 ms for one shard;
@@ -339,8 +340,12 @@ def start_shards(app: str, num_shards: int) -> list[Any]:
     ]
 
 
-def measure_ingest(num_shards: int, args: argparse.Namespace) -> dict[str, float]:
-    """Events/s the shards apply when every replica's calls are queued at once (saturation)."""
+def measure_ingest(
+    num_shards: int, args: argparse.Namespace, events_per_call: int | None = None
+) -> dict[str, float]:
+    """Events/s (and calls/s) the shards apply when every replica's calls are queued at once
+    (saturation); ``events_per_call`` defaults to ``--events-per-call``."""
+    events_per_call = events_per_call or args.events_per_call
     import ray
 
     from cluster.routing.kv_index.actor import kill_index_actor
@@ -357,7 +362,7 @@ def measure_ingest(num_shards: int, args: argparse.Namespace) -> dict[str, float
         stream = _ReplicaStream(rng, 4000)
         calls = []
         for _ in range(args.ingest_calls):
-            batch = stream.batch(args.events_per_call)
+            batch = stream.batch(events_per_call)
             num_events += sum(len(op[1]) for op in batch["ops"])
             calls.append(ray.put([batch]))
         payloads[replica] = calls
@@ -372,7 +377,11 @@ def measure_ingest(num_shards: int, args: argparse.Namespace) -> dict[str, float
     if any(reply.get("resync") for reply in replies):
         raise RuntimeError("a shard asked for a resync: the ingest stream has a gap")
     kill_index_actor(app)
-    return {"events_per_s": round(num_events / elapsed), "seconds": round(elapsed, 2)}
+    return {
+        "events_per_s": round(num_events / elapsed),
+        "calls_per_s": round(len(refs) / elapsed),
+        "seconds": round(elapsed, 2),
+    }
 
 
 class PumpFleet:
@@ -608,7 +617,8 @@ def main(argv: Sequence[str]) -> int:
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     try:
         ingest = {str(s): measure_ingest(s, args) for s in (1, 2)}
-        print(f"ingest: {ingest}", flush=True)
+        small_calls = measure_ingest(1, args, events_per_call=10)
+        print(f"ingest: {ingest}; 10-event calls, 1 shard: {small_calls}", flush=True)
         capacity, sweep = sweep_capacity(
             [float(x) for x in args.sweep.split(",")], args.sweep_replicas, args.lag_seconds / 2
         )
@@ -624,6 +634,7 @@ def main(argv: Sequence[str]) -> int:
         "ingest_events_per_s_1shard": ingest["1"]["events_per_s"],
         "ingest_events_per_s_2shards": ingest["2"]["events_per_s"],
         "shard_scaling_2": round(ingest["2"]["events_per_s"] / ingest["1"]["events_per_s"], 2),
+        "calls_per_s_1shard": small_calls["calls_per_s"],
         f"route_p99_ms_8k_{largest}": route[largest][key_tokens]["p99_ms"],
         f"route_p50_ms_8k_{largest}": route[largest][key_tokens]["p50_ms"],
         "route_ms": route,
