@@ -120,6 +120,22 @@ class Holders:
         others = [d for b, d in media.items() if b != bit and d]
         slot = replica.slot
         gone_hashes = 0
+        if not others:  # the common case: no other medium to consult
+            for block_hash in hashes:
+                value = target.get(block_hash)
+                if value == slot:
+                    del target[block_hash]
+                    gone_hashes += 1
+                elif value is not None and value < 0 and (~value >> slot) & 1:
+                    rest = _without(value, slot)
+                    assert rest is not None  # a mask holds two slots or more
+                    target[block_hash] = rest
+                else:
+                    continue
+                replica.num_entries -= 1
+            self._num_hashes[replica.pool] -= gone_hashes
+            self._compact_if_stale(replica, media)
+            return
         for block_hash in hashes:
             value = target.get(block_hash)
             if not _holds(value, slot):
@@ -135,6 +151,12 @@ class Holders:
             if not any(_holds(d.get(block_hash), slot) for d in others):
                 replica.num_entries -= 1
         self._num_hashes[replica.pool] -= gone_hashes
+        self._compact_if_stale(replica, media)
+
+    def _compact_if_stale(
+        self, replica: ReplicaEntries, media: dict[int, dict[BlockHash, Encoded]]
+    ) -> None:
+        """Rewrite the replica's log once stale entries outnumber its live ones."""
         if len(replica.log) > 2 * replica.num_entries + _COMPACT_SLACK:
             replica.log = array("Q", self._live(replica, media))
 

@@ -62,7 +62,7 @@ def compact_events(events: Iterable[KVEvent], stride: int = 1) -> list[IndexOp]:
 
 def parse_op(raw: Sequence[Any]) -> IndexOp:
     """An op from its JSON shape; unknown kinds and media are refused with a ValueError."""
-    kind, hashes = str(raw[0]), [int(h) for h in raw[1]]
+    kind, hashes = str(raw[0]), list(map(int, raw[1]))
     medium = str(raw[2]) if len(raw) > 2 else "device"
     if kind not in (OP_STORED, OP_REMOVED, OP_CLEARED):
         raise ValueError(f"unknown KV index op kind {kind!r}")
