@@ -1,6 +1,7 @@
 """The tuned policies decide exactly as the plain reference (``policy_reference.py``): same
 ranking, reason and cached-block count for random pools, loads, cache and tier hits, degraded
-replicas, session pins and tie breaks, and for one pool of a thousand candidates.
+replicas, session pins and tie breaks, and for one pool of a thousand candidates; and the same
+costs, bit for bit.
 
 Inputs keep the shape the router builds: candidate ids are distinct and hit counts are not
 negative. Numbers are drawn from small sets so costs tie often (the tie order is part of the
@@ -17,6 +18,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cluster.routing import policies
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.policies import (
     choose_least_loaded,
@@ -151,6 +153,17 @@ def test_the_policies_decide_as_the_reference(
     )
     assert choose_least_loaded(routing, weights) == reference.choose_least_loaded(routing, weights)
     assert choose_round_robin(routing) == reference.choose_round_robin(routing)
+    # and every cost to the last bit: one that rounds differently ties differently elsewhere
+    rotated = policies._rotated(routing)
+    costs, _ = policies._total_costs(rotated, policies.usable_hits(routing), routing, weights)
+    hits = reference.usable_hits(routing)
+    expected = [
+        reference._total_cost(c, hits.get(c.replica_id, 0), routing, weights) for c in rotated
+    ]
+    assert list(map(float.hex, costs)) == list(map(float.hex, expected))
+    load_costs = policies._load_costs(rotated, weights, routing.block_size)
+    expected = [reference.load_cost(c, weights, routing.block_size) for c in rotated]
+    assert list(map(float.hex, load_costs)) == list(map(float.hex, expected))
 
 
 def test_a_thousand_candidates_decide_as_the_reference() -> None:
