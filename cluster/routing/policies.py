@@ -17,6 +17,12 @@
 
 Prefill and decode run the same function with different :class:`CostWeights` (see
 ``CostWeights.for_role``). The classes wrap the functions behind the ``RoutingPolicy`` protocol.
+
+A decision must stay well under a millisecond at a thousand candidates, so the pool is walked
+once, in one loop that inlines the load terms and reads the per-decision constants once;
+everything else walks the index's answer (the few cache holders) instead of the pool. The
+plain version of these rules is kept in ``tests/unit/routing/policy_reference.py``, and every
+decision, and every cost to the bit, must equal it.
 """
 
 from __future__ import annotations
@@ -46,14 +52,20 @@ def load_cost(load: ReplicaLoad, weights: CostWeights, block_size: int) -> float
 
 
 def usable_hits(inputs: RoutingInputs) -> dict[str, int]:
-    """Cache hits the policy may trust: none without an index, none for degraded replicas."""
+    """Cache hits the policy may trust: none without an index, none for degraded replicas, at
+    most the prompt's blocks; a replica missing from the result has no usable block. Walks the
+    index's answer (the few holders), not the pool (maybe a thousand candidates), so it may
+    name replicas that are not candidates: the policy only ever looks candidates up."""
     if not inputs.index_available:
         return {}
-    return {
-        c.replica_id: min(inputs.cache_hits.get(c.replica_id, 0), inputs.num_prompt_blocks)
-        for c in inputs.candidates
-        if c.replica_id not in inputs.degraded_replica_ids
-    }
+    degraded_ids = inputs.degraded_replica_ids
+    num_prompt_blocks = inputs.num_prompt_blocks
+    hits: dict[str, int] = {}
+    for replica_id, num_hit_blocks in inputs.cache_hits.items():
+        num_usable = min(num_hit_blocks, num_prompt_blocks)
+        if num_usable and replica_id not in degraded_ids:
+            hits[replica_id] = num_usable
+    return hits
 
 
 def _rotated(inputs: RoutingInputs) -> list[ReplicaLoad]:
@@ -85,10 +97,8 @@ def choose_round_robin(inputs: RoutingInputs) -> RoutingDecision:
 def choose_least_loaded(inputs: RoutingInputs, weights: CostWeights) -> RoutingDecision:
     """Candidates by :func:`load_cost` (cache ignored), ties rotated."""
     rotated = _rotated(inputs)
-    order = sorted(
-        range(len(rotated)), key=lambda i: (load_cost(rotated[i], weights, inputs.block_size), i)
-    )
-    ranked = [rotated[i].replica_id for i in order]
+    costs = _load_costs(rotated, weights, inputs.block_size)
+    ranked = [rotated[i].replica_id for i in _by_cost(costs)]
     return _decision(inputs, ranked, RoutingReason.LEAST_LOADED, usable_hits(inputs))
 
 
@@ -98,19 +108,13 @@ def choose_prefix_aware(
     """Cache affinity against load; see the module docstring for the rules."""
     rotated = _rotated(inputs)
     hits = usable_hits(inputs)
-    costs = [_total_cost(c, hits.get(c.replica_id, 0), inputs, weights) for c in rotated]
-    ranked = [rotated[i].replica_id for i in sorted(range(len(rotated)), key=lambda i: costs[i])]
-    by_id = {c.replica_id: c for c in rotated}
-    pin = inputs.session_pin
-    if (
-        pin is not None
-        and inputs.now_s < pin.expires_at_s
-        and pin.replica_id in by_id
-        and not hot_spot.is_overloaded(by_id[pin.replica_id])
-    ):
-        ranked.remove(pin.replica_id)
-        return _decision(inputs, [pin.replica_id, *ranked], RoutingReason.SESSION_AFFINITY, hits)
-    hot = _hot_spot(rotated, hits, hot_spot)
+    costs, holders = _total_costs(rotated, hits, inputs, weights)
+    ranked = [rotated[i].replica_id for i in _by_cost(costs)]
+    pinned = _live_pin(rotated, inputs, hot_spot)
+    if pinned is not None:
+        ranked.remove(pinned)
+        return _decision(inputs, [pinned, *ranked], RoutingReason.SESSION_AFFINITY, hits)
+    hot = _hot_spot(rotated, holders, hits, hot_spot)
     if hot is not None:
         was_first = ranked[0] == hot
         ranked.remove(hot)
@@ -118,6 +122,27 @@ def choose_prefix_aware(
         if was_first:
             return _decision(inputs, ranked, RoutingReason.HOT_SPOT_AVOIDED, hits)
     return _decision(inputs, ranked, _plain_reason(inputs, hits, ranked[0]), hits)
+
+
+def _by_cost(costs: list[float]) -> list[int]:
+    """Indexes by cost, equal costs in index order: ``sorted`` is stable (and only ever asks
+    whether a later key is less than an earlier one), so a plain float key ranks exactly as a
+    ``(cost, index)`` key, without building and comparing a thousand tuples."""
+    return sorted(range(len(costs)), key=costs.__getitem__)
+
+
+def _live_pin(
+    candidates: list[ReplicaLoad], inputs: RoutingInputs, hot_spot: HotSpotConfig
+) -> str | None:
+    """The session's pinned replica while the pin lasts, it is a candidate and not overloaded.
+    A list comprehension over the whole pool beats a generator stopping at the pin."""
+    pin = inputs.session_pin
+    if pin is None or not inputs.now_s < pin.expires_at_s:
+        return None
+    pinned = [c for c in candidates if c.replica_id == pin.replica_id]
+    if not pinned or hot_spot.is_overloaded(pinned[-1]):
+        return None
+    return pin.replica_id
 
 
 def lower_tier_cost(load: ReplicaLoad, hit: TierHit, weights: CostWeights) -> float:
@@ -128,37 +153,104 @@ def lower_tier_cost(load: ReplicaLoad, hit: TierHit, weights: CostWeights) -> fl
     return hit.num_host * host + hit.num_disk * disk
 
 
-def _total_cost(
-    load: ReplicaLoad, num_hit_blocks: int, inputs: RoutingInputs, weights: CostWeights
+def _load_costs(
+    candidates: list[ReplicaLoad], weights: CostWeights, block_size: int
+) -> list[float]:
+    """:func:`load_cost` of every candidate, in one loop with the weights read once and
+    ``kv_usage`` and ``num_requests`` inlined (a call per candidate is most of the time at a
+    thousand candidates). The arithmetic is load_cost's, term for term and in the same order,
+    so costs tie exactly as they do there (``test_policy_equivalence`` holds them together)."""
+    active_block, request, kv_usage = weights.active_block, weights.request, weights.kv_usage
+    block_size = max(block_size, 1)
+    costs: list[float] = []
+    for load in candidates:
+        num_used, num_free = load.num_used_blocks, load.num_free_blocks
+        num_total = 0 if num_free is None else num_used + num_free
+        usage = num_used / num_total if num_total > 0 else 0.0
+        costs.append(
+            active_block * load.num_active_tokens / block_size
+            + request * (load.num_running_requests + load.num_queued_requests)
+            + kv_usage * usage
+        )
+    return costs
+
+
+def _total_costs(
+    candidates: list[ReplicaLoad], hits: dict[str, int], inputs: RoutingInputs, weights: CostWeights
+) -> tuple[list[float], list[ReplicaLoad]]:
+    """Every candidate's cost, and the candidates with a hit (in order) for the hot-spot rule.
+
+    A cost is the whole prompt uncached plus the load (:func:`_load_costs`'s arithmetic,
+    inlined again: one loop over the pool instead of two), plus ``no_room`` when the free
+    blocks cannot hold the prompt. The few candidates with a hit take :func:`_hit_cost`; the
+    rest cost one ``hits`` lookup and no ``tier_hits`` lookup."""
+    active_block, request, kv_usage = weights.active_block, weights.request, weights.kv_usage
+    block_size = max(inputs.block_size, 1)
+    num_needed = -(-max(inputs.num_prompt_tokens, 1) // block_size)
+    uncached_cost = weights.uncached_block * inputs.num_prompt_blocks
+    no_room = weights.no_room
+    costs: list[float] = []
+    holders: list[ReplicaLoad] = []
+    for load in candidates:
+        num_used, num_free = load.num_used_blocks, load.num_free_blocks
+        num_total = 0 if num_free is None else num_used + num_free
+        usage = num_used / num_total if num_total > 0 else 0.0
+        load_part = (
+            active_block * load.num_active_tokens / block_size
+            + request * (load.num_running_requests + load.num_queued_requests)
+            + kv_usage * usage
+        )
+        if load.replica_id in hits:
+            holders.append(load)
+            cost = _hit_cost(load, hits[load.replica_id], load_part, num_needed, inputs, weights)
+        else:
+            cost = uncached_cost + load_part
+            if num_free is not None and num_free < num_needed:
+                cost += no_room
+        costs.append(cost)
+    return costs, holders
+
+
+def _hit_cost(
+    load: ReplicaLoad,
+    num_hit_blocks: int,
+    load_part: float,
+    num_needed: int,
+    inputs: RoutingInputs,
+    weights: CostWeights,
 ) -> float:
+    """The cost of a candidate caching ``num_hit_blocks`` leading blocks: those on its host or
+    disk tier count at :func:`lower_tier_cost`, and only those on its device take no room."""
     num_uncached: float = inputs.num_prompt_blocks - num_hit_blocks
     num_on_device = num_hit_blocks
     tier_hit = inputs.tier_hits.get(load.replica_id)
-    if num_hit_blocks and tier_hit is not None:
+    if tier_hit is not None:
         num_uncached += lower_tier_cost(load, tier_hit, weights)
         num_on_device = max(0, num_hit_blocks - tier_hit.num_host - tier_hit.num_disk)
-    cost = weights.uncached_block * num_uncached + load_cost(load, weights, inputs.block_size)
-    num_needed = -(-max(inputs.num_prompt_tokens, 1) // max(inputs.block_size, 1))
+    cost = weights.uncached_block * num_uncached + load_part
     if load.num_free_blocks is not None and load.num_free_blocks < num_needed - num_on_device:
         cost += weights.no_room
     return cost
 
 
 def _hot_spot(
-    candidates: list[ReplicaLoad], hits: dict[str, int], hot_spot: HotSpotConfig
+    candidates: list[ReplicaLoad],
+    holders: list[ReplicaLoad],
+    hits: dict[str, int],
+    hot_spot: HotSpotConfig,
 ) -> str | None:
-    """The best cache holder when it is overloaded while another candidate is idle."""
-    if len(candidates) < 2:
+    """The best cache holder (the first of ``holders`` holding the most blocks) when it is
+    overloaded while another candidate is idle."""
+    if len(candidates) < 2 or not holders:
         return None
-    best = max(candidates, key=lambda c: hits.get(c.replica_id, 0))
-    if hits.get(best.replica_id, 0) == 0 or not hot_spot.is_overloaded(best):
-        return None
-    if any(hot_spot.is_idle(c) for c in candidates if c is not best):
-        return best.replica_id
+    best = max(holders, key=lambda c: hits[c.replica_id])
+    if hits[best.replica_id] > 0 and hot_spot.is_overloaded(best):
+        return best.replica_id if hot_spot.any_idle(candidates, besides=best) else None
     return None
 
 
 def _plain_reason(inputs: RoutingInputs, hits: dict[str, int], chosen: str) -> RoutingReason:
+    # stops at the first fresh candidate: the first one, unless the index is mostly degraded
     all_degraded = all(c.replica_id in inputs.degraded_replica_ids for c in inputs.candidates)
     if not inputs.index_available or all_degraded:
         return RoutingReason.DEGRADED_INDEX

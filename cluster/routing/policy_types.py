@@ -10,7 +10,7 @@ per pool role because prefill optimises cache affinity and decode optimises load
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from cluster.routing.kv_index.holders import TierHit
@@ -147,3 +147,10 @@ class HotSpotConfig:
     def is_idle(self, load: ReplicaLoad) -> bool:
         """True when ``load`` has (almost) nothing to do."""
         return load.num_requests <= self.idle_requests and load.num_active_tokens == 0
+
+    def any_idle(self, loads: Iterable[ReplicaLoad], besides: ReplicaLoad) -> bool:
+        """True when one of ``loads`` other than ``besides`` is idle. Only a replica without
+        active tokens can be, and a list comprehension finds those several times faster than
+        calling :meth:`is_idle` on each of a thousand busy candidates."""
+        unoccupied = [load for load in loads if load.num_active_tokens == 0]
+        return any(self.is_idle(load) for load in unoccupied if load is not besides)

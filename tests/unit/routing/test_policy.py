@@ -109,6 +109,15 @@ def test_hot_spot_by_kv_usage() -> None:
     assert decision.reason is RoutingReason.HOT_SPOT_AVOIDED
 
 
+def test_a_holder_idle_but_full_is_not_its_own_idle_peer() -> None:
+    full_idle_a = ReplicaLoad("a", num_used_blocks=97, num_free_blocks=3)
+    busy_b = ReplicaLoad("b", num_active_tokens=BLOCK_SIZE, num_running_requests=1)
+    decision = choose_prefix_aware(
+        inputs(full_idle_a, busy_b, hits={"a": 8}), CostWeights(kv_usage=0.0), HotSpotConfig()
+    )
+    assert (decision.replica_id, decision.reason) == ("a", RoutingReason.CACHE_HIT)
+
+
 def test_session_affinity_holds_until_the_ttl() -> None:
     pin = SessionPin("c", expires_at_s=1500.0)
     decision = prefix_aware(inputs(IDLE_A, IDLE_B, IDLE_C, hits={"a": 8}, session_pin=pin))
