@@ -230,6 +230,7 @@ def measure_routing(
         for r in range(num_replicas)
     ]
     loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # Serve's pending requests create futures on the current loop
     results: dict[str, dict[str, float]] = {}
     try:
         for num_tokens in prompt_tokens:
@@ -250,6 +251,7 @@ def measure_routing(
                 "p99_ms": round(_quantile(latencies, 0.99) * 1e3, 3),
             }
     finally:
+        asyncio.set_event_loop(None)
         loop.close()
     return results
 
