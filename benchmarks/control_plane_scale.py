@@ -26,9 +26,10 @@ Measured, in one run:
   70% of requests continue a session, 30% start one);
 - ``index_bytes_per_block``: traced Python memory of an index of 1,024 such replicas over its
   (block, replica) entries; the follower's replay rate (what every router pays per event);
-- ``ingest``: events/s one shard and two shards apply on this machine's cores, each call
-  carrying ``--events-per-call`` events (a pump's coalesced batch under load), and the calls/s
-  one shard takes when each carries only 10 (its fixed cost per call);
+- ``ingest``: events/s one shard and two shards apply on this machine's cores when every
+  replica of a fleet at the stated rates has its calls queued, each call carrying ``--cycle-ms``
+  of its replica's events (a loaded pump's batch: 625 for prefill, 4,125 for decode at 50 ms),
+  and the calls/s one shard takes when each carries only 10 (its fixed cost per call);
 - ``lag``: for a fleet at the stated rates, p50/p99 from an event's emission to its appearance in
   a router's view, and the offered rate; a sweep finds the highest offered rate with lag p99
   under 100 ms for one shard;
@@ -111,7 +112,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--blocks-per-replica", type=int, default=2000)
     p.add_argument("--decisions", type=int, default=300, help="Per (N, prompt length).")
     p.add_argument("--memory-replicas", type=int, default=1024)
-    p.add_argument("--events-per-call", type=int, default=1000)
+    p.add_argument(
+        "--cycle-ms",
+        type=float,
+        default=50.0,
+        help="A loaded pump's time between calls: each ingest call carries this much of its "
+        "replica's events.",
+    )
     p.add_argument("--ingest-replicas", type=int, default=64)
     p.add_argument("--ingest-calls", type=int, default=40, help="Per replica.")
     p.add_argument("--lag-replicas", type=int, default=256)
@@ -292,7 +299,7 @@ def measure_replay(args: argparse.Namespace) -> dict[str, float]:
     num_events = 0
     for _ in range(40):
         for replica in replicas:
-            batch = streams[replica].batch(args.events_per_call // 4)
+            batch = streams[replica].batch(250)
             num_events += sum(len(op[1]) for op in batch["ops"])
             server.publish(replica, [batch])
     update = server.updates(follower.epoch, follower.cursor)
@@ -342,12 +349,23 @@ def start_shards(app: str, num_shards: int) -> list[Any]:
     ]
 
 
+def call_sizes(num_replicas: int, rates: Rates, cycle_s: float) -> list[int]:
+    """Events per call of each replica of a fleet at the stated rates whose pumps each send
+    once per ``cycle_s`` (prefill replicas first, in the planner's proportion)."""
+    num_prefill = round(num_replicas * rates.prefill_share)
+    return [
+        round(
+            cycle_s * (rates.prefill_events_per_s if r < num_prefill else rates.decode_events_per_s)
+        )
+        for r in range(num_replicas)
+    ]
+
+
 def measure_ingest(
-    num_shards: int, args: argparse.Namespace, events_per_call: int | None = None
+    num_shards: int, args: argparse.Namespace, sizes: Sequence[int]
 ) -> dict[str, float]:
     """Events/s (and calls/s) the shards apply when every replica's calls are queued at once
-    (saturation); ``events_per_call`` defaults to ``--events-per-call``."""
-    events_per_call = events_per_call or args.events_per_call
+    (saturation), replica ``r`` sending ``sizes[r]`` events per call."""
     import ray
 
     from cluster.routing.kv_index.actor import kill_index_actor
@@ -356,17 +374,17 @@ def measure_ingest(
     app = f"cps-ingest-{num_shards}"
     shards = start_shards(app, num_shards)
     rng = random.Random(args.seed)
-    replicas = [f"ingest-{r}" for r in range(args.ingest_replicas)]
+    replicas = [f"ingest-{r}" for r in range(len(sizes))]
     ray.get([shards[shard_of(r, num_shards)].resync.remote(r, "prefill", [], 0) for r in replicas])
     payloads: dict[str, list[Any]] = {}
     num_events = 0
-    for replica in replicas:
-        stream = _ReplicaStream(rng, 4000)
+    for replica, size in zip(replicas, sizes, strict=True):
+        stream = _ReplicaStream(rng, 4 * size)
         calls = []
         for _ in range(args.ingest_calls):
-            batch = stream.batch(events_per_call)
+            batch = stream.batch(size)
             num_events += sum(len(op[1]) for op in batch["ops"])
-            calls.append(ray.put([batch]))
+            calls.append([batch])  # inline, as a pump sends it (not through the object store)
         payloads[replica] = calls
     started = time.perf_counter()
     refs = [
@@ -618,8 +636,9 @@ def main(argv: Sequence[str]) -> int:
     print(f"memory: {memory}; replay: {replay}; stats board: {board}", flush=True)
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     try:
-        ingest = {str(s): measure_ingest(s, args) for s in (1, 2)}
-        small_calls = measure_ingest(1, args, events_per_call=10)
+        sizes = call_sizes(args.ingest_replicas, rates, args.cycle_ms / 1e3)
+        ingest = {str(s): measure_ingest(s, args, sizes) for s in (1, 2)}
+        small_calls = measure_ingest(1, args, [10] * args.ingest_replicas)
         print(f"ingest: {ingest}; 10-event calls, 1 shard: {small_calls}", flush=True)
         capacity, sweep = sweep_capacity(
             [float(x) for x in args.sweep.split(",")], args.sweep_replicas, args.lag_seconds / 2
@@ -657,7 +676,7 @@ def main(argv: Sequence[str]) -> int:
             "fleet_1024": round(rates.events_per_s(1024)),
         },
         "stats_board_1024": board,
-        "events_per_call": args.events_per_call,
+        "ingest_events_per_call": {"prefill": min(sizes), "decode": max(sizes)},
     }
     print(json.dumps(result))
     return 0
