@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import random
 import sys
 import time
@@ -361,11 +362,40 @@ def call_sizes(num_replicas: int, rates: Rates, cycle_s: float) -> list[int]:
     ]
 
 
+def measure_ingest_stream(
+    num_shards: int, args: argparse.Namespace, sizes: Sequence[int]
+) -> dict[str, float]:
+    """Events/s (and frames/s) the shards apply when every replica streams its batches back to
+    back (saturation), replica ``r`` sending ``sizes[r]`` events per frame."""
+    import ray
+
+    from cluster.routing.kv_index.actor import kill_index_actor
+    from cluster.routing.kv_index.shards import shard_of
+
+    app = f"cps-stream-{num_shards}"
+    shards = start_shards(app, num_shards)
+    replicas = [f"stream-{r}" for r in range(len(sizes))]
+    ray.get([shards[shard_of(r, num_shards)].resync.remote(r, "prefill", [], 0) for r in replicas])
+    endpoints = ray.get([shard.stream_endpoint.remote() for shard in shards])
+    fleet: Any = ray.remote(num_cpus=0)(PumpFleet).remote()
+    num_events, elapsed = ray.get(
+        fleet.blast.remote(endpoints, replicas, list(sizes), args.ingest_calls, args.seed)
+    )
+    ray.kill(fleet)
+    kill_index_actor(app)
+    return {
+        "events_per_s": round(num_events / elapsed),
+        "calls_per_s": round(len(replicas) * args.ingest_calls / elapsed),
+        "seconds": round(elapsed, 2),
+    }
+
+
 def measure_ingest(
     num_shards: int, args: argparse.Namespace, sizes: Sequence[int]
 ) -> dict[str, float]:
-    """Events/s (and calls/s) the shards apply when every replica's calls are queued at once
-    (saturation), replica ``r`` sending ``sizes[r]`` events per call."""
+    """The peer: events/s (and calls/s) the shards apply through one Ray actor call per batch
+    when every replica's calls are queued at once (saturation), replica ``r`` sending
+    ``sizes[r]`` events per call."""
     import ray
 
     from cluster.routing.kv_index.actor import kill_index_actor
@@ -404,48 +434,120 @@ def measure_ingest(
     }
 
 
+class _AsyncStream:
+    """A replica's KV event stream to its shard from an event loop (the same frames and
+    answers as ``stream.StreamClient``, which a pump thread uses)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, endpoint: tuple[str, int, bytes], replica_id: str) -> _AsyncStream:
+        from cluster.routing.kv_index.stream import encode_hello
+
+        host, port, token = endpoint
+        reader, writer = await asyncio.open_connection(host, port)
+        stream = cls(reader, writer)
+        await stream.send(encode_hello(token, replica_id))
+        return stream
+
+    async def send(self, frame: bytes) -> int:
+        """Send one frame; its one-byte answer."""
+        self.writer.write(frame)
+        await self.writer.drain()
+        reply = (await self.reader.readexactly(1))[0]
+        if reply == 2:
+            raise ConnectionRefusedError("the shard refused a frame")
+        return reply
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.writer.close()
+
+
 class PumpFleet:
-    """Simulated replicas publishing like ``KVEventPump`` (one call in flight, coalescing
-    ``FLUSH_S``), run in a Ray actor of their own so that the router's view (the driver) and
-    the shards do not share its interpreter. Returns each batch's ``(replica, seq, emitted)``:
-    ``emitted`` is when its oldest event was (``time.monotonic``, one clock per machine)."""
+    """Simulated replicas publishing like ``KVEventPump`` (one frame in flight on their KV
+    event stream, coalescing ``FLUSH_S``), run in a Ray actor of their own so that the router's
+    view (the driver) and the shards do not share its interpreter."""
 
     async def run(
         self,
-        shards: list[Any],
+        endpoints: list[tuple[str, int, bytes]],
         replicas: list[str],
         events_per_s: list[float],
         stride: int,
         start_at: float,
         stop_at: float,
     ) -> tuple[list[tuple[str, int, float]], int]:
-        """Publish from every replica between ``start_at`` and ``stop_at``; returns the batches
-        and the events offered."""
+        """Publish from every replica between ``start_at`` and ``stop_at``; returns each
+        batch's ``(replica, seq, emitted)`` (``emitted``: when its oldest event was, on
+        ``time.monotonic``, one clock per machine) and the events offered."""
         from cluster.routing.kv_index.shards import shard_of
+        from cluster.routing.kv_index.stream import encode_batches
 
         emitted: list[tuple[str, int, float]] = []
         offered = [0]
 
         async def replica(name: str, rate: float, seed: int) -> None:
             rng = random.Random(seed)
-            stream = _ReplicaStream(rng, 4000, stride)
-            shard = shards[shard_of(name, len(shards))]
+            events = _ReplicaStream(rng, 4000, stride)
+            stream = await _AsyncStream.open(endpoints[shard_of(name, len(endpoints))], name)
             await asyncio.sleep(max(0.0, start_at - time.monotonic()) + rng.random() * FLUSH_S)
             last = time.monotonic()
             while time.monotonic() < stop_at:
                 await asyncio.sleep(FLUSH_S)
                 now = time.monotonic()
                 num_events = max(1, round(rate * (now - last)))
-                batch = stream.batch(num_events)
+                batch = events.batch(num_events)
                 emitted.append((name, batch["replica_seq"], last))
                 offered[0] += num_events
                 last = now
-                await shard.publish.remote(name, [batch])
+                await stream.send(encode_batches([batch]))
+            stream.close()
 
         await asyncio.gather(
             *(replica(n, r, i) for i, (n, r) in enumerate(zip(replicas, events_per_s, strict=True)))
         )
         return emitted, offered[0]
+
+    async def blast(
+        self,
+        endpoints: list[tuple[str, int, bytes]],
+        replicas: list[str],
+        sizes: list[int],
+        num_calls: int,
+        seed: int,
+    ) -> tuple[int, float]:
+        """Every replica sends ``num_calls`` frames of ``sizes[r]`` events back to back (one
+        in flight each, all replicas at once); the events sent and the seconds it took."""
+        from cluster.routing.kv_index.shards import shard_of
+        from cluster.routing.kv_index.stream import encode_batches
+
+        os.nice(19)  # it stands in for replicas on other machines: the shards come first
+        rng = random.Random(seed)
+        frames: dict[str, list[bytes]] = {}
+        num_events = 0
+        for name, size in zip(replicas, sizes, strict=True):
+            events = _ReplicaStream(rng, 4 * size)
+            batches = [events.batch(size) for _ in range(num_calls)]
+            num_events += sum(len(op[1]) for b in batches for op in b["ops"])
+            frames[name] = [encode_batches([b]) for b in batches]
+        streams = {
+            name: await _AsyncStream.open(endpoints[shard_of(name, len(endpoints))], name)
+            for name in replicas
+        }
+
+        async def send_all(name: str) -> None:
+            for frame in frames[name]:
+                if await streams[name].send(frame) != 0:
+                    raise RuntimeError(f"replica {name}: the shard asked for a resync")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(send_all(name) for name in replicas))
+        elapsed = time.perf_counter() - started
+        for stream in streams.values():
+            stream.close()
+        return num_events, elapsed
 
 
 async def _router_view(
@@ -490,7 +592,8 @@ def lag_run(
     )
     start_at = time.monotonic() + 0.5
     warm_until, stop_at = start_at + warm_s, start_at + warm_s + seconds
-    run = fleet.run.remote(shards, replicas, events_per_s, stride, start_at, stop_at)
+    endpoints = ray.get([shard.stream_endpoint.remote() for shard in shards])
+    run = fleet.run.remote(endpoints, replicas, events_per_s, stride, start_at, stop_at)
     views = asyncio.run(_router_view(source, replicas, stop_at + 0.5))
     emitted, offered = ray.get(run)
     ray.kill(fleet)
@@ -637,9 +740,12 @@ def main(argv: Sequence[str]) -> int:
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     try:
         sizes = call_sizes(args.ingest_replicas, rates, args.cycle_ms / 1e3)
-        ingest = {str(s): measure_ingest(s, args, sizes) for s in (1, 2)}
+        ingest = {str(s): measure_ingest_stream(s, args, sizes) for s in (1, 2)}
+        small_frames = measure_ingest_stream(1, args, [10] * args.ingest_replicas)
+        print(f"ingest (streams): {ingest}; 10-event frames, 1 shard: {small_frames}")
+        by_calls = {str(s): measure_ingest(s, args, sizes) for s in (1, 2)}
         small_calls = measure_ingest(1, args, [10] * args.ingest_replicas)
-        print(f"ingest: {ingest}; 10-event calls, 1 shard: {small_calls}", flush=True)
+        print(f"ingest (actor calls): {by_calls}; 10-event calls: {small_calls}", flush=True)
         capacity, sweep = sweep_capacity(
             [float(x) for x in args.sweep.split(",")], args.sweep_replicas, args.lag_seconds / 2
         )
@@ -655,7 +761,18 @@ def main(argv: Sequence[str]) -> int:
         "ingest_events_per_s_1shard": ingest["1"]["events_per_s"],
         "ingest_events_per_s_2shards": ingest["2"]["events_per_s"],
         "shard_scaling_2": round(ingest["2"]["events_per_s"] / ingest["1"]["events_per_s"], 2),
-        "calls_per_s_1shard": small_calls["calls_per_s"],
+        "frames_per_s_1shard": small_frames["calls_per_s"],
+        "actor_calls": {
+            "ingest_events_per_s_1shard": by_calls["1"]["events_per_s"],
+            "ingest_events_per_s_2shards": by_calls["2"]["events_per_s"],
+            "shard_scaling_2": round(
+                by_calls["2"]["events_per_s"] / by_calls["1"]["events_per_s"], 2
+            ),
+            "calls_per_s_1shard": small_calls["calls_per_s"],
+        },
+        "stream_over_actor_calls_1shard": round(
+            ingest["1"]["events_per_s"] / by_calls["1"]["events_per_s"], 2
+        ),
         f"route_p99_ms_8k_{largest}": route[largest][key_tokens]["p99_ms"],
         f"route_p50_ms_8k_{largest}": route[largest][key_tokens]["p50_ms"],
         "route_ms": route,

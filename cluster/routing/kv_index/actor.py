@@ -4,7 +4,10 @@ One actor per Serve application (name ``pdserve-kv-index-<app>`` in namespace ``
 with ``routing.kv_index_shards: S`` one per shard (``pdserve-kv-index-<app>-shard<k>of<S>``, each
 following the replicas ``shards.shard_of`` gives it), created on first use by whichever side
 needs it first (``get_if_exists``), with 0 CPUs.
-Detached so that it does not share the fate of the replica that happened to create it; a
+Each shard also listens for its replicas' KV event streams (``stream``: one TCP connection per
+replica, batches as packed frames), which is how batches reach it; registrations, snapshots,
+removals and the routers' polls are actor calls. Detached so that it does not share the fate
+of the replica that happened to create it; a
 restart gives it a new epoch, after which routers reload and workers resync by themselves.
 ``pdserve down`` removes it with :func:`kill_index_actor`.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,13 +35,63 @@ from cluster.routing.kv_index.event_relay import KVEventPump, KVEventRelay
 from cluster.routing.kv_index.ops import TierSnapshot
 from cluster.routing.kv_index.replication import KVIndexServer
 from cluster.routing.kv_index.shards import shard_of
+from cluster.routing.kv_index.stream import StreamClient, StreamServer
 from core.kv_events import KVEventBatch
 
 logger = logging.getLogger(__name__)
 
 INDEX_NAMESPACE = "pdserve"
 
-KVIndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(KVIndexServer)
+
+class KVIndexShard(KVIndexServer):
+    """The server as the actor runs it: every method under one lock, because replicas' KV
+    event streams (``stream``) apply their batches on threads of their own beside the
+    actor's calls."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._lock = threading.RLock()  # the server's own methods call each other
+        host = ray.util.get_node_ip_address()
+        self._stream = StreamServer(self.publish, host=host, advertise=host)
+
+    def stream_endpoint(self) -> tuple[str, int, bytes]:
+        """Where replicas send their batches, and the token they present."""
+        return self._stream.endpoint()
+
+    def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """See ``KVIndexServer.publish``."""
+        with self._lock:
+            return super().publish(replica_id, batches)
+
+    def resync(
+        self,
+        replica_id: str,
+        pool: str,
+        hashes: Sequence[int],
+        seq: int,
+        tiers: TierSnapshot | None = None,
+    ) -> None:
+        """See ``KVIndexServer.resync``."""
+        with self._lock:
+            super().resync(replica_id, pool, hashes, seq, tiers)
+
+    def remove_replica(self, replica_id: str) -> bool:
+        """See ``KVIndexServer.remove_replica``."""
+        with self._lock:
+            return super().remove_replica(replica_id)
+
+    def updates(self, epoch: str | None, cursor: int) -> dict[str, Any]:
+        """See ``KVIndexServer.updates``."""
+        with self._lock:
+            return super().updates(epoch, cursor)
+
+    def stats(self) -> dict[str, int]:
+        """See ``KVIndexServer.stats``."""
+        with self._lock:
+            return super().stats()
+
+
+KVIndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(KVIndexShard)
 
 
 def index_actor_name(app_name: str, shard: int = 0, num_shards: int = 1) -> str:
@@ -99,11 +153,26 @@ class ActorIndexSink:
         self._shard = shard
         self._num_shards = num_shards
         self._actor: Any = None
+        self._stream: StreamClient | None = None
 
     def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """See ``IndexSink.publish``."""
-        reply: dict[str, Any] = self._call("publish", replica_id, list(batches))
-        return reply
+        """See ``IndexSink.publish``: over the shard's KV event stream (connected on first
+        use, reconnected after a failure)."""
+        try:
+            if self._stream is None:
+                endpoint = tuple(self._call("stream_endpoint"))
+                self._stream = StreamClient(endpoint, replica_id, self._timeout_s)
+            return self._stream.publish(batches)
+        except Exception:
+            self._close_stream()
+            self._actor = None  # the shard may have restarted elsewhere: look it up again
+            raise
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            with contextlib.suppress(OSError):
+                self._stream.close()
+            self._stream = None
 
     def resync(
         self,
@@ -118,7 +187,8 @@ class ActorIndexSink:
         self._call("resync", replica_id, pool, list(hashes), seq, lower)
 
     def remove_replica(self, replica_id: str) -> bool:
-        """See ``IndexSink.remove_replica``."""
+        """See ``IndexSink.remove_replica`` (the replica drains: its stream closes too)."""
+        self._close_stream()
         return bool(self._call("remove_replica", replica_id))
 
     def _call(self, method: str, *args: Any) -> Any:
