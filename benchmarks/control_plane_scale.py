@@ -120,7 +120,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="A loaded pump's time between calls: each ingest call carries this much of its "
         "replica's events.",
     )
-    p.add_argument("--ingest-replicas", type=int, default=64)
+    p.add_argument("--ingest-replicas", type=int, default=128)
     p.add_argument("--ingest-calls", type=int, default=40, help="Per replica.")
     p.add_argument("--lag-replicas", type=int, default=256)
     p.add_argument("--lag-shards", type=int, default=2)
