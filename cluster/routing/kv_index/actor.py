@@ -23,6 +23,7 @@ Worker wiring (in the roles' ``deployment.py``, through the factory the app buil
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 from collections.abc import Sequence
@@ -53,6 +54,10 @@ class KVIndexShard(KVIndexServer):
         self._lock = threading.RLock()  # the server's own methods call each other
         host = ray.util.get_node_ip_address()
         self._stream = StreamServer(self.publish, host=host, advertise=host)
+        # what the worker process loaded so far lives as long as it does: keep it out of the
+        # collector's full passes, which otherwise stall the stream for tens of milliseconds
+        gc.collect()
+        gc.freeze()
 
     def stream_endpoint(self) -> tuple[str, int, bytes]:
         """Where replicas send their batches, and the token they present."""

@@ -5,10 +5,9 @@ holders value is encoded to stay small at a thousand replicas: a hash held by on
 of them: a session's blocks live where the session is pinned) stores that replica's **slot**, a
 small int; a hash held by several stores the **complement of their slot bitmask** (a negative
 int), so one bit per replica is paid only where a block is really shared. Each replica
-(:class:`ReplicaEntries`) keeps a count of the hashes it holds and an append-only ``array`` of
-the hashes it started to hold (8 bytes each, compacted when stale entries pile up), which is all
-that dropping its entries needs. ``benchmarks/control_plane_scale.py`` measures the bytes per
-(block, replica) entry this gives.
+(:class:`ReplicaEntries`) keeps the hashes it holds in any medium (sharing the key objects of
+the holder dicts), which is what dropping its entries needs.
+``benchmarks/control_plane_scale.py`` measures the bytes per (block, replica) entry this gives.
 
 The walk in :meth:`Holders.match` follows the engine's lookup: a run of leading blocks on the
 device, then a run held in the host or disk tier, ending at the first block held in neither. A
@@ -17,7 +16,6 @@ block in both host and disk counts as host (the engine loads it from there).
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,7 +26,6 @@ from core.hashing import BlockHash
 
 _HOST_BIT = HOST_BIT
 _DISK_BIT = MEDIUM_BITS["disk"]
-_COMPACT_SLACK = 1024  # stale log entries tolerated beyond the live count before compacting
 _FEW_SLOTS = 8  # masks with more set bits are expanded to slots by numpy
 
 Encoded = int
@@ -43,11 +40,13 @@ class ReplicaEntries:
     slot: int
     last_seq: int
     degraded: bool = False
-    num_entries: int = 0
-    """Distinct hashes held in any medium."""
-    log: array[int] = field(default_factory=lambda: array("Q"))
-    """Every hash this replica began to hold since the last compaction (may repeat, may be
-    stale); the live ones are those the pool's holders still credit to ``slot``."""
+    held: dict[BlockHash, None] = field(default_factory=dict)
+    """The hashes it holds in any medium (a dict as a set: half a set's bytes per entry)."""
+
+    @property
+    def num_entries(self) -> int:
+        """Distinct hashes held in any medium."""
+        return len(self.held)
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ class Holders:
         media = self._media(replica.pool)
         target = media[bit]
         others = [d for b, d in media.items() if b != bit and d]
-        slot, log = replica.slot, replica.log
+        slot, held = replica.slot, replica.held
         new_hashes = 0
         if not others:  # the common case (no host or disk tier): no other medium to consult
             for block_hash in hashes:
@@ -92,8 +91,7 @@ class Holders:
                     continue
                 else:
                     target[block_hash] = _with(value, slot)
-                replica.num_entries += 1
-                log.append(block_hash)
+                held[block_hash] = None
             self._num_hashes[replica.pool] += new_hashes
             return
         for block_hash in hashes:
@@ -106,9 +104,7 @@ class Holders:
                 continue
             else:
                 target[block_hash] = _with(value, slot)
-            if not any(_holds(d.get(block_hash), slot) for d in others):
-                replica.num_entries += 1
-                log.append(block_hash)
+            held[block_hash] = None
         self._num_hashes[replica.pool] += new_hashes
 
     def remove(self, replica: ReplicaEntries, hashes: Iterable[BlockHash], bit: int) -> None:
@@ -118,7 +114,7 @@ class Holders:
             return
         target = media[bit]
         others = [d for b, d in media.items() if b != bit and d]
-        slot = replica.slot
+        slot, held = replica.slot, replica.held
         gone_hashes = 0
         if not others:  # the common case: no other medium to consult
             for block_hash in hashes:
@@ -132,9 +128,8 @@ class Holders:
                     target[block_hash] = rest
                 else:
                     continue
-                replica.num_entries -= 1
+                held.pop(block_hash, None)
             self._num_hashes[replica.pool] -= gone_hashes
-            self._compact_if_stale(replica, media)
             return
         for block_hash in hashes:
             value = target.get(block_hash)
@@ -149,27 +144,17 @@ class Holders:
             else:
                 target[block_hash] = rest
             if not any(_holds(d.get(block_hash), slot) for d in others):
-                replica.num_entries -= 1
+                held.pop(block_hash, None)
         self._num_hashes[replica.pool] -= gone_hashes
-        self._compact_if_stale(replica, media)
-
-    def _compact_if_stale(
-        self, replica: ReplicaEntries, media: dict[int, dict[BlockHash, Encoded]]
-    ) -> None:
-        """Rewrite the replica's log once stale entries outnumber its live ones."""
-        if len(replica.log) > 2 * replica.num_entries + _COMPACT_SLACK:
-            replica.log = array("Q", self._live(replica, media))
 
     def clear(self, replica: ReplicaEntries) -> None:
         """Drop every entry of ``replica``."""
         media = self._pools.get(replica.pool)
         if media is not None:
-            live = self._live(replica, media)
-            replica.log = array("Q")
+            hashes = list(replica.held)
             for bit in media:
-                self.remove(replica, live, bit)
-        replica.log = array("Q")
-        replica.num_entries = 0
+                self.remove(replica, hashes, bit)
+        replica.held = {}
 
     def hashes_of(self, replica: ReplicaEntries, bit: int) -> set[BlockHash]:
         """The hashes ``replica`` holds in the medium of ``bit``."""
@@ -177,7 +162,7 @@ class Holders:
         if media is None:
             return set()
         target = media[bit]
-        return {h for h in replica.log if _holds(target.get(h), replica.slot)}
+        return {h for h in replica.held if _holds(target.get(h), replica.slot)}
 
     def holds(self, replica: ReplicaEntries, block_hash: BlockHash, bit: int) -> bool:
         """True when ``replica`` holds ``block_hash`` in the medium of ``bit``."""
@@ -237,16 +222,6 @@ class Holders:
             media = self._pools[pool] = {bit: {} for bit in MEDIUM_BITS.values()}
             self._num_hashes[pool] = 0
         return media
-
-    @staticmethod
-    def _live(replica: ReplicaEntries, media: dict[int, dict[BlockHash, Encoded]]) -> list[int]:
-        """The distinct hashes of ``replica``'s log it still holds in some medium."""
-        slot = replica.slot
-        return [
-            h
-            for h in dict.fromkeys(replica.log)
-            if any(_holds(d.get(h), slot) for d in media.values())
-        ]
 
 
 def _holds(value: Encoded | None, slot: int) -> bool:

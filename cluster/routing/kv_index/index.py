@@ -28,7 +28,7 @@ runs on to the next sampled block); the engine then recomputes it, as after any 
 
 Memory: each replica gets a slot; per pool and medium a dict maps hash -> its holders (one
 replica's slot, or a bitmask only where a block is shared; see ``holders``) and each replica
-keeps an 8-byte-per-hash log for dropping its entries, so the index is bounded by the replicas'
+keeps the set of its hashes for dropping its entries, so the index is bounded by the replicas'
 KV capacities in every tier; a replica reporting more than ``max_blocks_per_replica`` entries is
 degraded rather than allowed to grow it further.
 """
