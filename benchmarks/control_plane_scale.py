@@ -127,7 +127,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--lag-shards", type=int, default=2)
     p.add_argument("--lag-stride", type=int, default=16)
     p.add_argument("--lag-seconds", type=float, default=6.0)
-    p.add_argument("--sweep", default="50000,100000,200000,400000", help="Offered events/s.")
+    p.add_argument("--sweep", default="100000,200000,400000,800000", help="Offered events/s.")
     p.add_argument("--sweep-replicas", type=int, default=16)
     p.add_argument("--board-replicas", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
