@@ -9,24 +9,9 @@ import pytest
 
 from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.kv_index.ops import IndexOp
+from tests.unit.routing.kv_index.test_index import engine_walk
 
 MEDIA = ("device", "host", "disk")
-
-
-def model_hit(media: dict[str, set[int]], prompt: list[int]) -> tuple[int, int, int]:
-    """The engine's walk: a device run, then a host-or-disk run (host preferred)."""
-    num_device = 0
-    while num_device < len(prompt) and prompt[num_device] in media["device"]:
-        num_device += 1
-    host = disk = 0
-    for h in prompt[num_device:]:
-        if h in media["host"]:
-            host += 1
-        elif h in media["disk"]:
-            disk += 1
-        else:
-            break
-    return num_device, host, disk
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -68,7 +53,7 @@ def test_random_stores_and_removes_agree_with_a_set_model(seed: int) -> None:
         prompt = [rng.randrange(30) for _ in range(rng.randrange(1, 8))]
         expected = {}
         for replica in replicas:
-            hit = model_hit(model[replica], prompt)
+            hit = engine_walk(model[replica], prompt)
             if sum(hit):
                 expected[replica] = hit
         got = {

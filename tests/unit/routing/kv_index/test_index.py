@@ -251,17 +251,24 @@ def test_match_tiers_agrees_with_the_engine_walk(seed: int) -> None:
     prompt = list(range(10))
     expected = {}
     for replica_id, media in held.items():
-        num_device = 0
-        while num_device < len(prompt) and prompt[num_device] in media["device"]:
-            num_device += 1
-        host = disk = 0
-        for h in prompt[num_device:]:
-            if h in media["host"]:
-                host += 1
-            elif h in media["disk"]:
-                disk += 1
-            else:
-                break
-        if num_device + host + disk:
-            expected[replica_id] = TierHit(num_device, host, disk)
+        hit = engine_walk(media, prompt)
+        if sum(hit):
+            expected[replica_id] = TierHit(*hit)
     assert index.match_tiers("decode", prompt) == expected
+
+
+def engine_walk(media: dict[str, set[int]], prompt: list[int]) -> tuple[int, int, int]:
+    """The engine's lookup over plain sets: a device run, then a host-or-disk run (host
+    preferred); ``(device, host, disk)`` blocks."""
+    num_device = 0
+    while num_device < len(prompt) and prompt[num_device] in media["device"]:
+        num_device += 1
+    host = disk = 0
+    for h in prompt[num_device:]:
+        if h in media["host"]:
+            host += 1
+        elif h in media["disk"]:
+            disk += 1
+        else:
+            break
+    return num_device, host, disk
