@@ -45,7 +45,10 @@ def planner_kwargs(config: ClusterConfig) -> dict[str, Any]:
     """The planner policy's ``policy_kwargs``: its config and, for ``slo``, the capacity model
     read here (the controller that runs the policy may not see this machine's files)."""
     planner = config.planner
-    kwargs: dict[str, Any] = {"planner": planner.model_dump(mode="json")}
+    kwargs: dict[str, Any] = {
+        "planner": planner.model_dump(mode="json"),
+        "disaggregation": config.disaggregation.model_dump(mode="json"),
+    }
     if planner.mode == "slo" and planner.profile:
         kwargs["capacity"] = to_plain(CapacityModel.load(planner.profile))
     return kwargs

@@ -8,6 +8,10 @@ at least one more while sequences wait for room, and, when ``decode_seqs_per_rep
 enough replicas for the running plus waiting sequences. A pool with nothing to do asks for its
 minimum. One decision moves a pool by at most ``max_step`` replicas; Serve then clamps it to the
 pool's autoscaling range and applies its upscale and downscale delays (the cool-downs).
+
+A prefill pool at zero replicas reports nothing, so it is sized by :func:`prefill_demand`: the
+decode pool prefills every prompt itself then, and the prompt tokens queued there for prompts
+long enough to have gone remote are what a prefill replica would take (``prefill_demand``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class Reason(enum.StrEnum):
     """Why a pool's target is what it is (a metrics label and a log word)."""
 
     PREFILL_BACKLOG = "prefill_backlog"
+    PREFILL_DEMAND = "prefill_demand"  # a pool at zero: prompts queued on decode want it back
     KV_PRESSURE = "kv_pressure"
     DECODE_QUEUE = "decode_queue"
     DECODE_SEQS = "decode_seqs"
@@ -63,7 +68,19 @@ def plan_prefill(load: PoolLoad, config: PlannerConfig) -> PoolDecision:
     need = math.ceil(load.pending_prompt_tokens / config.prefill_queue_tokens_per_replica)
     need = max(need, 1)
     reason = Reason.PREFILL_BACKLOG if need != load.num_replicas else Reason.STEADY
+    if load.num_replicas == 0:
+        reason = Reason.PREFILL_DEMAND
     return stepped(load.num_replicas, need, reason, config)
+
+
+def prefill_demand(decode: PoolLoad, prompt_len: float, threshold_tokens: int) -> PoolLoad:
+    """The load of a prefill pool at zero replicas: the decode pool's queued prompt tokens
+    while its prompts (mean uncached length ``prompt_len``) are long enough to go remote
+    (``disaggregation.local_prefill_threshold_tokens``); none while they would prefill on
+    decode anyway."""
+    if prompt_len < max(threshold_tokens, 1):
+        return PoolLoad(num_replicas=0)
+    return PoolLoad(num_replicas=0, pending_prompt_tokens=decode.pending_prompt_tokens)
 
 
 def plan_decode(load: PoolLoad, config: PlannerConfig) -> PoolDecision:

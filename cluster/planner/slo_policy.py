@@ -80,6 +80,8 @@ def plan_prefill_slo(
         math.ceil(load.pending_prompt_tokens / (per_replica * target_s) - 1e-9),
     )
     reason = Reason.TTFT_SLO if need != load.num_replicas else Reason.STEADY
+    if load.num_replicas == 0:
+        reason = Reason.PREFILL_DEMAND
     return stepped(load.num_replicas, need, reason, config)
 
 

@@ -24,7 +24,13 @@ from typing import Any
 
 from cluster.planner.capacity_model import CapacityModel
 from cluster.planner.decisions import PlannerDecision, PlannerLog, decisions_key
-from cluster.planner.load_policy import PoolDecision, PoolLoad, plan_decode, plan_prefill
+from cluster.planner.load_policy import (
+    PoolDecision,
+    PoolLoad,
+    plan_decode,
+    plan_prefill,
+    prefill_demand,
+)
 from cluster.planner.prediction import TrendPredictor
 from cluster.planner.slo_policy import (
     Corrections,
@@ -38,7 +44,7 @@ from cluster.planner.slo_policy import (
 )
 from cluster.serve.pool_options import DECODE_DEPLOYMENT, INGRESS_DEPLOYMENT, PREFILL_DEPLOYMENT
 from core.codec import from_plain
-from core.config import PlannerConfig
+from core.config import DisaggregationConfig, PlannerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +101,14 @@ class PdservePlanner:
     """The policy object Serve instantiates once with ``policy_kwargs``: the planner config
     and, for ``slo``, the capacity model (plain data, read from the profile at deploy time)."""
 
-    def __init__(self, planner: Mapping[str, Any], capacity: Any = None) -> None:
+    def __init__(
+        self,
+        planner: Mapping[str, Any],
+        capacity: Any = None,
+        disaggregation: Mapping[str, Any] | None = None,
+    ) -> None:
         self.config = PlannerConfig.model_validate(dict(planner))
+        self.disaggregation = DisaggregationConfig.model_validate(dict(disaggregation or {}))
         self.capacity = from_plain(CapacityModel, capacity) if capacity is not None else None
         if self.config.mode == "slo" and self.capacity is None:
             raise ValueError("the slo planner needs its capacity model")
@@ -131,8 +143,19 @@ class PdservePlanner:
         for name, plan in ((PREFILL_DEPLOYMENT, plan_prefill), (DECODE_DEPLOYMENT, plan_decode)):
             if name in pools:
                 load = pools[name][1].load()
+                if name == PREFILL_DEPLOYMENT and load.num_replicas == 0:
+                    load = self._demand_at_zero(pools) or load
                 out[name] = (plan(load, self.config), str(load))
         return out
+
+    def _demand_at_zero(self, pools: Mapping[str, tuple[Any, PoolMetrics]]) -> PoolLoad | None:
+        """What a prefill pool at zero replicas would take, read off the decode pool."""
+        if DECODE_DEPLOYMENT not in pools:
+            return None
+        decode = pools[DECODE_DEPLOYMENT][1]
+        prompt_len = decode.mean("prompt_len", skip_zero=True)
+        threshold = self.disaggregation.local_prefill_threshold_tokens
+        return prefill_demand(decode.load(), prompt_len, threshold)
 
     def _plan_slo(
         self, pools: Mapping[str, tuple[Any, PoolMetrics]], now_s: float
@@ -145,6 +168,16 @@ class PdservePlanner:
             self._sample(prefill, decode, ingress[1] if ingress else None, now_s)
         horizon = self.config.prediction_horizon_s
         k, out = self.corrections, {}
+        if prefill is not None and prefill.num_replicas == 0:
+            demand = self._demand_at_zero(pools)
+            if demand is not None and demand.pending_prompt_tokens > 0:
+                decode_metrics = pools[DECODE_DEPLOYMENT][1]
+                prefill = PrefillSignals(
+                    0,
+                    decode_metrics.total("prompt_tokens_rate"),
+                    decode_metrics.mean("prompt_len", skip_zero=True),
+                    demand.pending_prompt_tokens,
+                )
         if prefill is not None:
             ahead = PrefillSignals(
                 prefill.num_replicas, max(prefill.prompt_tokens_rate, self._rate.predict(horizon)),

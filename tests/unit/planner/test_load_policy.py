@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from cluster.ops.deploy_schema import app_schema
-from cluster.planner.load_policy import PoolLoad, Reason, plan_decode, plan_prefill
+from cluster.planner.load_policy import (
+    PoolLoad,
+    Reason,
+    plan_decode,
+    plan_prefill,
+    prefill_demand,
+)
 from cluster.serve.planner_policy import POLICY_FUNCTION, PdservePlanner
 from core.config import ClusterConfig, PlannerConfig
 
@@ -106,6 +112,36 @@ def test_the_serve_policy_decides_both_pools_and_leaves_others_alone() -> None:
     }
 
 
+def test_prompts_queued_on_decode_bring_a_prefill_pool_back_from_zero() -> None:
+    # a pool at zero reports nothing: decode's queue of prompts long enough to go remote
+    # (mean 2,000 uncached tokens >= the 64-token threshold) is its demand
+    planner = PdservePlanner(
+        CONFIG.model_dump(mode="json"), disaggregation={"local_prefill_threshold_tokens": 64}
+    )
+    decode_metrics = {
+        "pending_prompt_tokens": {"b": 1500.0, "c": 900.0},
+        "prompt_len": {"b": 2000.0, "c": 0.0},
+        "running": {"b": 4.0, "c": 3.0},
+        "kv_usage": {"b": 0.4, "c": 0.4},
+    }
+    contexts = {
+        FakeId("Prefill"): FakeContext(0, 0),
+        FakeId("Decode"): FakeContext(2, 2, decode_metrics),
+    }
+    targets, state = planner(contexts)
+    prefill = next(k for k in targets if k.name == "Prefill")
+    assert targets[prefill] == 2  # ceil(2,400 / 1,000) = 3, one step of 2 from zero
+    assert state[prefill]["reason"] == "step_limit"
+    decode_metrics["pending_prompt_tokens"] = {"b": 600.0}
+    targets, state = planner(contexts)
+    assert (targets[prefill], state[prefill]["reason"]) == (1, "prefill_demand")
+    # prompts short enough to prefill on decode anyway are no demand: the pool stays at zero
+    decode_metrics["prompt_len"] = {"b": 40.0}
+    targets, state = planner(contexts)
+    assert (targets[prefill], state[prefill]["reason"]) == (0, "idle")
+    assert plan_prefill(prefill_demand(PoolLoad(2), 2000.0, 64), CONFIG).target == 0
+
+
 def test_the_planner_is_deployed_as_the_apps_autoscaling_policy() -> None:
     pools = {"autoscaling": {"min_replicas": 1, "max_replicas": 4}}
     config = ClusterConfig.model_validate(
@@ -119,6 +155,9 @@ def test_the_planner_is_deployed_as_the_apps_autoscaling_policy() -> None:
     policy = app_schema(config)["autoscaling_policy"]
     assert policy["policy_function"] == POLICY_FUNCTION
     assert policy["policy_kwargs"]["planner"]["max_step"] == 1
+    threshold = config.disaggregation.local_prefill_threshold_tokens
+    assert policy["policy_kwargs"]["disaggregation"]["local_prefill_threshold_tokens"] == threshold
+    assert PdservePlanner(**policy["policy_kwargs"]).disaggregation == config.disaggregation
     assert "autoscaling_policy" not in app_schema(
         ClusterConfig.model_validate({"model": {"name": "builtin:tiny-moe"}})
     )

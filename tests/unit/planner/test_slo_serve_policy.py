@@ -186,3 +186,21 @@ def test_targets_and_logged_decisions_stay_within_each_pools_autoscaling_range(
     assert by_name(planner(prediction_horizon_s=0)(burst)[0])["Prefill"] == 2  # asks for 4
     log = PlannerLog.from_json(written[-1])
     assert [(d.pool, d.previous, d.target) for d in log.decisions] == [("Prefill", 1, 2)]
+
+
+def test_a_prefill_pool_at_zero_is_sized_for_the_prompts_queued_on_decode() -> None:
+    decode = {
+        "running": {"b": 4.0},
+        "context_len": {"b": 600.0},
+        "kv_usage": {"b": 0.2},
+        "pending_prompt_tokens": {"b": 200.0},
+        "prompt_tokens_rate": {"b": 200.0},
+        "prompt_len": {"b": 500.0},
+    }
+    pools = {FakeId("Prefill"): FakeContext(0, 0), FakeId("Decode"): FakeContext(1, 1, decode)}
+    targets, state = planner()(pools)
+    prefill = next(k for k in targets if k.name == "Prefill")
+    assert 1 <= targets[prefill] < 8 and state[prefill]["reason"] == "prefill_demand"
+    decode["prompt_len"] = {"b": 20.0}  # short prompts prefill on decode anyway: no demand
+    targets, state = planner()(pools)
+    assert (targets[prefill], state[prefill]["reason"]) == (0, "idle")
