@@ -56,6 +56,8 @@ class RoutingSnapshot:
     index: IndexStats | None = None
     index_shard_losses_total: int = 0
     """Times a router stopped trusting an unreachable index shard's replicas."""
+    index_restarts_total: int = 0
+    """Times a router found an index shard restarted (a new epoch) and reloaded it."""
 
 
 @dataclass
@@ -101,6 +103,7 @@ class RoutingMetrics:
         self._pools: dict[str, _PoolMetrics] = {}
         self._index: IndexStats | None = None
         self._shard_losses = 0
+        self._restarts = 0
 
     def record_decision(self, pool: str, decision: RoutingDecision, latency_s: float) -> None:
         """Count one routing decision and how long it took."""
@@ -128,11 +131,16 @@ class RoutingMetrics:
         with self._lock:
             self._shard_losses += 1
 
+    def record_index_restart(self) -> None:
+        """Count one index shard seen restarted (its replicas republish; routers reload it)."""
+        with self._lock:
+            self._restarts += 1
+
     def snapshot(self) -> RoutingSnapshot:
         """Every metric now."""
         with self._lock:
             pools = {pool: m.snapshot() for pool, m in self._pools.items()}
-            return RoutingSnapshot(pools, self._index, self._shard_losses)
+            return RoutingSnapshot(pools, self._index, self._shard_losses, self._restarts)
 
     def reset(self) -> None:
         """Forget everything (benchmarks between runs, tests)."""
@@ -140,6 +148,8 @@ class RoutingMetrics:
             self._pools.clear()
             self._index = None
             self._shard_losses = 0
+            self._restarts = 0
+        self._restarts = 0
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

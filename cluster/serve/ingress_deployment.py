@@ -77,7 +77,12 @@ class RoutingCollector(Collector):
             "Times an unreachable KV index shard's replicas were routed by load only.",
             value=snapshot.index_shard_losses_total,
         )
-        yield from (decisions, hit_rate, latency_p50, shard_losses)
+        restarts = CounterMetricFamily(
+            "pdserve:kv_index_restarts",
+            "Times a KV index shard was found restarted and reloaded.",
+            value=snapshot.index_restarts_total,
+        )
+        yield from (decisions, hit_rate, latency_p50, shard_losses, restarts)
         if snapshot.index is not None:
             for key, value in dataclasses.asdict(snapshot.index).items():
                 yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)

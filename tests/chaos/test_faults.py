@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+import ray
 
 from cluster.ops.scaling import scale
+from cluster.routing.kv_index.actor import INDEX_NAMESPACE, index_actor_name
 from core.sampling import SamplingParams
 from engine import LLM
 from tests.chaos.harness import (
@@ -97,6 +100,37 @@ def test_abort_storm(app: ServingApp, offline: LLM) -> None:
     cancelled = sum(o.cancelled for o in outcomes)
     judge(app, "abort storm", outcomes, refs, "requests_failed_total{client_disconnected}",
           cancelled, lambda: disconnected(app) - before)  # fmt: skip
+
+
+def index_restarts(app: ServingApp) -> float:
+    return metric(app, "pdserve:kv_index_restarts_total")
+
+
+def test_killed_kv_index(app: ServingApp, offline: LLM) -> None:
+    """SIGKILL of the KV index actor under load: Ray restarts it empty, routing goes on by load
+    and affinity meanwhile, every replica's pump republishes what it caches, and the routers
+    reload it; no request fails."""
+    prompts = [prompt("kill-index", i, long=True) for i in range(4 * SCALE)]
+    refs = references(offline, prompts)
+    before = index_restarts(app)
+    killed_at: list[float] = []
+
+    async def killer(http: httpx.AsyncClient) -> None:
+        actor = await asyncio.to_thread(ray.get_actor, index_actor_name(APP_NAME), INDEX_NAMESPACE)
+        await asyncio.to_thread(ray.kill, actor, no_restart=False)
+        killed_at.append(time.monotonic())
+
+    half = len(prompts) // 2
+    outcomes = gather([*calls(app, prompts[:half]), killer, *calls(app, prompts[half:])], cap(app))
+    wait_until(
+        lambda: index_restarts(app) > before and metric(app, "pdserve:kv_index_num_entries") > 0,
+        60,
+        "the routers reloaded a refilled index",
+        poll_s=0.1,
+    )
+    print(f"KV index refilled {time.monotonic() - killed_at[0]:.1f} s after the kill")
+    judge(app, "KV index actor killed", outcomes, refs, "kv_index_restarts_total >= 1", 1.0,
+          lambda: min(1.0, index_restarts(app) - before))  # fmt: skip
 
 
 def pipelined(app: ServingApp) -> float:

@@ -2,11 +2,14 @@
 application-level autoscaling policy, in ``load`` and in ``slo`` mode (with a capacity model
 that makes one prefill replica too slow for the burst's TTFT target). A burst of long prompts
 grows the prefill pool; once the burst is over it shrinks back; each change is in the decision
-log ``pdserve status`` shows. Removed afterwards, so the shared app is untouched."""
+log ``pdserve status`` shows. In ``load`` mode the prefill pool starts at zero replicas and
+comes back by demand (the prompts queued on decode) before returning to zero. Removed
+afterwards, so the shared app is untouched."""
 
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,10 @@ def _planner(mode: str, tmp_path: Path) -> dict[str, Any]:
     return {"mode": "slo", "profile": str(profile), "ttft_p90_ms": 4000, "max_step": 1}
 
 
+# the pool sizes each mode walks through: load mode scales prefill from zero and back
+SIZES = {"load": (0, 1), "slo": (1, 2)}
+
+
 def _planner_config(port: int, planner: dict[str, Any]) -> dict[str, Any]:
     # a 5 s window (Serve's default: 30 s) so the burst shows in the averages within seconds
     scaling = {
@@ -62,6 +69,8 @@ def _planner_config(port: int, planner: dict[str, Any]) -> dict[str, Any]:
     for pool in ("prefill", "decode"):
         raw[pool].pop("num_replicas", None)
         raw[pool]["autoscaling"] = {**scaling, "downscale_delay_s": 1.0}
+    low, high = SIZES[planner["mode"]]
+    raw["prefill"]["autoscaling"].update(min_replicas=low, max_replicas=high)
     return raw
 
 
@@ -93,20 +102,27 @@ def test_the_planner_grows_prefill_under_a_burst_and_shrinks_it_after(
                     failures.append(f"{response.status_code} {response.text[:200]}")
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(4)]
+    low, high = SIZES[mode]
     try:
-        assert _target(serving_app, "Prefill") == 1
+        assert _target(serving_app, "Prefill") == low
         for thread in threads:
             thread.start()
-        wait_until(lambda: _target(serving_app, "Prefill") == 2, 180, "the burst adds prefill")
+        wait_until(lambda: _target(serving_app, "Prefill") == high, 180, "the burst adds prefill")
         stop.set()
         for thread in threads:
             thread.join(120)
-        wait_until(lambda: _target(serving_app, "Prefill") == 1, 180, "idle prefill shrinks")
+        wait_until(lambda: _target(serving_app, "Prefill") == low, 180, "idle prefill shrinks")
         assert not failures, failures
         log = planner_log(APP)
         assert log is not None and log.mode == mode
-        prefill = [(d.previous, d.target) for d in log.decisions if d.pool == "Prefill"]
-        assert (1, 2) in prefill and prefill[-1] == (2, 1), log
+        prefill = [d for d in log.decisions if d.pool == "Prefill"]
+        grew = [(d.previous, d.target) for d in prefill]
+        assert (low, high) in grew and grew[-1] == (high, low), log
+        if mode == "load":  # from zero, the prompts queued on decode were the demand
+            up = next(d for d in prefill if (d.previous, d.target) == (low, high))
+            pending = re.search(r"pending_prompt_tokens=([0-9.]+)", up.detail)
+            assert up.reason in ("prefill_demand", "step_limit"), up
+            assert pending is not None and float(pending.group(1)) > 0, up
     finally:
         stop.set()
         serving_app.rest.remove(APP)

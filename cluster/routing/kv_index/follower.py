@@ -161,7 +161,11 @@ class ActorIndexSource:
                     failure = failure or reply
                     self._check_stale(shard, now_s)
                     continue
-                self.follower.apply_update(reply, shard)
+                if self.follower.apply_update(reply, shard):
+                    self._metrics.record_index_restart()
+                    logger.info(
+                        "KV index shard %d of app %s restarted: reloaded", shard, self.app_name
+                    )
                 self._last_sync_s[shard] = now_s
                 self._lost[shard] = False
                 synced = True

@@ -181,8 +181,10 @@ class KVIndexFollower:
         """The first shard's cursor (the only one when unsharded)."""
         return self.cursors[0]
 
-    def apply_update(self, update: dict[str, Any], shard: int = 0) -> None:
-        """Apply one :meth:`KVIndexServer.updates` reply of ``shard``'s server."""
+    def apply_update(self, update: dict[str, Any], shard: int = 0) -> bool:
+        """Apply one :meth:`KVIndexServer.updates` reply of ``shard``'s server; True when it
+        showed the server restarted (a new epoch after a known one)."""
+        previous = self.epochs[shard]
         if "snapshot" in update:
             for replica_id in self._replicas_of(shard):
                 self.index.remove_replica(replica_id)
@@ -192,6 +194,7 @@ class KVIndexFollower:
                 self._replay(entry)
         self.epochs[shard] = update["epoch"]
         self.cursors[shard] = int(update["cursor"])
+        return previous is not None and previous != update["epoch"]
 
     def forget_shard(self, shard: int) -> int:
         """``shard`` is unreachable: stop trusting its replicas (their hits count as none until

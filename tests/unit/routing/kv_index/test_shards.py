@@ -210,3 +210,24 @@ def test_a_router_routes_an_unreachable_shards_replicas_by_load_until_it_is_back
 
     asyncio.run(body())
     assert servers[1].index.replica_ids() == [] and servers[0].index.replica_ids() == [replicas[0]]
+
+
+def test_a_restarted_shard_is_reloaded_and_counted() -> None:
+    servers = [KVIndexServer()]
+    servers[0].resync("a", "prefill", [1, 2], 0)
+    actor = ShardActor(servers[0])
+    metrics = RoutingMetrics()
+    source = ActorIndexSource("test-app", namespace="pdserve", metrics=metrics, actors=[actor])
+
+    async def body() -> None:
+        await source.sync_once()
+        assert source.best_match("prefill", [1, 2]) == 2
+        actor.server = KVIndexServer()  # Ray restarted the actor: empty, a new epoch
+        await source.sync_once()
+        assert source.best_match("prefill", [1, 2]) == 0
+        actor.server.resync("a", "prefill", [1, 2], 5)  # the replica's pump republishes
+        await source.sync_once()
+        assert source.best_match("prefill", [1, 2]) == 2
+
+    asyncio.run(body())
+    assert metrics.snapshot().index_restarts_total == 1
