@@ -76,6 +76,11 @@ class PoolWatch:
         self._refresh_s = refresh_s
         self._num_live: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._epoch: str | None = None
+        self.unavailable_total = 0
+        """Refreshes that found the board unreachable (the last counts were kept)."""
+        self.restarts_total = 0
+        """Times the board answered as a new instance (Serve replaced it)."""
 
     def start(self) -> None:
         """Begin refreshing on the running event loop."""
@@ -93,8 +98,12 @@ class PoolWatch:
 
     async def snapshot(self) -> dict[str, list[ReplicaReport]]:
         """The board's current reports by role (also refreshes the live counts)."""
-        plain: dict[str, list[dict[str, Any]]] = await self._board.snapshot.remote()
-        reports = decode_reports(plain)
+        view: dict[str, Any] = await self._board.view.remote()
+        if self._epoch is not None and view["epoch"] != self._epoch:
+            self.restarts_total += 1
+            logger.warning("stats board restarted: its reports refill as replicas post")
+        self._epoch = view["epoch"]
+        reports = decode_reports(view["pools"])
         self._num_live = {role: len(replicas) for role, replicas in reports.items()}
         return reports
 
@@ -111,6 +120,7 @@ class PoolWatch:
             try:
                 await self.snapshot()
             except Exception as e:  # keep the last counts; the board may be restarting
+                self.unavailable_total += 1
                 logger.warning("stats board unavailable: %s: %s", type(e).__name__, e)
             await asyncio.sleep(self._refresh_s)
 

@@ -88,6 +88,26 @@ class RoutingCollector(Collector):
                 yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)
 
 
+class BoardWatchCollector(Collector):
+    """How this ingress's view of the stats board fared (``PoolWatch``'s counters)."""
+
+    def __init__(self, watch: PoolWatch) -> None:
+        self._watch = watch
+
+    def collect(self) -> Iterator[Metric]:
+        """The board's restarts seen and the refreshes that found it unreachable."""
+        yield CounterMetricFamily(
+            "pdserve:stats_board_restarts",
+            "Times the stats board answered as a new instance (Serve replaced it).",
+            value=self._watch.restarts_total,
+        )
+        yield CounterMetricFamily(
+            "pdserve:stats_board_unavailable",
+            "Refreshes of the pools' live view that found the stats board unreachable.",
+            value=self._watch.unavailable_total,
+        )
+
+
 @serve.ingress()
 class IngressDeployment:
     """One ingress replica: tokenizer, admission gate, pool clients and the FastAPI app."""
@@ -123,6 +143,7 @@ class IngressDeployment:
             fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
         )
         self._ingress.metrics.registry.register(RoutingCollector())
+        self._ingress.metrics.registry.register(BoardWatchCollector(self._watch))
 
     def _endpoint(
         self,

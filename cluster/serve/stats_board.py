@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,7 @@ class StatsBoard:
     """The latest report of every live replica, by role."""
 
     def __init__(self, stale_after_s: float = 3.0) -> None:
+        self.epoch = uuid.uuid4().hex  # a restarted board is a new one: readers count it
         self._stale_after_s = stale_after_s
         self._reports: dict[str, dict[str, Any]] = {}
         self._faults: dict[str, tuple[dict[str, Any], float]] = {}  # role -> (plain, until)
@@ -76,6 +78,10 @@ class StatsBoard:
     def forget(self, replica_id: str) -> None:
         """Drop a replica's report at once (it is shutting down)."""
         self._reports.pop(replica_id, None)
+
+    def view(self) -> dict[str, Any]:
+        """:meth:`snapshot` with this board's epoch: ``{"epoch": str, "pools": ...}``."""
+        return {"epoch": self.epoch, "pools": self.snapshot()}
 
     def snapshot(self) -> dict[str, list[dict[str, Any]]]:
         """Fresh reports grouped by pool (``{"prefill": [...], "decode": [...]}``; with several

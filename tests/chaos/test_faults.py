@@ -18,6 +18,7 @@ import ray
 
 from cluster.ops.scaling import scale
 from cluster.routing.kv_index.actor import INDEX_NAMESPACE, index_actor_name
+from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.sampling import SamplingParams
 from engine import LLM
 from tests.chaos.harness import (
@@ -131,6 +132,43 @@ def test_killed_kv_index(app: ServingApp, offline: LLM) -> None:
     print(f"KV index refilled {time.monotonic() - killed_at[0]:.1f} s after the kill")
     judge(app, "KV index actor killed", outcomes, refs, "kv_index_restarts_total >= 1", 1.0,
           lambda: min(1.0, index_restarts(app) - before))  # fmt: skip
+
+
+def board_restarts(app: ServingApp) -> float:
+    return metric(app, "pdserve:stats_board_restarts_total")
+
+
+def _kill_board() -> None:
+    """SIGKILL the stats board's replica (Serve starts a replacement)."""
+    names = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "serve" and f"{APP_NAME}#{BOARD_DEPLOYMENT}#" in a["name"]
+    ]
+    assert len(names) == 1, names
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+
+
+def test_killed_stats_board(app: ServingApp, offline: LLM) -> None:
+    """SIGKILL of the stats board under load: the ingress keeps its last view of the pools
+    meanwhile, Serve replaces the board, replicas post to the new one; no request fails."""
+    prompts = [prompt("kill-board", i, long=True) for i in range(4 * SCALE)]
+    refs = references(offline, prompts)
+    before = board_restarts(app)
+
+    async def killer(http: httpx.AsyncClient) -> None:
+        await asyncio.to_thread(_kill_board)
+
+    half = len(prompts) // 2
+    outcomes = gather([*calls(app, prompts[:half]), killer, *calls(app, prompts[half:])], cap(app))
+    wait_until(
+        lambda: board_restarts(app) > before and app.board()["prefill"] and app.board()["decode"],
+        120,
+        "the ingress saw the replacement board, refilled by the replicas",
+        poll_s=0.2,
+    )
+    judge(app, "stats board killed", outcomes, refs, "stats_board_restarts_total >= 1", 1.0,
+          lambda: min(1.0, board_restarts(app) - before))  # fmt: skip
 
 
 def pipelined(app: ServingApp) -> float:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from cluster.ingress.telemetry.worker_stats import WorkerStatsCollector
 from cluster.ops.scaling import model_scope
 from cluster.ops.status_view import pool_rows
+from cluster.serve.clients import PoolWatch
 from cluster.serve.pool_options import (
     autoscaling_options,
     pool_deployment_name,
@@ -21,6 +23,7 @@ from core.codec import to_plain
 from core.config import PoolConfig
 from core.errors import ConfigError
 from core.stats import ReplicaReport, ReplicaStats
+from tests.waiting import async_wait_until
 
 
 @pytest.mark.parametrize(
@@ -110,3 +113,43 @@ def test_the_look_back_window_reaches_serve_only_when_set() -> None:
     short = {**scaling, "look_back_period_s": 5.0}
     options = autoscaling_options(PoolConfig.model_validate({"autoscaling": short}))
     assert options is not None and options["look_back_period_s"] == 5.0
+
+
+class BoardHandle:
+    """A board behind a handle whose calls fail while ``down``."""
+
+    def __init__(self) -> None:
+        self.board = StatsBoard()
+        self.down = False
+        self.view = self
+
+    async def remote(self) -> dict[str, Any]:
+        if self.down:
+            raise ConnectionError("the board's replica is gone")
+        return self.board.view()
+
+
+def test_the_pool_watch_keeps_its_counts_through_a_board_restart_and_counts_it() -> None:
+    handle = BoardHandle()
+    handle.board.report(report("p1", "prefill", ""))
+    watch = PoolWatch(handle)  # type: ignore[arg-type]
+
+    async def body() -> None:
+        await watch.snapshot()
+        assert watch.num_live("prefill") == 1
+        handle.down = True
+        watch.start()
+        await async_wait_until(
+            lambda: watch.unavailable_total >= 1, 5.0, "the watch saw the board gone"
+        )
+        assert watch.num_live("prefill") == 1  # the last counts stand while it is away
+        handle.board = StatsBoard()  # Serve's replacement: empty until replicas post again
+        handle.board.report(report("p1", "prefill", ""))
+        handle.down = False
+        await async_wait_until(
+            lambda: watch.restarts_total == 1, 5.0, "the watch saw the new board"
+        )
+        watch.stop()
+
+    asyncio.run(body())
+    assert watch.num_live("prefill") == 1
