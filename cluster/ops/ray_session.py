@@ -45,6 +45,13 @@ def _use_auth_mode(auth_mode: str | None) -> None:
         os.environ[_AUTH_MODE_VAR] = auth_mode
 
 
+def _no_auto_connect() -> None:
+    """A command attaches explicitly and detaches when done; a Serve handle's background probe
+    that outlives the detach must not connect Ray again on its own (that printed Ray's INFO
+    lines into the command's output). Read by Ray when it is first imported."""
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+
+
 def _auth_mode() -> str | None:
     # NOTE: Ray's own switch, read (and set, in attach) here only; pdserve's settings live in
     # core/env.py. A local ray.init turns token auth on for this process by setting it.
@@ -91,6 +98,7 @@ def attach(address: str, namespace: str, auth_mode: str | None = None) -> RaySes
     that uses tokens, pass the ``auth_mode`` its ``up`` recorded (unless the user set one).
     """
     _use_auth_mode(auth_mode)
+    _no_auto_connect()
     import ray
 
     try:
@@ -160,6 +168,7 @@ def attached(
     the dashboard's REST API requires when token authentication is on). A process already
     connected keeps its connection and the block runs on it."""
     _use_auth_mode(auth_mode)
+    _no_auto_connect()
     import ray
 
     if ray.is_initialized():

@@ -69,6 +69,16 @@ class PoolMetrics:
         self.min_replicas = int(getattr(ctx, "capacity_adjusted_min_replicas", 0))
         self.max_replicas = int(getattr(ctx, "capacity_adjusted_max_replicas", 1 << 30))
         self._metrics: Mapping[str, Mapping[Any, float]] = ctx.aggregated_metrics or {}
+        self._last_scale_down_s = getattr(ctx, "last_scale_down_time", None)
+        self._now_s = getattr(ctx, "current_time", None)
+        self._look_back_s = getattr(getattr(ctx, "config", None), "look_back_period_s", None)
+
+    def scaled_down_within_look_back(self) -> bool:
+        """True while the metrics window still covers the time before the last scale-down
+        (what other pools report then describes the pool as it was)."""
+        if None in (self._last_scale_down_s, self._now_s, self._look_back_s):
+            return False
+        return bool(self._now_s - self._last_scale_down_s < self._look_back_s)
 
     def total(self, name: str) -> float:
         return float(sum(self._metrics.get(name, {}).values()))
@@ -149,8 +159,12 @@ class PdservePlanner:
         return out
 
     def _demand_at_zero(self, pools: Mapping[str, tuple[Any, PoolMetrics]]) -> PoolLoad | None:
-        """What a prefill pool at zero replicas would take, read off the decode pool."""
+        """What a prefill pool at zero replicas would take, read off the decode pool; none
+        while decode's window still covers the time before prefill went to zero (its queue
+        then was the prefill pool's work, not new demand: it would bounce right back)."""
         if DECODE_DEPLOYMENT not in pools:
+            return None
+        if pools[PREFILL_DEPLOYMENT][1].scaled_down_within_look_back():
             return None
         decode = pools[DECODE_DEPLOYMENT][1]
         prompt_len = decode.mean("prompt_len", skip_zero=True)

@@ -86,10 +86,18 @@ class FakeId:
 
 
 @dataclass
+class Window:
+    look_back_period_s: float
+
+
+@dataclass
 class FakeContext:
     current_num_replicas: int
     target_num_replicas: int
     aggregated_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    last_scale_down_time: float | None = None
+    current_time: float | None = None
+    config: Window | None = None
 
 
 def test_the_serve_policy_decides_both_pools_and_leaves_others_alone() -> None:
@@ -133,6 +141,17 @@ def test_prompts_queued_on_decode_bring_a_prefill_pool_back_from_zero() -> None:
     assert targets[prefill] == 2  # ceil(2,400 / 1,000) = 3, one step of 2 from zero
     assert state[prefill]["reason"] == "step_limit"
     decode_metrics["pending_prompt_tokens"] = {"b": 600.0}
+    targets, state = planner(contexts)
+    assert (targets[prefill], state[prefill]["reason"]) == (1, "prefill_demand")
+    # just after the pool went to zero, decode's window still holds the queue of before
+    contexts[FakeId("Prefill")] = FakeContext(
+        0, 0, last_scale_down_time=100.0, current_time=103.0, config=Window(5.0)
+    )
+    targets, state = planner(contexts)
+    assert (targets[prefill], state[prefill]["reason"]) == (0, "idle")
+    contexts[FakeId("Prefill")] = FakeContext(
+        0, 0, last_scale_down_time=100.0, current_time=106.0, config=Window(5.0)
+    )
     targets, state = planner(contexts)
     assert (targets[prefill], state[prefill]["reason"]) == (1, "prefill_demand")
     # prompts short enough to prefill on decode anyway are no demand: the pool stays at zero
