@@ -76,9 +76,10 @@ class PoolMetrics:
     def scaled_down_within_look_back(self) -> bool:
         """True while the metrics window still covers the time before the last scale-down
         (what other pools report then describes the pool as it was)."""
-        if None in (self._last_scale_down_s, self._now_s, self._look_back_s):
+        down_s, now_s, window_s = self._last_scale_down_s, self._now_s, self._look_back_s
+        if down_s is None or now_s is None or window_s is None:
             return False
-        return bool(self._now_s - self._last_scale_down_s < self._look_back_s)
+        return bool(now_s - down_s < window_s)
 
     def total(self, name: str) -> float:
         return float(sum(self._metrics.get(name, {}).values()))
