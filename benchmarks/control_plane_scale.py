@@ -15,8 +15,10 @@ replica 78, so the planner runs ~6.4 prefill replicas per decode replica. Every 
 for each: 12,500 events/s per prefill replica. A decode replica stores every imported prompt
 block and every filled output block and evicts as many: 82,500 events/s. A simulated replica
 emits that many (divided by ``routing.kv_index_stride``, whose sampled hashes the relay alone
-would send), half stores of new hashes and half evictions of its oldest, with shared system
-prompts among them, and publishes like ``KVEventPump``: one call in flight, coalescing 10 ms.
+would send), half stores of new hashes and half evictions of its oldest (every store new to
+the index: the costly case; a shared system prompt's re-store only sets a bit), and publishes
+like ``KVEventPump``: one frame in flight, coalescing 10 ms. The routing workload carries the
+prefix structure (shared system prompts, multi-turn sessions).
 
 Measured, in one run:
 
@@ -315,9 +317,8 @@ def measure_replay(args: argparse.Namespace) -> dict[str, float]:
 
 
 class _ReplicaStream:
-    """One simulated replica's events: stores of new hashes, evictions of its oldest once it
-    holds ``capacity``, and now and then a shared system prompt block (already held ones are
-    ignored by the index, as a re-store would be)."""
+    """One simulated replica's events: stores of hashes new to the index and, once it holds
+    ``capacity``, evictions of its oldest."""
 
     def __init__(self, rng: random.Random, capacity: int, stride: int = 1) -> None:
         self.rng = rng
