@@ -81,24 +81,12 @@ class Holders:
         others = [d for b, d in media.items() if b != bit and d]
         slot, held = replica.slot, replica.held
         new_hashes = 0
-        if not others:  # the common case (no host or disk tier): no other medium to consult
-            for block_hash in hashes:
-                value = target.get(block_hash)
-                if value is None:
-                    target[block_hash] = slot
-                    new_hashes += 1
-                elif value == slot or (value < 0 and (~value >> slot) & 1):
-                    continue
-                else:
-                    target[block_hash] = _with(value, slot)
-                held[block_hash] = None
-            self._num_hashes[replica.pool] += new_hashes
-            return
         for block_hash in hashes:
             value = target.get(block_hash)
             if value is None:
                 target[block_hash] = slot
-                if not any(block_hash in d for d in others):
+                # ``not others`` first: no host or disk tier (the common case) costs nothing
+                if not others or not any(block_hash in d for d in others):
                     new_hashes += 1
             elif value == slot or (value < 0 and (~value >> slot) & 1):
                 continue
@@ -116,34 +104,21 @@ class Holders:
         others = [d for b, d in media.items() if b != bit and d]
         slot, held = replica.slot, replica.held
         gone_hashes = 0
-        if not others:  # the common case: no other medium to consult
-            for block_hash in hashes:
-                value = target.get(block_hash)
-                if value == slot:
-                    del target[block_hash]
-                    gone_hashes += 1
-                elif value is not None and value < 0 and (~value >> slot) & 1:
-                    rest = _without(value, slot)
-                    assert rest is not None  # a mask holds two slots or more
-                    target[block_hash] = rest
-                else:
-                    continue
-                held.pop(block_hash, None)
-            self._num_hashes[replica.pool] -= gone_hashes
-            return
         for block_hash in hashes:
             value = target.get(block_hash)
-            if not _holds(value, slot):
+            if value == slot:
+                rest = None
+            elif value is not None and value < 0 and (~value >> slot) & 1:
+                rest = _without(value, slot)
+            else:
                 continue
-            assert value is not None
-            rest = _without(value, slot)
             if rest is None:
                 del target[block_hash]
-                if not any(block_hash in d for d in others):
+                if not others or not any(block_hash in d for d in others):
                     gone_hashes += 1
             else:
                 target[block_hash] = rest
-            if not any(_holds(d.get(block_hash), slot) for d in others):
+            if not others or not any(_holds(d.get(block_hash), slot) for d in others):
                 held.pop(block_hash, None)
         self._num_hashes[replica.pool] -= gone_hashes
 
