@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,13 +44,12 @@ INDEX_NAMESPACE = "pdserve"
 
 
 class KVIndexShard(KVIndexServer):
-    """The server as the actor runs it: every method under one lock, because replicas' KV
-    event streams (``stream``) apply their batches on threads of their own beside the
-    actor's calls."""
+    """The server as the actor runs it: it also serves its replicas' KV event streams
+    (``stream``), which publish on a thread of their own (the server's methods take its
+    lock)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._lock = threading.RLock()  # the server's own methods call each other
         host = ray.util.get_node_ip_address()
         self._stream = StreamServer(self.publish, host=host, advertise=host)
         # what the worker process loaded so far lives as long as it does: keep it out of the
@@ -62,38 +60,6 @@ class KVIndexShard(KVIndexServer):
     def stream_endpoint(self) -> tuple[str, int, bytes]:
         """Where replicas send their batches, and the token they present."""
         return self._stream.endpoint()
-
-    def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """See ``KVIndexServer.publish``."""
-        with self._lock:
-            return super().publish(replica_id, batches)
-
-    def resync(
-        self,
-        replica_id: str,
-        pool: str,
-        hashes: Sequence[int],
-        seq: int,
-        tiers: TierSnapshot | None = None,
-    ) -> None:
-        """See ``KVIndexServer.resync``."""
-        with self._lock:
-            super().resync(replica_id, pool, hashes, seq, tiers)
-
-    def remove_replica(self, replica_id: str) -> bool:
-        """See ``KVIndexServer.remove_replica``."""
-        with self._lock:
-            return super().remove_replica(replica_id)
-
-    def updates(self, epoch: str | None, cursor: int) -> dict[str, Any]:
-        """See ``KVIndexServer.updates``."""
-        with self._lock:
-            return super().updates(epoch, cursor)
-
-    def stats(self) -> dict[str, int]:
-        """See ``KVIndexServer.stats``."""
-        with self._lock:
-            return super().stats()
 
 
 KVIndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(KVIndexShard)

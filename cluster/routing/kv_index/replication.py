@@ -9,18 +9,22 @@ deterministic, a :class:`KVIndexFollower` replaying the same log holds the same 
 
 Routers poll :meth:`~KVIndexServer.updates` with ``(epoch, cursor)`` and get the new log
 entries, or a full export when they are new, fell behind the trimmed log, or the server
-restarted (a new ``epoch``). Everything crossing the actor boundary is JSON-shaped.
+restarted (a new ``epoch``). Everything crossing the actor boundary is JSON-shaped. The
+server's methods hold one lock: inside the actor, replicas' KV event streams publish from a
+thread of their own beside the actor's calls.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from cluster.routing.kv_index.index import ApplyStatus, IndexStats, KVIndex
 from cluster.routing.kv_index.ops import IndexOp, TierSnapshot, parse_op, parse_tiers
@@ -29,6 +33,24 @@ from cluster.routing.kv_index.shards import shard_of
 logger = logging.getLogger(__name__)
 
 LogEntry = dict[str, Any]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(
+    method: Callable[Concatenate[KVIndexServer, _P], _R],
+) -> Callable[Concatenate[KVIndexServer, _P], _R]:
+    """Run a :class:`KVIndexServer` method under its lock (re-entrant: methods call each
+    other)."""
+
+    @functools.wraps(method)
+    def locked(self: KVIndexServer, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 _CHANGED = (ApplyStatus.APPLIED, ApplyStatus.GAP)
 
 
@@ -58,6 +80,7 @@ class KVIndexServer:
         self._first_cursor = 0  # cursor of self._log[0]
         self._num_log_hashes = 0
         self._last_seen_s: dict[str, float] = {}
+        self._lock = threading.RLock()  # the shard actor's stream thread publishes beside calls
         self._next_expiry_check_s = float("-inf")
 
     @property
@@ -65,6 +88,7 @@ class KVIndexServer:
         """The cursor after the newest log entry."""
         return self._first_cursor + len(self._log)
 
+    @_locked
     def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """Apply a replica's batches in order (an empty list is a heartbeat).
 
@@ -86,6 +110,7 @@ class KVIndexServer:
                 break
         return {"resync": self.index.needs_resync(replica_id)}
 
+    @_locked
     def resync(
         self,
         replica_id: str,
@@ -111,6 +136,7 @@ class KVIndexServer:
             num_lower,
         )
 
+    @_locked
     def remove_replica(self, replica_id: str) -> bool:
         """Forget a replica (drained or died); False when it was unknown."""
         self._last_seen_s.pop(replica_id, None)
@@ -120,6 +146,7 @@ class KVIndexServer:
         logger.info("KV index: replica %s removed", replica_id)
         return True
 
+    @_locked
     def updates(self, epoch: str | None, cursor: int) -> dict[str, Any]:
         """Log entries after ``cursor``, or ``{"snapshot": ...}`` when that is not possible."""
         self._expire_silent()
@@ -131,6 +158,7 @@ class KVIndexServer:
             reply["entries"] = [entry for _, entry in itertools.islice(self._log, start, None)]
         return reply
 
+    @_locked
     def stats(self) -> dict[str, int]:
         """Index size and degraded replicas, plus the log length."""
         stats = self.index.stats()
