@@ -341,15 +341,20 @@ class _ReplicaStream:
         return batch
 
 
-def start_shards(app: str, num_shards: int) -> list[Any]:
-    """Fresh index shard actors of ``app``."""
+def start_shards(app: str, num_shards: int, replicas: Sequence[str]) -> list[Any]:
+    """Fresh index shard actors of ``app``, each with its ``replicas`` registered (empty)."""
+    import ray
+
     from cluster.routing.kv_index.actor import get_or_create_index_actor, kill_index_actor
+    from cluster.routing.kv_index.shards import shard_of
 
     kill_index_actor(app)
-    return [
+    shards = [
         get_or_create_index_actor(app, shard=k, num_shards=num_shards, replica_ttl_s=600.0)
         for k in range(num_shards)
     ]
+    ray.get([shards[shard_of(r, num_shards)].resync.remote(r, "prefill", [], 0) for r in replicas])
+    return shards
 
 
 def call_sizes(num_replicas: int, rates: Rates, cycle_s: float) -> list[int]:
@@ -372,12 +377,10 @@ def measure_ingest_stream(
     import ray
 
     from cluster.routing.kv_index.actor import kill_index_actor
-    from cluster.routing.kv_index.shards import shard_of
 
     app = f"cps-stream-{num_shards}"
-    shards = start_shards(app, num_shards)
     replicas = [f"stream-{r}" for r in range(len(sizes))]
-    ray.get([shards[shard_of(r, num_shards)].resync.remote(r, "prefill", [], 0) for r in replicas])
+    shards = start_shards(app, num_shards, replicas)
     endpoints = ray.get([shard.stream_endpoint.remote() for shard in shards])
     fleet: Any = ray.remote(num_cpus=0)(PumpFleet).remote()
     num_events, elapsed = ray.get(
@@ -404,10 +407,9 @@ def measure_ingest(
     from cluster.routing.kv_index.shards import shard_of
 
     app = f"cps-ingest-{num_shards}"
-    shards = start_shards(app, num_shards)
     rng = random.Random(args.seed)
     replicas = [f"ingest-{r}" for r in range(len(sizes))]
-    ray.get([shards[shard_of(r, num_shards)].resync.remote(r, "prefill", [], 0) for r in replicas])
+    shards = start_shards(app, num_shards, replicas)
     payloads: dict[str, list[Any]] = {}
     num_events = 0
     for replica, size in zip(replicas, sizes, strict=True):
@@ -581,13 +583,11 @@ def lag_run(
 
     from cluster.routing.kv_index.actor import kill_index_actor
     from cluster.routing.kv_index.follower import ActorIndexSource
-    from cluster.routing.kv_index.shards import shard_of
     from cluster.routing.routing_metrics import RoutingMetrics
 
     app = f"cps-lag-{num_replicas}-{num_shards}-{stride}"
-    shards = start_shards(app, num_shards)
     replicas = [f"lag-{r}" for r in range(num_replicas)]
-    ray.get([shards[shard_of(r, num_shards)].resync.remote(r, "prefill", [], 0) for r in replicas])
+    shards = start_shards(app, num_shards, replicas)
     fleet: Any = ray.remote(num_cpus=0)(PumpFleet).remote()
     source = ActorIndexSource(
         app, namespace="pdserve", metrics=RoutingMetrics(), num_shards=num_shards, actors=shards
