@@ -40,6 +40,11 @@ class KVHandle:
     blocks from ``shared_region`` instead of the wire."""
     shared_region: str = ""
     """The named shared-memory segment holding the exporter's KV bytes; empty: none."""
+    tp_size: int = 1
+    """Tensor-parallel ranks of the exporter: above 1, every rank holds its share of the KV
+    heads and an importer pulls each head from a rank holding it
+    (:func:`core.tensor_parallel.plan_kv_pieces`); ``layout_fingerprint`` is then that of the
+    unsplit layout (``KVLayout.unsplit``)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ every transfer handle; prefill and decode refuse to exchange blocks whose finger
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from core.errors import LayoutMismatchError
 from core.hashing import HASH_ALGORITHM
@@ -54,6 +54,8 @@ class KVLayout:
     rank's share (:mod:`engine.models.tensor_parallel`)."""
     tp_rank: int = 0
     """Which rank's KV heads these blocks hold."""
+    total_kv_heads: int = 0
+    """The model's KV heads before the split (0: ``num_kv_heads``, one rank)."""
 
     @property
     def dtype_bytes(self) -> int:
@@ -79,10 +81,29 @@ class KVLayout:
         """A short stable digest of every field and of the block-hash algorithm."""
         named = {**asdict(self), "hash_algorithm": HASH_ALGORITHM}
         if self.tp_size == 1:  # one rank: the digest of the layouts before tensor parallelism
-            del named["tp_size"], named["tp_rank"]
+            del named["tp_size"], named["tp_rank"], named["total_kv_heads"]
         fields = sorted(named.items())
         text = "|".join(f"{k}={v}" for k, v in fields)
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+    @property
+    def model_kv_heads(self) -> int:
+        """The model's KV heads, every rank's share together."""
+        return self.total_kv_heads or self.num_kv_heads
+
+    def unsplit(self) -> KVLayout:
+        """The layout of the same blocks on one rank holding every KV head: what a prefill and a
+        decode of different tensor-parallel sizes must agree on (its fingerprint is on every
+        handle)."""
+        if self.tp_size == 1:
+            return self
+        return replace(
+            self, num_kv_heads=self.model_kv_heads, tp_size=1, tp_rank=0, total_kv_heads=0
+        )
+
+    def with_heads(self, num_kv_heads: int) -> KVLayout:
+        """This layout narrowed to ``num_kv_heads`` of its heads (one shard of a pull)."""
+        return replace(self, num_kv_heads=num_kv_heads)
 
     def check_compatible(self, other: KVLayout) -> None:
         """Raise :class:`LayoutMismatchError` naming every field that differs."""

@@ -40,6 +40,7 @@ from transfer.same_node import (
     choose_path,
 )
 from transfer.security import call_metadata, channel_credentials, resolve_auth_token
+from transfer.shards import KVShard
 from transfer.status_codes import details_of, reason_for
 from transfer.streams import StreamPlan
 from transfer.task import TransferTask
@@ -114,8 +115,10 @@ class KVImportClient:
         *,
         metrics: TransferMetrics | None = None,
         accepted_checksums: Sequence[ChecksumAlgorithm] = ACCEPTED_CHECKSUMS,
+        rank_stores: Sequence[BlockStore] = (),
     ) -> None:
-        """``accepted_checksums``: what each Pull offers, best first (tests narrow it)."""
+        """``accepted_checksums``: what each Pull offers, best first (tests narrow it);
+        ``rank_stores``: every rank's store on rank 0 of a tensor-parallel gang."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self._config = config
         self._accepted_checksums = [cast(pb.ChecksumAlgorithm, int(a)) for a in accepted_checksums]
@@ -133,6 +136,7 @@ class KVImportClient:
             metrics=self.metrics,
             stall_s=config.pull_deadline_s,
             plan=StreamPlan.from_config(config),
+            rank_stores=rank_stores,
         )
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, KVTransferClientMethods]] = {}
@@ -198,9 +202,11 @@ class KVImportClient:
         wanted: list[int],
         keep_export: bool = False,
         region: SharedRegion | None = None,
+        shard: KVShard | None = None,
     ) -> ChunkStream:
         """One Pull stream of ``wanted`` (see :class:`~transfer.pull.ExportPeer`): its
-        bytes, or on the same-node path (``region``) their locations, read from the region."""
+        bytes (of ``shard``'s heads only, when given), or on the same-node path (``region``)
+        their locations, read from the region."""
         request = pb.PullRequest(
             transfer_id=handle.transfer_id,
             block_indices=wanted,
@@ -210,6 +216,10 @@ class KVImportClient:
             keep_export=keep_export or region is not None,
             same_node=region is not None,
         )
+        if shard is not None:
+            request.shard_rank = shard.rank
+            request.head_start = shard.head_start
+            request.head_count = shard.head_count
         call = self._methods(handle.address).pull(
             request, timeout=self._config.pull_deadline_s, metadata=self._metadata
         )

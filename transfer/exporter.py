@@ -30,6 +30,7 @@ from transfer.checksums import ChecksumAlgorithm, checksum_pieces, negotiate
 from transfer.chunks import BlockViews, chunk_pieces, plan_chunks, pull_chunk_bytes
 from transfer.faults import FaultInjection
 from transfer.leases import Lease, LeaseTable, OnRelease, ReleaseCause
+from transfer.shards import HeadSliceReader, KVShard, check_shard
 from transfer.transfer_metrics import TransferMetrics, TransferSide
 
 logger = logging.getLogger(__name__)
@@ -63,10 +64,20 @@ class KVExporter:
         metrics: TransferMetrics,
         faults: FaultInjection | None = None,
         node_id: str = "",
+        rank_stores: Sequence[BlockStore] = (),
     ) -> None:
         """``node_id``: this node's identity, put on every handle with the store's shared
-        region (if its KV lives in shared memory) for same-node importers."""
+        region (if its KV lives in shared memory) for same-node importers. ``rank_stores``: on
+        rank 0 of a tensor-parallel gang, every rank's store (``store`` first), all under the
+        same block ids; pulls then name a :class:`~transfer.shards.KVShard`."""
         self.store = store
+        self.rank_stores: tuple[BlockStore, ...] = tuple(rank_stores) or (store,)
+        if len(self.rank_stores) != store.layout.tp_size or self.rank_stores[0] is not store:
+            raise TransferError(
+                f"an exporter of a {store.layout.tp_size}-rank layout needs every rank's store, "
+                f"its own first; got {len(self.rank_stores)}",
+                reason=TransferFailure.INTERNAL,
+            )
         self.node_id = node_id
         self.shared_region: str = getattr(store, "shared_region", None) or ""
         self.address = address
@@ -74,7 +85,7 @@ class KVExporter:
         self.chunk_bytes = chunk_bytes
         self.faults = faults or FaultInjection()
         self._metrics = metrics
-        self._fingerprint = store.layout.fingerprint()
+        self._fingerprint = store.layout.unsplit().fingerprint()
         self._leases = LeaseTable(lease_s, metrics.lease_released)
 
     def export(self, block_ids: Sequence[int], on_release: OnRelease | None = None) -> KVHandle:
@@ -106,6 +117,7 @@ class KVExporter:
             pipelined=lease.pipelined,
             node_id=self.node_id,
             shared_region=self.shared_region,
+            tp_size=len(self.rank_stores),
         )
 
     def add_ready(self, transfer_id: str, block_ids: Sequence[int]) -> None:
@@ -152,21 +164,43 @@ class KVExporter:
         accepted_checksums: Sequence[int] = (),
         *,
         keep_export: bool = False,
+        shard: KVShard | None = None,
     ) -> Generator[EncodedChunk, None, None]:
         """Validate a pull and stream its chunks, each made by ``encode``.
 
         ``block_indices`` are positions in the export (empty: all, in order), every one ready.
         ``cancelled`` is set when the puller goes away; it cuts injected delays short.
         ``accepted_checksums`` is the importer's offer (empty: CRC-32 only). ``keep_export``:
-        one of several streams over disjoint blocks; the export stays pinned after it. Validation
-        errors raise here; failures while streaming raise from ``next()``.
+        one of several streams over disjoint blocks (or shards); the export stays pinned after
+        it. ``shard``: only those heads of that rank's blocks (the only pulls a gang serves).
+        Validation errors raise here; failures while streaming raise from ``next()``.
         """
         wanted, algorithm = self._check_pull(
             transfer_id, block_indices, layout_fingerprint, exporter_epoch, accepted_checksums
         )
+        source = self._shard_source(shard)
+        if shard is not None and not keep_export:
+            raise TransferError(
+                "a shard is one of several streams of an export: it needs keep_export",
+                reason=TransferFailure.INVALID_REQUEST,
+            )
         return self._stream(
-            transfer_id, wanted, self.faults, cancelled, encode, algorithm, keep_export
-        )
+            transfer_id, wanted, self.faults, cancelled, encode, algorithm, keep_export, source,
+            shard,
+        )  # fmt: skip
+
+    def _shard_source(self, shard: KVShard | None) -> BlockStore:
+        """What a pull of ``shard`` reads (refused for a gang without a shard)."""
+        if shard is None:
+            if len(self.rank_stores) > 1:
+                raise TransferError(
+                    f"this exporter's KV heads are split over {len(self.rank_stores)} "
+                    "tensor-parallel ranks: pull them by shard",
+                    reason=TransferFailure.INVALID_REQUEST,
+                )
+            return self.store
+        check_shard(self.store.layout, len(self.rank_stores), shard)
+        return HeadSliceReader(self.rank_stores[shard.rank], shard.head_start, shard.head_count)
 
     def pull_locations(
         self,
@@ -182,7 +216,7 @@ class KVExporter:
         exporter's shared region and a checksum of each, a chunk's worth at a time, each made
         by ``encode``. The export stays pinned after the stream (the importer copies the blocks
         afterwards and releases it as completed)."""
-        if not self.shared_region:
+        if not self.shared_region or len(self.rank_stores) > 1:
             raise TransferError(
                 "this exporter's KV is not in shared memory: pull its bytes instead",
                 reason=TransferFailure.INVALID_REQUEST,
@@ -231,10 +265,12 @@ class KVExporter:
         encode: ChunkEncoder[EncodedChunk],
         algorithm: ChecksumAlgorithm,
         keep_export: bool,
+        source: BlockStore,
+        shard: KVShard | None,
     ) -> Generator[EncodedChunk, None, None]:
         def chunks(lease: Lease) -> Iterator[tuple[EncodedChunk, int]]:
-            views = BlockViews(self.store, [lease.block_ids[i] for i in wanted])
-            total_bytes = len(wanted) * self.store.layout.block_bytes
+            views = BlockViews(source, [lease.block_ids[i] for i in wanted])
+            total_bytes = len(wanted) * source.layout.block_bytes
             chunk_bytes = pull_chunk_bytes(total_bytes, self.chunk_bytes)
             for seq, (offset, size) in enumerate(plan_chunks(total_bytes, chunk_bytes)):
                 self._inject_before(seq, faults, cancelled)
@@ -247,7 +283,7 @@ class KVExporter:
                     )
                 yield message, size
 
-        return self._serve(transfer_id, wanted, keep_export, chunks)
+        return self._serve(transfer_id, wanted, keep_export, chunks, shard)
 
     def _locate(
         self,
@@ -283,11 +319,15 @@ class KVExporter:
         wanted: list[int],
         keep_export: bool,
         chunks: Callable[[Lease], Iterator[tuple[EncodedChunk, int]]],
+        shard: KVShard | None = None,
     ) -> Generator[EncodedChunk, None, None]:
         """One pull's stream of ``chunks(lease)`` (each message with the bytes it stands for),
         bracketed by the lease's pull and the export-side metrics."""
         # on the first next(): paired with end_pull
-        lease = self._leases.begin_pull(transfer_id, wanted, keep_export=keep_export)
+        shard_key = None if shard is None else shard.key
+        lease = self._leases.begin_pull(
+            transfer_id, wanted, keep_export=keep_export, shard_key=shard_key
+        )
         started_s = time.perf_counter()
         self._metrics.transfer_started(TransferSide.EXPORT)
         moved, completed = 0, False
@@ -305,7 +345,13 @@ class KVExporter:
             failure = TransferFailure.INTERNAL
             raise
         finally:
-            self._leases.end_pull(lease, completed, wanted, keep_export=keep_export)
+            self._leases.end_pull(
+                lease,
+                completed,
+                wanted,
+                keep_export=keep_export,
+                shard_key=shard_key,
+            )
             duration_s = time.perf_counter() - started_s
             self._metrics.transfer_finished(TransferSide.EXPORT, moved, duration_s, failure)
 

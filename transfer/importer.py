@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from core.errors import TransferError
 from core.kv_handle import KVHandle, TransferFailure
 from transfer.block_store import BlockStore, check_block_ids
-from transfer.pull import ExportPeer, Pull, PullSetup
+from transfer.pull import ExportPeer, ImportPiece, Pull, PullSetup, plan_import
 from transfer.streams import StreamPlan
 from transfer.task import TransferTask
 from transfer.transfer_metrics import TransferMetrics, TransferSide
@@ -47,18 +47,22 @@ class ImportRunner:
         metrics: TransferMetrics,
         stall_s: float,
         plan: StreamPlan | None = None,
+        rank_stores: Sequence[BlockStore] = (),
     ) -> None:
         """``num_threads`` pulls run at once; ``plan`` says how each is cut into streams
         (default: one stream per pull); a pipelined pull whose export gains no block for
-        ``stall_s`` fails ``deadline_exceeded``."""
+        ``stall_s`` fails ``deadline_exceeded``. ``rank_stores``: on rank 0 of a
+        tensor-parallel gang, every rank's store (``store`` first), filled head by head."""
         self.store = store
+        self.rank_stores: tuple[BlockStore, ...] = tuple(rank_stores) or (store,)
         plan = plan or StreamPlan(max_streams=1, min_stream_bytes=1)
         self._metrics = metrics
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="pdserve-kv-import")
         streams = ThreadPoolExecutor(
             num_threads * plan.max_streams, thread_name_prefix="pdserve-kv-stream"
         )
-        self._setup = PullSetup(store, store.layout.fingerprint(), plan, streams, stall_s)
+        fingerprint = store.layout.unsplit().fingerprint()
+        self._setup = PullSetup(store, fingerprint, plan, streams, stall_s)
         self._lock = threading.Lock()
         self._running: dict[TransferTask, tuple[Future[None], KVHandle, ExportPeer]] = {}
         self._closed = False
@@ -88,13 +92,17 @@ class ImportRunner:
                 reason=TransferFailure.INVALID_REQUEST,
             )
         check_block_ids(self.store, dst_block_ids, "destination")
-        task = TransferTask(
-            handle.transfer_id, tuple(dst_block_ids), len(wanted) * self.store.layout.block_bytes
-        )
+        pieces = plan_import(handle, self.rank_stores)
+        if pieces is None:
+            block_bytes = self.store.layout.block_bytes
+        else:  # each piece moves its heads' share of every block, once
+            layout = self.store.layout
+            block_bytes = sum(layout.with_heads(p.shard.head_count).block_bytes for p in pieces)
+        task = TransferTask(handle.transfer_id, tuple(dst_block_ids), len(wanted) * block_bytes)
         with self._lock:
             if self._closed:
                 raise TransferError("importer is closed", reason=TransferFailure.CANCELLED)
-            future = self._executor.submit(self._run, task, handle, wanted, peer)
+            future = self._executor.submit(self._run, task, handle, wanted, peer, pieces)
             self._running[task] = (future, handle, peer)
         future.add_done_callback(lambda _: self._forget(task))
         return task
@@ -109,11 +117,16 @@ class ImportRunner:
             return len(self._running)
 
     def _run(
-        self, task: TransferTask, handle: KVHandle, wanted: list[int], peer: ExportPeer
+        self,
+        task: TransferTask,
+        handle: KVHandle,
+        wanted: list[int],
+        peer: ExportPeer,
+        pieces: tuple[ImportPiece, ...] | None,
     ) -> None:
         started_s = time.perf_counter()
         self._metrics.transfer_started(TransferSide.IMPORT)
-        pull = Pull(self._setup, task, handle, wanted, peer)
+        pull = Pull(self._setup, task, handle, wanted, peer, pieces)
         failure: TransferError | None = None
         try:
             failure = pull.run()

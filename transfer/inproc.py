@@ -32,6 +32,7 @@ from transfer.same_node import (
     local_node_id,
     to_locations,
 )
+from transfer.shards import KVShard
 from transfer.streams import StreamPlan
 from transfer.task import TransferTask
 from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
@@ -74,9 +75,15 @@ class _InProcChunkStream:
     """A pull served by calling the exporter directly."""
 
     def __init__(
-        self, hub: InProcKVHub, handle: KVHandle, wanted: list[int], keep_export: bool
+        self,
+        hub: InProcKVHub,
+        handle: KVHandle,
+        wanted: list[int],
+        keep_export: bool,
+        shard: KVShard | None,
     ) -> None:
         self._hub = hub
+        self._shard = shard
         self._handle = handle
         self._wanted = wanted
         self._keep_export = keep_export
@@ -93,6 +100,7 @@ class _InProcChunkStream:
             to_chunk_data,
             ACCEPTED_CHECKSUMS,
             keep_export=self._keep_export,
+            shard=self._shard,
         )
         try:
             for chunk in chunks:
@@ -121,9 +129,11 @@ class InProcKVTransport:
         faults: FaultInjection | None = None,
         plan: StreamPlan | None = None,
         same_node: bool = True,
+        rank_stores: Sequence[BlockStore] = (),
     ) -> None:
         """``plan``: how pulls are cut into streams (default: one stream a pull);
-        ``same_node``: read an exporter's shared KV region directly when it has one."""
+        ``same_node``: read an exporter's shared KV region directly when it has one;
+        ``rank_stores``: every rank's store on rank 0 of a tensor-parallel gang."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self._hub = hub
         self.exporter = KVExporter(
@@ -134,12 +144,18 @@ class InProcKVTransport:
             metrics=self.metrics,
             faults=faults,
             node_id=local_node_id(),
+            rank_stores=rank_stores,
         )
         hub.register(self.exporter)
         self._regions = SharedRegions()
         self._same_node = same_node
         self._runner = ImportRunner(
-            store, num_threads=num_threads, metrics=self.metrics, stall_s=lease_s, plan=plan
+            store,
+            num_threads=num_threads,
+            metrics=self.metrics,
+            stall_s=lease_s,
+            plan=plan,
+            rank_stores=rank_stores,
         )
 
     @property
@@ -178,11 +194,12 @@ class InProcKVTransport:
         wanted: list[int],
         keep_export: bool,
         region: SharedRegion | None = None,
+        shard: KVShard | None = None,
     ) -> ChunkStream:
         """A stream served by calling the exporter at ``handle.address`` directly (its block
         locations, read from ``region``, on the same-node path)."""
         if region is None:
-            return _InProcChunkStream(self._hub, handle, wanted, keep_export)
+            return _InProcChunkStream(self._hub, handle, wanted, keep_export, shard)
         cancelled = threading.Event()
         locations = self._hub.lookup(handle.address).pull_locations(
             handle.transfer_id,

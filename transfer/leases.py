@@ -69,8 +69,9 @@ class Lease:
         self.on_release = on_release
         self.deadline_s = 0.0  # seconds on the table's clock (time.monotonic)
         self.whole_pull = False  # a v1 stream over the whole export is running
-        self.pulling: set[int] = set()  # indices streams of a split pull are reading
-        self.pulled: set[int] = set()  # indices a split pull's streams completed
+        # indices (or a shard's keys of them) streams of a split pull are reading / completed
+        self.pulling: set[int | tuple[int, int, int]] = set()
+        self.pulled: set[int | tuple[int, int, int]] = set()
         self.released: ReleaseCause | None = None
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
@@ -140,16 +141,23 @@ class LeaseTable:
             return lease.deadline_s - now
 
     def begin_pull(
-        self, transfer_id: str, indices: Sequence[int] = (), *, keep_export: bool = False
+        self,
+        transfer_id: str,
+        indices: Sequence[int] = (),
+        *,
+        keep_export: bool = False,
+        shard_key: ShardKey | None = None,
     ) -> Lease:
         """Mark ``indices`` of the lease as being pulled and push its deadline. Without
         ``keep_export`` the stream pulls the whole export and no other may run; with it, streams
-        of one importer pull disjoint ready blocks side by side."""
+        of one importer pull disjoint ready blocks side by side (``shard_key``: of one shard of
+        the heads; streams of different shards may pull the same blocks)."""
+        keys = _keys(indices, shard_key)
         with self._cond:
             lease = self._get_locked(transfer_id)
             with lease.lock:
                 busy = lease.whole_pull or (not keep_export and bool(lease.pulling))
-                overlap = lease.pulling.intersection(indices) | lease.pulled.intersection(indices)
+                overlap = lease.pulling.intersection(keys) | lease.pulled.intersection(keys)
                 if busy or overlap:
                     raise TransferError(
                         f"transfer {transfer_id} is already being pulled"
@@ -158,7 +166,7 @@ class LeaseTable:
                     )
                 lease.check_ready(indices)
                 if keep_export:
-                    lease.pulling.update(indices)
+                    lease.pulling.update(keys)
                 else:
                     lease.whole_pull = True
             lease.deadline_s = max(lease.deadline_s, self._clock() + self.lease_s)
@@ -185,14 +193,16 @@ class LeaseTable:
         indices: Sequence[int] = (),
         *,
         keep_export: bool = False,
+        shard_key: ShardKey | None = None,
     ) -> None:
         """A pull ended. A whole pull that completed frees the blocks; a stream of a split pull
         only records its blocks as pulled (the importer releases the export when it has all)."""
+        keys = _keys(indices, shard_key)
         with self._cond, lease.lock:
             if keep_export:
-                lease.pulling.difference_update(indices)
+                lease.pulling.difference_update(keys)
                 if completed:
-                    lease.pulled.update(indices)
+                    lease.pulled.update(keys)
             else:
                 lease.whole_pull = False
         if completed and not keep_export:
@@ -333,3 +343,13 @@ class LeaseTable:
                 now = self._clock()
                 next_s = min((lease.deadline_s for lease in self._leases.values()), default=now + 1)
                 self._cond.wait(timeout=min(max(next_s - now, 0.001), 1.0))
+
+
+ShardKey = Callable[[int], tuple[int, int, int]]
+"""A shard's key of an export index (``transfer.shards.KVShard.key``)."""
+
+
+def _keys(indices: Sequence[int], shard_key: ShardKey | None) -> list[int | tuple[int, int, int]]:
+    if shard_key is None:
+        return list(indices)
+    return [shard_key(index) for index in indices]

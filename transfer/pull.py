@@ -17,16 +17,18 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
 from core.errors import TransferError
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
+from core.tensor_parallel import plan_kv_pieces
 from transfer.block_store import BlockStore
 from transfer.chunks import ChunkWriter, Payload
 from transfer.same_node import SharedRegion
+from transfer.shards import KVShard, ShardWriter
 from transfer.streams import StreamPlan
 from transfer.task import TransferTask
 
@@ -84,10 +86,12 @@ class ExportPeer(Protocol):
         wanted: list[int],
         keep_export: bool,
         region: SharedRegion | None = None,
+        shard: KVShard | None = None,
     ) -> ChunkStream:
         """Start streaming ``wanted`` (export indices, in this order). ``keep_export``: one of
         several streams; the export stays pinned after it. ``region``: the same-node path,
-        reading the blocks from the exporter's shared region (always keeps the export)."""
+        reading the blocks from the exporter's shared region (always keeps the export).
+        ``shard``: only those heads of that exporter rank's blocks (never same-node)."""
         ...
 
     def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
@@ -105,6 +109,35 @@ class ExportPeer(Protocol):
         """A pipelined export's ready blocks (waiting up to ``wait_s`` for
         ``min_ready_blocks``) and, once its prefill finished, what it ended with."""
         ...
+
+
+@dataclass(frozen=True)
+class ImportPiece:
+    """One stream's worth of a pull between tensor-parallel gangs: the exporter's shard, and
+    where it lands: each target a destination rank's store and its local head there (several
+    when the destination gang replicates those heads: moved once, placed in each)."""
+
+    shard: KVShard
+    targets: tuple[tuple[BlockStore, int], ...]
+
+
+def plan_import(
+    handle: KVHandle, rank_stores: Sequence[BlockStore]
+) -> tuple[ImportPiece, ...] | None:
+    """The pieces of a pull of ``handle`` into a gang with these stores (rank 0 first); None
+    when both sides are one rank (a plain pull of whole blocks)."""
+    if handle.tp_size == 1 and len(rank_stores) == 1:
+        return None
+    heads = rank_stores[0].layout.model_kv_heads
+    try:
+        planned = plan_kv_pieces(handle.tp_size, len(rank_stores), heads)
+    except ValueError as e:
+        raise TransferError(str(e), reason=TransferFailure.LAYOUT_MISMATCH) from e
+    targets: dict[KVShard, list[tuple[BlockStore, int]]] = {}
+    for piece in planned:
+        shard = KVShard(piece.src_rank, piece.src_head, piece.num_heads)
+        targets.setdefault(shard, []).append((rank_stores[piece.dst_rank], piece.dst_head))
+    return tuple(ImportPiece(shard, tuple(places)) for shard, places in targets.items())
 
 
 @dataclass(frozen=True)
@@ -133,8 +166,12 @@ class Pull:
         handle: KVHandle,
         wanted: list[int],
         peer: ExportPeer,
+        pieces: tuple[ImportPiece, ...] | None = None,
     ) -> None:
+        """``pieces``: a pull between tensor-parallel gangs, every piece streamed for every
+        block range (None: whole blocks)."""
         self._setup = setup
+        self._pieces = pieces
         self._task = task
         self._handle = handle
         self._peer = peer
@@ -168,7 +205,7 @@ class Pull:
                 reason=TransferFailure.LAYOUT_MISMATCH,
             )
         task.set_cancel_hook(self.cancel_streams)
-        if self._wanted:
+        if self._wanted and self._pieces is None:
             self._region = self._peer.same_node_region(handle)
         try:
             if handle.pipelined:
@@ -183,7 +220,8 @@ class Pull:
             self.release_when_done = False
             return None
         parts = self._setup.plan.split(len(self._wanted), self._handle.block_bytes)
-        if len(parts) == 1 and self._region is None:  # v1: completing the stream frees it
+        if len(parts) == 1 and self._region is None and self._pieces is None:
+            # v1: completing the stream frees the export
             self._start(0, len(self._wanted), keep_export=False)
             return self._wait_streams()
         self.release_when_done = True
@@ -237,14 +275,25 @@ class Pull:
         return self._num_started < len(self._wanted)
 
     def _start(self, start: int, end: int, keep_export: bool) -> None:
-        """Open a stream of ``wanted[start:end]`` and run it on the stream pool."""
-        writer = ChunkWriter(self._setup.store, self._dst[start:end])
-        wanted = self._wanted[start:end]
-        stream = self._peer.open_stream(self._handle, wanted, keep_export, self._region)
+        """Open a stream of ``wanted[start:end]`` (one per piece between gangs) and run it on
+        the stream pool."""
+        wanted, dst = self._wanted[start:end], self._dst[start:end]
+        if self._pieces is None:
+            writer = ChunkWriter(self._setup.store, dst)
+            stream = self._peer.open_stream(self._handle, wanted, keep_export, self._region)
+            self._run_stream(stream, writer)
+        for piece in self._pieces or ():
+            shard = piece.shard
+            writer = ShardWriter(piece.targets, dst, shard.head_count)
+            stream = self._peer.open_stream(self._handle, wanted, True, shard=shard)
+            self._run_stream(stream, writer)
+        with self._lock:
+            self._num_started = max(self._num_started, end)
+
+    def _run_stream(self, stream: ChunkStream, writer: ChunkWriter) -> None:
         with self._lock:  # listed before its drain can count bytes_done
             future = self._setup.streams.submit(self._drain, stream, writer)
             self._streams.append((stream, writer, future))
-            self._num_started = max(self._num_started, end)
         if self._task.cancel_requested:
             stream.cancel()
 
@@ -319,4 +368,4 @@ class Pull:
             writers = [writer for _, writer, _ in self._streams]
             missed = [block for writer in writers for block in writer.invalid_block_ids()]
             missed += self._dst[self._num_started :]
-        return tuple(missed)
+        return tuple(dict.fromkeys(missed))  # pieces between gangs name a block once each

@@ -32,6 +32,7 @@ from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import SERVICE_NAME, generic_handler, message_options
 from transfer.same_node import local_node_id
 from transfer.security import TokenAuthInterceptor, resolve_auth_token, server_credentials
+from transfer.shards import KVShard
 from transfer.status_codes import REASON_METADATA_KEY, code_for
 from transfer.transfer_metrics import InMemoryTransferMetrics, TransferMetrics
 
@@ -72,6 +73,7 @@ class _KVTransferServicer:
                 encode_chunk,
                 list(request.accepted_checksums),
                 keep_export=request.keep_export,
+                shard=_shard_of(request),
             )
             with closing(chunks):
                 yield from chunks
@@ -114,6 +116,13 @@ class _KVTransferServicer:
         )
 
 
+def _shard_of(request: pb.PullRequest) -> KVShard | None:
+    """The request's shard of the heads (None: whole blocks)."""
+    if not request.head_count:
+        return None
+    return KVShard(request.shard_rank, request.head_start, request.head_count)
+
+
 def _encode_locations(
     offset_bytes: int, total_bytes: int, algorithm: int, checksum: int, block_ids: list[int]
 ) -> bytes:
@@ -148,11 +157,14 @@ class KVExportServer:
         node_host: str | None = None,
         metrics: TransferMetrics | None = None,
         faults: FaultInjection | None = None,
+        rank_stores: Sequence[BlockStore] = (),
     ) -> None:
         """Bind, register the services and start serving.
 
         ``node_host`` is the node's address as the caller knows it (Ray's node IP); it is used
-        when ``config.bind_host`` is unset. Raises ``ConfigError`` if the address cannot be bound.
+        when ``config.bind_host`` is unset. ``rank_stores``: every rank's store on rank 0 of a
+        tensor-parallel gang (see :class:`KVExporter`). Raises ``ConfigError`` if the address
+        cannot be bound.
         """
         self.metrics = metrics or InMemoryTransferMetrics()
         token = resolve_auth_token(config)
@@ -185,6 +197,7 @@ class KVExportServer:
             metrics=self.metrics,
             faults=faults,
             node_id=local_node_id(),
+            rank_stores=rank_stores,
         )
         self._server.add_generic_rpc_handlers(
             (generic_handler(_KVTransferServicer(self.exporter)),)

@@ -99,15 +99,25 @@ class GrpcKVTransport:
         node_host: str | None = None,
         metrics: TransferMetrics | None = None,
         faults: FaultInjection | None = None,
+        rank_stores: Sequence[BlockStore] = (),
     ) -> None:
-        """``serve=True`` starts the export server (prefill workers); decode workers pass False."""
+        """``serve=True`` starts the export server (prefill workers); decode workers pass False.
+        ``rank_stores``: on rank 0 of a tensor-parallel gang, every rank's store (``store``
+        first): exports serve each rank's heads, pulls fill each rank's heads."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self.server = (
-            KVExportServer(store, config, node_host=node_host, metrics=self.metrics, faults=faults)
+            KVExportServer(
+                store,
+                config,
+                node_host=node_host,
+                metrics=self.metrics,
+                faults=faults,
+                rank_stores=rank_stores,
+            )
             if serve
             else None
         )
-        self.client = KVImportClient(store, config, metrics=self.metrics)
+        self.client = KVImportClient(store, config, metrics=self.metrics, rank_stores=rank_stores)
 
     @property
     def address(self) -> str | None:

@@ -145,6 +145,7 @@ class ModelArchConfig:
             scale_bytes=scale_bytes,
             tp_size=1 if tp is None else tp.size,
             tp_rank=0 if tp is None else tp.rank,
+            total_kv_heads=0 if tp is None or tp.size == 1 else self.num_kv_heads,
         )
 
     @classmethod

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from core.errors import ConfigError
-from core.tensor_parallel import tp_split_problem
+from core.tensor_parallel import kv_head_range, tp_split_problem
 from engine.models.config import ModelArchConfig
 
 
@@ -64,9 +64,7 @@ class TPShard:
     def kv_heads(self, num_kv_heads: int) -> tuple[int, int]:
         """(first KV head, number of KV heads) of this rank: a share of them, or the one KV
         head this rank's query heads read when there are fewer KV heads than ranks."""
-        if num_kv_heads >= self.size:
-            return self.split(num_kv_heads)
-        return self.rank * num_kv_heads // self.size, 1
+        return kv_head_range(self.rank, self.size, num_kv_heads)
 
     def vocab(self, vocab_size: int) -> tuple[int, int, int]:
         """(first token id, real rows, rows allocated) of this rank's vocabulary slice; every

@@ -15,7 +15,7 @@ CHECKSUM_ALGORITHM_CRC32: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_XXH3_64: ChecksumAlgorithm
 
 class PullRequest(_message.Message):
-    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch", "accepted_checksums", "keep_export", "same_node")
+    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch", "accepted_checksums", "keep_export", "same_node", "shard_rank", "head_start", "head_count")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,9 @@ class PullRequest(_message.Message):
     ACCEPTED_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     KEEP_EXPORT_FIELD_NUMBER: _ClassVar[int]
     SAME_NODE_FIELD_NUMBER: _ClassVar[int]
+    SHARD_RANK_FIELD_NUMBER: _ClassVar[int]
+    HEAD_START_FIELD_NUMBER: _ClassVar[int]
+    HEAD_COUNT_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_indices: _containers.RepeatedScalarFieldContainer[int]
     layout_fingerprint: str
@@ -30,7 +33,10 @@ class PullRequest(_message.Message):
     accepted_checksums: _containers.RepeatedScalarFieldContainer[ChecksumAlgorithm]
     keep_export: bool
     same_node: bool
-    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ..., accepted_checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ..., keep_export: _Optional[bool] = ..., same_node: _Optional[bool] = ...) -> None: ...
+    shard_rank: int
+    head_start: int
+    head_count: int
+    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ..., accepted_checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ..., keep_export: _Optional[bool] = ..., same_node: _Optional[bool] = ..., shard_rank: _Optional[int] = ..., head_start: _Optional[int] = ..., head_count: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("offset_bytes", "total_bytes", "crc32", "payload", "checksum_algorithm", "checksum64", "source_block_ids")
