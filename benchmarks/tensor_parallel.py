@@ -14,8 +14,15 @@ JSON object:
 - ``tp2_output_identical``: greedy tokens equal in every round;
 - the times behind them (``tpot_ms``, ``prefill_tok_s`` per engine), best of ``--repeats``.
 
-The heterogeneous P/D keys of issue 32 (``hetero_pd_bytes_ratio``, ``hetero_pd_output_identical``)
-come with the per-rank KV transfer, which is not built yet.
+Then P/D between pools of different TP sizes, through the real prefill and decode workers over
+gRPC (``transfer.same_node: off``: every byte crosses a socket), on the same prompt: a TP=1
+prefill into a TP=1 decode (the peer), a TP=2 prefill into a TP=1 decode and a TP=1 prefill into
+a TP=2 decode (one gang per process, so each pair is built after the last is shut down):
+
+- ``hetero_pd_bytes_ratio``: KV bytes the TP=2 -> TP=1 pull moved over the TP=1 -> TP=1 pull's
+  (target == 1.0: each decode rank pulls exactly its heads, each head once);
+  ``hetero_pd_bytes_ratio_tp1_to_tp2`` the same for the other direction;
+- ``hetero_pd_output_identical``: both handoffs' greedy tokens equal the colocated one-rank run.
 
 Usage: ``python benchmarks/tensor_parallel.py [--model builtin:llama-1b] [--prompt-tokens 256]
 [--new-tokens 16] [--repeats 2]``
@@ -30,6 +37,7 @@ import os
 import random
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -46,6 +54,77 @@ def timed(llm: LLM, prompt: list[int], new_tokens: int, threads: int) -> tuple[f
     start = time.perf_counter()
     [out] = llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
     return time.perf_counter() - start, list(out.outputs[0].token_ids)
+
+
+def handoff_bytes(
+    model: str, options: dict[str, Any], prefill_tp: int, decode_tp: int, prompt: list[int]
+) -> tuple[int, list[int], float]:
+    """One prefill -> decode handoff of ``prompt`` between pools of these TP sizes: KV bytes the
+    decode pulled, the greedy tokens, and the pull's seconds."""
+    import asyncio
+
+    from core.config import EngineConfig, ModelConfig, TransferConfig
+    from core.messages import DecodeRequest, PrefillRequest
+    from decode.build import build_decode_worker
+    from prefill.build import build_prefill_worker
+
+    model_cfg = ModelConfig(name=model, dtype="float32")
+    transfer = TransferConfig(
+        bind_host="127.0.0.1", insecure_test_token="tp-bench", same_node="off"
+    )
+    engine = {k: v for k, v in options.items() if k != "dtype"}
+    prefill = build_prefill_worker(
+        model_cfg, EngineConfig(**engine, tensor_parallel_size=prefill_tp), transfer
+    )
+    decode = build_decode_worker(
+        model_cfg, EngineConfig(**engine, tensor_parallel_size=decode_tp), transfer
+    )
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def run() -> list[int]:
+        result = await prefill.prefill(PrefillRequest("bench", prompt, params))
+        request = DecodeRequest(
+            "bench",
+            prompt,
+            params,
+            first_token_id=result.first_token_id,
+            kv_handle=result.kv_handle,
+            prompt_chunk_ends=result.prompt_chunk_ends,
+        )
+        tokens = [result.first_token_id]
+        async for chunk in decode.generate(request):
+            tokens += chunk.token_ids
+        return tokens
+
+    try:
+        tokens = asyncio.run(run())
+        stats = decode.stats().transfer
+        if stats.failures_total or stats.transfers_total != 1:
+            raise RuntimeError(f"the handoff did not pull its KV once: {stats}")
+        return stats.bytes_total, tokens, stats.seconds_total
+    finally:
+        asyncio.run(decode.shutdown())
+        asyncio.run(prefill.shutdown())
+
+
+def hetero_pd(model: str, options: dict[str, Any], prompt: list[int]) -> dict[str, object]:
+    """The heterogeneous P/D keys: bytes ratios against TP=1 -> TP=1, and output identity."""
+    colocated = LLM(model, **options)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    [out] = colocated.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
+    reference = list(out.outputs[0].token_ids)
+    del colocated
+    runs = {pair: handoff_bytes(model, options, *pair, prompt) for pair in ((1, 1), (2, 1), (1, 2))}
+    for (p, d), (moved, _, seconds) in runs.items():
+        logger.info("prefill TP=%d -> decode TP=%d: %d bytes in %.3f s", p, d, moved, seconds)
+    baseline = runs[(1, 1)][0]
+    return {
+        "hetero_pd_bytes": {f"tp{p}_to_tp{d}": run[0] for (p, d), run in runs.items()},
+        "hetero_pd_pull_s": {f"tp{p}_to_tp{d}": run[2] for (p, d), run in runs.items()},
+        "hetero_pd_bytes_ratio": runs[(2, 1)][0] / baseline,
+        "hetero_pd_bytes_ratio_tp1_to_tp2": runs[(1, 2)][0] / baseline,
+        "hetero_pd_output_identical": all(run[1] == reference for run in runs.values()),
+    }
 
 
 def main() -> None:
@@ -95,6 +174,9 @@ def main() -> None:
                 )
     finally:
         two.shutdown()
+    os.environ.pop("PDSERVE_NUM_THREADS")
+    torch.set_num_threads(cores)
+    hetero = hetero_pd(args.model, options, prompt)
     result = {
         "model": args.model,
         "cores": cores,
@@ -108,7 +190,13 @@ def main() -> None:
         "tp2_decode_tpot_ratio": best["tp2_tpot_s"] / best["tp1_tpot_s"],
         "tp2_prefill_throughput_ratio": best["tp1_prefill_s"] / best["tp2_prefill_s"],
         "tp2_output_identical": identical,
-        "targets": {"tp2_decode_tpot_ratio": "<= 1.3", "tp2_output_identical": "true"},
+        **hetero,
+        "targets": {
+            "tp2_decode_tpot_ratio": "<= 1.3",
+            "tp2_output_identical": "true",
+            "hetero_pd_bytes_ratio": "== 1.0",
+            "hetero_pd_output_identical": "true",
+        },
     }
     print(json.dumps(result))
 

@@ -83,10 +83,21 @@ class SharedSegment:
 def open_segment_readonly(name: str) -> mmap.mmap:
     """Map another process's segment read-only. Raises ``OSError`` when it is gone, ``ValueError``
     for a name that is not one of ours."""
+    return _open_segment(name, writable=False)
+
+
+def open_segment_writable(name: str) -> mmap.mmap:
+    """Map another process's segment read-write (a tensor-parallel follower's KV, which rank 0
+    fills on import); errors as :func:`open_segment_readonly`."""
+    return _open_segment(name, writable=True)
+
+
+def _open_segment(name: str, *, writable: bool) -> mmap.mmap:
     if not _NAME.match(name):
         raise ValueError(f"{name!r} is not a pdserve KV segment name")
-    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR if writable else os.O_RDONLY)
     try:
-        return mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return mmap.mmap(fd, os.fstat(fd).st_size, prot=prot)
     finally:
         os.close(fd)

@@ -32,7 +32,13 @@ def build_decode_worker(
         async_engine = build_async_engine(model, engine, kv_event_callback=kv_event_callback)
     parts = async_engine.engine.parts
     metrics = InMemoryTransferMetrics()
-    transport = GrpcKVTransport(parts.storage, transfer, serve=False, metrics=metrics)
+    transport = GrpcKVTransport(
+        parts.storage,
+        transfer,
+        serve=False,
+        metrics=metrics,
+        rank_stores=async_engine.engine.rank_storages,
+    )
     logger.info(
         "decode worker ready: %d KV blocks, layout %s, kv_failure_policy=%s",
         parts.storage.num_blocks,

@@ -79,7 +79,7 @@ class KVImport:
         """Check the layout, then reserve blocks (reusing local prefix hits of the same
         ``cache_salt``) on the engine; ``first_token_id`` None for a pipelined handle (the
         export tells it)."""
-        mine = self._engine.layout
+        mine = self._engine.layout.unsplit()  # gangs of any sizes exchange KV head by head
         if self.handle.layout_fingerprint != mine.fingerprint():
             raise LayoutMismatchError(
                 f"request {self.request_id}: exporter KV layout {self.handle.layout_fingerprint} "

@@ -14,10 +14,12 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from core.errors import InvalidRequestError
+from core.errors import ConfigError, InvalidRequestError
 from core.sampling import SamplingParams
+from core.shared_memory import SHM_DIR
 from engine.admission import check_request, request_generator
 from engine.device_io import DeviceReader, upload
+from engine.kv.storage import KVStorage
 from engine.model_runner import ModelRunner, StepLogits
 from engine.output_processor import OutputProcessor, RequestState
 from engine.outputs import RequestOutput, TokenLogprob
@@ -222,6 +224,22 @@ class LLMEngine:
         self.scheduler.close()
         self.parts.storage.close()
         self.runner.close()
+
+    @property
+    def rank_storages(self) -> tuple[KVStorage, ...]:
+        """Every tensor-parallel rank's KV storage, this engine's (rank 0's) first, as the
+        transfer layer of a prefill or decode replica moves their heads; :class:`ConfigError`
+        when a rank's KV cannot be reached from here (a follower's is not in shared memory)."""
+        storages = self.runner.rank_storages
+        size = self.parts.layout.tp_size
+        if len(storages) != size:
+            raise ConfigError(
+                f"{size - len(storages)} of this engine's {size} tensor-parallel ranks keep their "
+                f"KV outside shared memory ({SHM_DIR} too small?): it cannot move KV to or from "
+                "another pool",
+                param="tensor_parallel_size",
+            )
+        return storages
 
     @property
     def usable(self) -> bool:

@@ -168,6 +168,12 @@ class ModelRunner:
         """False once no step can ever succeed again (a tensor-parallel gang that broke)."""
         return True
 
+    @property
+    def rank_storages(self) -> tuple[KVStorage, ...]:
+        """Every tensor-parallel rank's KV storage as this process reaches it, this one's
+        first (one rank: just :attr:`storage`)."""
+        return (self.storage,)
+
     def _prompt_logits(
         self,
         scheduled: list[ScheduledRequest],

@@ -39,7 +39,12 @@ def build_prefill_worker(
     parts = async_engine.engine.parts
     metrics = InMemoryTransferMetrics()
     transport = GrpcKVTransport(
-        parts.storage, transfer, serve=True, node_host=node_host, metrics=metrics
+        parts.storage,
+        transfer,
+        serve=True,
+        node_host=node_host,
+        metrics=metrics,
+        rank_stores=async_engine.engine.rank_storages,
     )
     logger.info(
         "prefill worker ready: %d KV blocks, exporting at %s (layout %s)",

@@ -110,7 +110,7 @@ class KVExporter:
             transfer_id=lease.transfer_id,
             address=self.address,
             num_blocks=lease.num_blocks,
-            block_bytes=self.store.layout.block_bytes,
+            block_bytes=self.store.layout.unsplit().block_bytes,
             layout_fingerprint=self._fingerprint,
             lease_deadline_unix_ms=int((time.time() + self._leases.lease_s) * 1000),
             exporter_epoch=self.epoch,

@@ -93,32 +93,21 @@ class ServedModel:
         return pool_key(role, self.scope)
 
     def _check_tensor_parallel(self, role: Role, size: int) -> None:
-        """A tensor-parallel pool: decode only, with no prefill pool to pull KV from (the
-        per-rank transfer between pools is not built yet), one GPU per rank."""
+        """A tensor-parallel pool: one GPU per rank, not with expert parallelism. Pools of
+        different sizes exchange KV head by head (``core.tensor_parallel.plan_kv_pieces``), so
+        any sizes that split the model pair up (``pdserve validate`` checks them against it)."""
         if size == 1:
             return
         at, pool = self.field_path, self.pool_for(role)
-        if role == "prefill":
-            raise ValueError(
-                f"{at}prefill.engine.tensor_parallel_size ({size}): moving KV out of a "
-                "tensor-parallel prefill pool is not built yet; use it on decode with "
-                "prefill.num_replicas: 0"
-            )
         if pool.expert_parallel > 1:
             raise ValueError(
-                f"{at}decode: engine.tensor_parallel_size ({size}) cannot be combined with "
+                f"{at}{role}: engine.tensor_parallel_size ({size}) cannot be combined with "
                 f"expert_parallel ({pool.expert_parallel}) yet"
-            )
-        if self.prefill.deployed:
-            raise ValueError(
-                f"{at}decode.engine.tensor_parallel_size ({size}) needs prefill.num_replicas: 0 "
-                "(moving KV into a tensor-parallel decode pool is not built yet: its replicas "
-                "prefill every prompt themselves)"
             )
         if pool.num_gpus and pool.num_gpus != size:
             raise ValueError(
-                f"{at}decode.num_gpus ({pool.num_gpus:g}) must equal "
-                f"decode.engine.tensor_parallel_size ({size}): a tensor-parallel replica holds "
+                f"{at}{role}.num_gpus ({pool.num_gpus:g}) must equal "
+                f"{role}.engine.tensor_parallel_size ({size}): a tensor-parallel replica holds "
                 "one GPU per rank"
             )
 

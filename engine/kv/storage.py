@@ -19,12 +19,13 @@ both calls do nothing; a forced mirror on CPU (tests) copies at once.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import torch
 
 from core.errors import ConfigError, KVCacheError
 from core.kv_layout import KVLayout
-from core.shared_memory import SharedSegment
+from core.shared_memory import SharedSegment, open_segment_writable
 from engine.kv.staging import BlockCopier, StagingTracker
 
 logger = logging.getLogger(__name__)
@@ -83,11 +84,14 @@ class KVStorage:
         *,
         host_staging: bool | None = None,
         shared: bool = False,
+        attach: str | None = None,
     ) -> None:
         """``host_staging`` (default: when ``device`` is not the CPU) keeps a host mirror for the
         transfer layer's byte views. ``shared`` keeps those host bytes in named shared memory
         (:attr:`shared_region`) that same-node peers map; without room for it in ``/dev/shm``
-        the storage stays private (logged)."""
+        the storage stays private (logged). ``attach``: instead, map the shared host bytes of
+        another process's storage of this layout (a tensor-parallel follower's, on a CPU
+        ``device``): byte views for the transfer layer, nothing to compute with."""
         self.layout = layout
         self.num_blocks = num_blocks
         self.device = device
@@ -101,15 +105,24 @@ class KVStorage:
         )
         dtype = TORCH_DTYPES[layout.dtype]
         staged = device.type != "cpu" if host_staging is None else host_staging
-        self._shared = _shared_buffer(num_blocks * layout.block_bytes) if shared else None
+        nbytes = num_blocks * layout.block_bytes
+        self._shared = _shared_buffer(nbytes) if shared and attach is None else None
         self._pinned = False  # a shared host mirror registered with CUDA (unregistered at close)
-        if self._shared is not None and not staged:
-            self.kv = _as_tensor(self._shared, dtype, shape)
+        self._attached = None if attach is None else open_segment_writable(attach)
+        if self._attached is not None:
+            if staged or len(self._attached) != nbytes:
+                raise KVCacheError(
+                    f"KV segment {attach} holds {len(self._attached)} bytes, the layout "
+                    f"{nbytes} (or a staged storage was asked to attach)"
+                )
+            self.kv = _as_tensor(memoryview(self._attached), dtype, shape)
+        elif self._shared is not None and not staged:
+            self.kv = _as_tensor(self._shared.buf, dtype, shape)
         else:
             self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.host = self.kv
         if staged and self._shared is not None:
-            self.host = _as_tensor(self._shared, dtype, shape)
+            self.host = _as_tensor(self._shared.buf, dtype, shape)
             self._pinned = _pin(self.host)
         elif staged:
             pin = torch.cuda.is_available()
@@ -117,6 +130,9 @@ class KVStorage:
         self._bytes = self.host.view(torch.uint8).view(num_blocks, layout.block_bytes)
         self._copier = BlockCopier(self.kv, self.host) if staged else None
         self.staging = StagingTracker()
+        self.peers: PeerStaging | None = None
+        """On rank 0 of a tensor-parallel gang: stages the other ranks' blocks as this storage
+        stages its own (their host mirrors are what the transfer layer reads and writes)."""
         logger.info(
             "KV storage: %d blocks x %d tokens, %.1f MiB on %s",
             num_blocks,
@@ -153,6 +169,8 @@ class KVStorage:
         if self._copier is not None and block_ids:
             self._check_ids(block_ids)
             self.staging.exported(block_ids, self._copier.to_host(block_ids))
+            if self.peers is not None:
+                self.peers.stage_to_host(block_ids)
 
     def stage_to_device(self, block_ids: list[int]) -> None:
         """Start copying blocks host mirror -> KV after the transfer layer wrote them (no-op on
@@ -160,6 +178,8 @@ class KVStorage:
         if self._copier is not None and block_ids:
             self._check_ids(block_ids)
             self.staging.imported(self._copier.to_device(block_ids))
+            if self.peers is not None:
+                self.peers.stage_to_device(block_ids)
 
     def fence_uploads(self) -> None:
         """Order the compute stream after every :meth:`stage_to_device` copy still in flight;
@@ -220,7 +240,20 @@ def _pin(host: torch.Tensor) -> bool:
     return True
 
 
-def _as_tensor(segment: SharedSegment, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """The whole (zero-filled) segment as a tensor of ``shape``."""
-    flat = torch.frombuffer(segment.buf, dtype=torch.uint8, count=segment.nbytes)
+def _as_tensor(buf: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The whole segment ``buf`` as a tensor of ``shape``."""
+    flat = torch.frombuffer(buf, dtype=torch.uint8, count=buf.nbytes)
     return flat.view(dtype).view(shape)
+
+
+class PeerStaging(Protocol):
+    """Staging the same blocks in the other ranks of a tensor-parallel gang (rank 0 calls it
+    on its engine thread, as it stages its own)."""
+
+    def stage_to_host(self, block_ids: list[int]) -> None:
+        """Copy the blocks to every other rank's host mirror; returns once they are there."""
+        ...
+
+    def stage_to_device(self, block_ids: list[int]) -> None:
+        """Copy the blocks from every other rank's host mirror before its next step."""
+        ...

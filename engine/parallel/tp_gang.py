@@ -8,6 +8,10 @@ group, and returns the :class:`Gang`. Each follower builds its rank's engine par
 configs (passed as JSON), agrees with the others on the KV cache (:func:`agree_on_kv`), then
 runs :func:`~engine.parallel.tp_step.follow_leader` until rank 0 stops it (:meth:`Gang.close`)
 or the gang breaks; a follower whose leader died sees its broadcast fail and exits.
+
+A follower keeps the host bytes of its KV in named shared memory and tells rank 0 the name
+(:func:`exchange_regions`); rank 0 maps every follower's (:attr:`LeaderRunner.rank_storages`),
+so the one transfer server and client of a replica move each rank's heads between gangs.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from core.errors import ConfigError, UnavailableError
 from core.kv_events import KVEventBatch
 from engine.builtin import resolve_model
 from engine.engine import LLMEngine
+from engine.kv.storage import KVStorage
 from engine.model_runner import ModelRunner
 from engine.models import ModelArchConfig
 from engine.models.tensor_parallel import TPShard, check_tensor_parallel
@@ -138,6 +143,40 @@ def join_gang(rank: int, size: int, init_method: str) -> GangMember:
     )
 
 
+_REGION_WORDS = 64
+"""int64 words carrying one rank's shared-memory segment name (names are 35 bytes)."""
+
+
+def exchange_regions(member: GangMember, mine: str | None) -> list[str]:
+    """Every rank's KV segment name, in rank order ("" for a rank whose KV is private).
+    Collective on the control group."""
+    data = (mine or "").encode()
+    if len(data) > _REGION_WORDS:
+        raise ConfigError(f"shared KV segment name {mine!r} is too long", param="rank")
+    words = torch.zeros(_REGION_WORDS + 1, dtype=torch.int64)
+    words[0] = len(data)
+    words[1 : 1 + len(data)] = torch.tensor(list(data), dtype=torch.int64)
+    gathered = [torch.zeros_like(words) for _ in range(member.shard.size)]
+    try:
+        dist.all_gather(gathered, words, group=member.control)
+    except RuntimeError as e:
+        raise UnavailableError(f"tensor-parallel rank {member.shard.rank}: {e}") from e
+    return [bytes(w[1 : 1 + int(w[0])].tolist()).decode() for w in gathered]
+
+
+def map_followers(runner: LeaderRunner, regions: list[str]) -> None:
+    """Map ranks 1..'s KV into rank 0 as :attr:`LeaderRunner.follower_storages` (left empty,
+    logged, when a follower's KV is private: such a gang cannot exchange KV with a pool)."""
+    if not all(regions[1:]):
+        logger.warning("tensor-parallel followers' KV is not in shared memory: no KV transfer")
+        return
+    layout, num_blocks = runner.storage.layout, runner.storage.num_blocks
+    runner.follower_storages = tuple(
+        KVStorage(replace(layout, tp_rank=rank), num_blocks, torch.device("cpu"), attach=name)
+        for rank, name in enumerate(regions[1:], start=1)
+    )
+
+
 def agree_on_kv(member: GangMember, parts: EngineParts) -> None:
     """Every rank checks that the gang sized the same KV cache for the same layout (rank aside);
     :class:`ConfigError` naming both when not. Collective on the control group."""
@@ -172,9 +211,10 @@ def run_follower(model_json: str, engine_json: str, init_method: str, rank: int)
     parts: EngineParts | None = None
     try:
         parts = build_engine_parts(
-            ModelConfig.model_validate_json(model_json), engine_cfg, tp=member.shard
+            ModelConfig.model_validate_json(model_json), engine_cfg, tp=member.shard, shared_kv=True
         )
         agree_on_kv(member, parts)
+        exchange_regions(member, parts.storage.shared_region)
         runner = ModelRunner(
             parts.model,
             parts.storage,
@@ -211,6 +251,7 @@ def build_tp_engine(
             tp=gang.member.shard,
         )
         agree_on_kv(gang.member, parts)
+        regions = exchange_regions(gang.member, parts.storage.shared_region)
         runner = LeaderRunner(
             parts.model,
             parts.storage,
@@ -219,6 +260,7 @@ def build_tp_engine(
             max_model_len=parts.scheduler.max_model_len,
             gang=gang,
         )
+        map_followers(runner, regions)
         return LLMEngine(parts, runner=runner)
     except BaseException:
         gang.abort()

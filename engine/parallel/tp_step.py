@@ -47,6 +47,8 @@ class TPStep:
 
     released: tuple[str, ...]  # requests whose runner state ended before this step
     scheduled: tuple[ScheduledRequest, ...]
+    stage_in: tuple[int, ...] = ()  # blocks to copy host mirror -> device before the step
+    stage_out: tuple[int, ...] = ()  # blocks to copy device -> host mirror, then a barrier
 
 
 STOP = TPStep((), ())
@@ -70,6 +72,9 @@ def encode_step(step: TPStep | None) -> torch.Tensor:
         words.append(int(item.samples_token))
         prompt_logprobs = item.sampling_params.prompt_logprobs
         words.append(_NO_PROMPT_LOGPROBS if prompt_logprobs is None else prompt_logprobs)
+    for block_ids in (step.stage_in, step.stage_out):
+        words.append(len(block_ids))
+        words.extend(block_ids)
     return torch.tensor(words, dtype=torch.int64)
 
 
@@ -98,9 +103,11 @@ def decode_step(tensor: torch.Tensor) -> TPStep | None:
                 request_id, token_ids, start_position, block_ids, samples_token, params, 0
             )
         )
+    stage_in = tuple(reader.many(reader.take()))
+    stage_out = tuple(reader.many(reader.take()))
     if not reader.done():
         raise ValueError(f"tensor-parallel step: {len(words) - reader.at} words left over")
-    return TPStep(released, tuple(scheduled))
+    return TPStep(released, tuple(scheduled), stage_in, stage_out)
 
 
 def _put_text(words: list[int], text: str) -> None:
@@ -144,6 +151,10 @@ class StepChannel(Protocol):
         """Another rank: the next step rank 0 sent (None: stop)."""
         ...
 
+    def barrier(self) -> None:
+        """Every rank: return once all ranks reached it."""
+        ...
+
 
 class BroadcastChannel:
     """A :class:`StepChannel` over a ``torch.distributed`` (gloo) group: a length, then the
@@ -165,6 +176,14 @@ class BroadcastChannel:
         self._broadcast(words)
         return decode_step(words)
 
+    def barrier(self) -> None:
+        try:
+            torch.distributed.barrier(group=self.group)
+        except RuntimeError as e:
+            raise UnavailableError(
+                f"tensor-parallel rank {self.rank}: barrier failed, a peer rank died: {e}"
+            ) from e
+
     def _broadcast(self, tensor: torch.Tensor) -> None:
         try:
             torch.distributed.broadcast(tensor, src=0, group=self.group)
@@ -176,7 +195,10 @@ class BroadcastChannel:
 
 
 class LeaderRunner(ModelRunner):
-    """Rank 0's model runner: every forward is first broadcast to the followers."""
+    """Rank 0's model runner: every forward is first broadcast to the followers. It also
+    stages the followers' KV as rank 0's storage stages its own (its ``peers``), so their host
+    mirrors hold what the transfer layer reads and writes; :attr:`rank_storages` are every
+    rank's storage as this process reaches it (the followers' through their shared memory)."""
 
     def __init__(
         self,
@@ -197,6 +219,35 @@ class LeaderRunner(ModelRunner):
         self.gang = gang
         self._released: list[str] = []
         self._broken = False
+        self.follower_storages: tuple[KVStorage, ...] = ()
+        """Ranks 1.. storages mapped here (empty: a follower's KV is not in shared memory)."""
+        storage.peers = self
+
+    @property
+    def rank_storages(self) -> tuple[KVStorage, ...]:
+        """Every rank's storage, rank 0's first; only rank 0's until the followers' are
+        mapped."""
+        return (self.storage, *self.follower_storages)
+
+    def stage_to_host(self, block_ids: list[int]) -> None:
+        """The followers copy ``block_ids`` to their host mirrors; returns once they did."""
+        self._send(TPStep((), (), stage_out=tuple(block_ids)))
+        try:
+            self.channel.barrier()
+        except UnavailableError:
+            self._broken = True
+            raise
+
+    def stage_to_device(self, block_ids: list[int]) -> None:
+        """The followers copy ``block_ids`` to their devices before their next step."""
+        self._send(TPStep((), (), stage_in=tuple(block_ids)))
+
+    def _send(self, step: TPStep) -> None:
+        try:
+            self.channel.send(step)
+        except UnavailableError:  # a rank died or stalled: the gang never steps again
+            self._broken = True
+            raise
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Forget the requests here; the followers forget them with the next step."""
@@ -210,10 +261,10 @@ class LeaderRunner(ModelRunner):
         if pending is not None:  # the config refuses overlapped steps with tensor parallelism
             raise ValueError("a tensor-parallel leader cannot run overlapped steps")
         released, self._released = tuple(self._released), []
+        self._send(TPStep(released, tuple(scheduled)))
         try:
-            self.channel.send(TPStep(released, tuple(scheduled)))
             return super().execute(scheduled)
-        except UnavailableError:  # a rank died or stalled: the gang never steps again
+        except UnavailableError:  # a collective found a rank gone
             self._broken = True
             raise
 
@@ -234,6 +285,13 @@ def follow_leader(runner: ModelRunner, channel: StepChannel) -> int:
     steps = 0
     while (step := channel.receive()) is not None:
         runner.release(step.released)
+        if step.stage_in:  # the runner orders its next step after the copy
+            runner.storage.stage_to_device(list(step.stage_in))
+        if step.stage_out:
+            runner.storage.stage_to_host(list(step.stage_out))
+            for block_id in step.stage_out:
+                runner.storage.staging.wait_host(block_id)
+            channel.barrier()
         if step.scheduled:
             runner.execute(list(step.scheduled))
         steps += 1

@@ -134,26 +134,23 @@ def test_bad_eplb_is_rejected_naming_the_field(fields: dict[str, Any], message: 
         pool(**fields)
 
 
-def test_a_tensor_parallel_pool_is_decode_only_without_a_prefill_pool() -> None:
-    """A TP decode pool runs colocated (no KV moves into it yet); a TP prefill pool, one next
-    to a deployed prefill pool, or GPUs that are not one per rank are refused naming why."""
+def test_tensor_parallel_pools_of_any_sizes_pair_up() -> None:
+    """Prefill and decode pools of different TP sizes are accepted (KV moves head by head);
+    GPUs that are not one per rank, or TP with expert parallelism, are refused naming why."""
     base = {"model": {"name": "builtin:tiny-llama"}}
-    tp_decode = {"engine": {"tensor_parallel_size": 2}, "num_replicas": 1}
-    config = ClusterConfig.model_validate(
-        {**base, "prefill": {"num_replicas": 0}, "decode": tp_decode}
-    )
+    tp_decode = {"engine": {"tensor_parallel_size": 2}, "num_replicas": 1, "num_gpus": 2}
+    tp_prefill = {"engine": {"tensor_parallel_size": 4}, "num_replicas": 1}
+    config = ClusterConfig.model_validate({**base, "prefill": tp_prefill, "decode": tp_decode})
     assert config.engine_for("decode").tensor_parallel_size == 2
-    on_gpus = {**tp_decode, "num_gpus": 2}
-    ClusterConfig.model_validate({**base, "prefill": {"num_replicas": 0}, "decode": on_gpus})
+    assert config.engine_for("prefill").tensor_parallel_size == 4
     refusals = [
-        ({"prefill": {"num_replicas": 1}, "decode": tp_decode}, "needs prefill.num_replicas: 0"),
         (
             {"prefill": {"num_replicas": 0}, "decode": {**tp_decode, "num_gpus": 1}},
             "decode.num_gpus (1) must equal decode.engine.tensor_parallel_size (2)",
         ),
         (
-            {"prefill": {"num_replicas": 1, "engine": {"tensor_parallel_size": 2}}},
-            "prefill.engine.tensor_parallel_size (2): moving KV out",
+            {"prefill": {**tp_prefill, "num_replicas": 2, "expert_parallel": 2}},
+            "prefill: engine.tensor_parallel_size (4) cannot be combined with expert_parallel",
         ),
     ]
     for pools, message in refusals:

@@ -17,7 +17,13 @@ from core.kv_handle import TransferFailure, TransferState
 from core.kv_layout import KVLayout
 from core.tensor_parallel import kv_head_range, plan_kv_pieces
 from tests.waiting import wait_until
-from transfer import FaultInjection, GrpcKVTransport, InProcKVHub, InProcKVTransport
+from transfer import (
+    FaultInjection,
+    GrpcKVTransport,
+    InProcKVHub,
+    InProcKVTransport,
+    ReleaseCause,
+)
 from transfer.block_store import NumpyBlockStore
 from transfer.shards import KVShard, head_slices
 
@@ -178,7 +184,7 @@ def test_a_failed_piece_fails_the_pull_and_frees_the_export(
     make_pair: Callable[..., Pair],
 ) -> None:
     prefill, decode, _, _ = make_pair(2, 1, faults=FaultInjection(fail_after_chunks=1))
-    released = []
+    released: list[ReleaseCause] = []
     handle = prefill.export(list(range(12)), released.append)
     task = decode.pull(handle, list(range(12)))
     status = task.wait(timeout_s=20)

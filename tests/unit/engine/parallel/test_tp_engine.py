@@ -88,12 +88,14 @@ def test_a_torn_step_is_refused() -> None:
 def test_one_rank_layouts_keep_their_fingerprint_and_ranks_differ() -> None:
     arch = ModelArchConfig.from_dir(resolve_model("builtin:tiny-llama"))
     layout = arch.kv_layout("m", "float32", 16, 0)
-    legacy = {k: v for k, v in asdict(layout).items() if k not in ("tp_size", "tp_rank")}
+    split_fields = ("tp_size", "tp_rank", "total_kv_heads")
+    legacy = {k: v for k, v in asdict(layout).items() if k not in split_fields}
     text = "|".join(
         f"{k}={v}" for k, v in sorted({**legacy, "hash_algorithm": HASH_ALGORITHM}.items())
     )
     assert layout.fingerprint() == hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-    rank1 = replace(layout, num_kv_heads=1, tp_size=2, tp_rank=1)
+    rank1 = replace(layout, num_kv_heads=1, tp_size=2, tp_rank=1, total_kv_heads=2)
+    assert rank1.unsplit() == layout  # what gangs of different sizes agree on
     assert (
         len({layout.fingerprint(), rank1.fingerprint(), replace(rank1, tp_rank=0).fingerprint()})
         == 3
