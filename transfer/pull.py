@@ -9,7 +9,8 @@ ready, each segment split the same way, so the transfer runs while the prefill s
 Split and pipelined pulls keep the export pinned until every wanted block arrived and then
 release it as completed. Every stream writes through its own :class:`~transfer.chunks.ChunkWriter`
 (offset, size, checksum, then one copy into the destination blocks); the first failure cancels
-the other streams.
+the other streams. Between tensor-parallel gangs (:func:`plan_import`) every block range is
+pulled as one stream per piece of KV heads (``transfer.shards``), all keeping the export.
 """
 
 from __future__ import annotations
