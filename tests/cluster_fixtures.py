@@ -12,6 +12,7 @@ prefill and one decode replica, not draining, no KV in use) after every test.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from tests.integration.support import (
 from tests.waiting import wait_until
 
 _MIB = 1024 * 1024
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -131,10 +134,28 @@ def running_sim_cluster() -> Iterator[SimCluster]:
             roots = [pid for pid in descendant_pids(os.getpid()) if pid not in before]
         started = {*roots, *(pid for root in roots for pid in descendant_pids(root))}
         if ray.is_initialized():
-            serve.shutdown()
+            _remove_apps(f"http://127.0.0.1:{dashboard_port}")
+            serve.shutdown()  # stops whatever is left: controller, proxies, any app not removed
             ray.shutdown()
         cluster.shutdown()
         _assert_processes_gone(sorted(started))
+
+
+def _remove_apps(dashboard_url: str) -> None:
+    """Delete every Serve app at once, each replica draining gracefully (``serve.shutdown``
+    would delete them in stages — ingress, then the pools, then the stats board — each stage
+    paying a replica's 2 s graceful-shutdown wait loop)."""
+    try:
+        client = ServeSubmissionClient(dashboard_url)
+        if client.get_serve_details().get("applications"):
+            client.deploy_applications({"applications": []})
+            wait_until(
+                lambda: not client.get_serve_details().get("applications"),
+                60,
+                "every Serve app deleted",
+            )
+    except Exception:  # only a shortcut: serve.shutdown() after it stops what is left
+        logger.warning("deleting the Serve apps before shutdown failed", exc_info=True)
 
 
 def _assert_processes_gone(pids: list[int]) -> None:
