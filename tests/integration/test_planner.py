@@ -94,8 +94,10 @@ def test_the_planner_grows_prefill_under_a_burst_and_shrinks_it_after(
             for n in itertools.count():
                 if stop.is_set():
                     return
-                # distinct prompts: a repeated one would be a prefix hit, prefilled on decode
-                prompt = f"client {index} request {n}: " + "long prompt " * 120
+                # distinct prompts: a repeated one would be a prefix hit, prefilled on decode;
+                # ~400 tokens (the byte-level tokenizer: one token per byte), as SLOW_PREFILL
+                # assumes: longer ones only cost prefill time and drag out the shrink
+                prompt = f"client {index} request {n}: " + "long prompt " * 31
                 body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 2}
                 response = http.post(f"{endpoint}/v1/completions", json=body)
                 if response.status_code not in (200, 429):
