@@ -54,9 +54,14 @@ class CompiledForward:
         with attention_step(self.backend, kv_cache, meta):
             return cast(torch.Tensor, self._compiled(input_ids, positions, kv_cache, sample_rows))
 
+    @torch.inference_mode()
     def warm_up(self, kv_cache: torch.Tensor, block_size: int) -> None:
         """Compile every graph now (a replica is ready only once compiled): one token, several
-        tokens with one sampled row, several with several. Writes only the padding block 0."""
+        tokens with one sampled row, several with several. Writes only the padding block 0.
+
+        The inputs are made in inference mode, as the engine's steps make theirs: the graphs
+        guard on the inputs' dispatch keys, so tensors made outside it would compile graphs
+        the steps never use and leave the steps to compile their own."""
         start = time.perf_counter()
         device = kv_cache.device
         for num_tokens, num_rows in ((1, 1), (2, 1), (2, 2)):
@@ -65,8 +70,7 @@ class CompiledForward:
             ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
             positions = torch.arange(num_tokens, device=device)
             rows = torch.arange(num_rows, device=device)
-            with torch.inference_mode():
-                self(ids, positions, kv_cache, meta, rows)
+            self(ids, positions, kv_cache, meta, rows)
         logger.info("model compiled in %.1f s", time.perf_counter() - start)
 
     def _forward(
