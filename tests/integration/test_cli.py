@@ -44,7 +44,13 @@ def local_config(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """configs/local.yaml on free ports, and an environment with a private run-state dir."""
     path, env = repo_config_on_free_ports("local.yaml", tmp_path)
     yield path, env
-    pdserve_cli("down", env=env)  # no-op when the test already stopped it
+    if run_state_file(env).exists():  # the test did not get to stop it
+        pdserve_cli("down", env=env)
+
+
+def run_state_file(env: dict[str, str]) -> Path:
+    """Where ``pdserve up`` records the running app (``down`` clears it)."""
+    return Path(env["PDSERVE_CACHE_DIR"]) / "run" / "pdserve.json"
 
 
 def test_up_detach_status_down_on_the_local_default(
@@ -53,7 +59,7 @@ def test_up_detach_status_down_on_the_local_default(
     path, env = local_config
     up = pdserve_cli("up", str(path), "--detach", env=env)
     assert up.returncode == 0, up.stdout + up.stderr
-    state_file = Path(env["PDSERVE_CACHE_DIR"]) / "run" / "pdserve.json"
+    state_file = run_state_file(env)
     state: dict[str, Any] = json.loads(state_file.read_text())
     endpoint, owner = state["endpoint"], int(state["owner_pid"])
     assert endpoint in up.stdout
