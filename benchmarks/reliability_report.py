@@ -60,6 +60,9 @@ def render(rows: list[dict[str, Any]], fuzz: Counter[str]) -> tuple[str, dict[st
             f"`{r['counter']}` | {r['expected']:g} | {r['moved']:g} | "
             f"{'yes' if r['kv_idle'] else 'NO'} |"
         )
+    notes = [f"- {r['fault']}: {note}" for r in faults for note in r.get("notes", ())]
+    if notes:
+        lines += ["", *notes]
     lines += ["", "| fuzzed operation | 2xx | 4xx | 5xx |", "|---|---|---|---|"]
     operations = sorted({key.rsplit(" ", 1)[0] for key in fuzz})
     for op in operations:

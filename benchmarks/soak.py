@@ -15,7 +15,19 @@ request (0), with no export pinned and no transfer in flight.
   first and last fifth left out), as a fraction of the cache per minute; ~0 when nothing leaks.
 * ``errors_by_reason``: OpenAI error types (and HTTP statuses) of the requests that got one.
 
-Prints one JSON object last. Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/soak.py``.
+``--faults control-plane`` (with ``--minutes 20``) also kills a piece of the control plane every
+``--fault-every-s`` (``benchmarks/soak_faults.py``: the KV index, the stats board, Serve's
+controller, the ingress replica, the prefill replica, in turn) and half the prompts share one of
+a few long prefixes, so prefix routing has something to find. Then also:
+
+* ``requests_lost`` counts only losses outside a killed ingress; ``requests_lost_in_ingress``
+  those in flight in the ingress replica when it was killed (the bound: they die with it);
+* ``faults``: each fault's kind, time and ``recovery_s``; ``max_recovery_s`` per kind;
+* ``prefix_hit_rate_recovery_s``: after each KV index kill, seconds until the decode pool's
+  routing prefix hit rate was back to 90% of what it was before (target <= 10); the worst one.
+
+Prints one JSON object last. Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/soak.py
+[--faults control-plane --minutes 20]``.
 """
 
 from __future__ import annotations
@@ -53,7 +65,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--drain-s", type=float, default=60.0)
     p.add_argument("--port", type=int, default=8133)
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    p.add_argument("--minutes", type=float, help="Run length in minutes (overrides --duration-s).")
+    p.add_argument("--faults", choices=("none", "control-plane"), default="none")
+    p.add_argument("--fault-every-s", type=float, default=120.0)
+    p.add_argument(
+        "--shared-prefix-fraction",
+        type=float,
+        help="Prompts that start with one of a few long prefixes (default 0.5 with --faults).",
+    )
+    args = p.parse_args(argv)
+    if args.minutes is not None:
+        args.duration_s = args.minutes * 60.0
+    if args.shared_prefix_fraction is None:
+        args.shared_prefix_fraction = 0.5 if args.faults != "none" else 0.0
+    return args
 
 
 def config(args: argparse.Namespace) -> dict[str, Any]:
@@ -80,28 +105,35 @@ class Outcome:
     ok: bool = False
     error: str | None = None
     lost: str | None = None
+    started_s: float = 0.0
+    ended_s: float = 0.0
 
 
-def _prompt(rng: random.Random, long: bool) -> str:
+PREFIXES = [" ".join(random.Random(seed).choice(WORDS) for _ in range(120)) for seed in range(4)]
+"""Long shared prefixes (a few system prompts): prompts that start with one can hit a cache."""
+
+
+def _prompt(rng: random.Random, long: bool, shared_fraction: float) -> str:
+    if rng.random() < shared_fraction:
+        return rng.choice(PREFIXES) + " " + " ".join(rng.choice(WORDS) for _ in range(8))
     count = rng.randint(60, 150) if long else rng.randint(2, 5)  # ~5 tokens a word here
     return " ".join(rng.choice(WORDS) for _ in range(count))
 
 
 async def one_request(
-    http: httpx.AsyncClient, url: str, rng: random.Random, cancel: bool
+    http: httpx.AsyncClient, url: str, rng: random.Random, cancel: bool, shared_fraction: float
 ) -> Outcome:
-    body = {"model": SERVED, "prompt": _prompt(rng, rng.random() < 0.5),
+    body = {"model": SERVED, "prompt": _prompt(rng, rng.random() < 0.5, shared_fraction),
             "max_tokens": rng.randint(8, 64), "temperature": 0, "ignore_eos": True,
             "stream": rng.random() < 0.5}  # fmt: skip
-    outcome = Outcome(cancelled=cancel)
+    outcome = Outcome(cancelled=cancel, started_s=time.perf_counter())
     task = asyncio.ensure_future(_send(http, url, body, outcome))
     if cancel:
         await asyncio.sleep(rng.uniform(0.0, 2.0))
         if not task.done():
             task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return outcome
     await asyncio.gather(task, return_exceptions=True)
+    outcome.ended_s = time.perf_counter()
     return outcome
 
 
@@ -153,33 +185,76 @@ def kv_in_use(endpoint: str) -> tuple[float, float, float]:
     return tuple(values.values())  # type: ignore[return-value]
 
 
-async def drive(args: argparse.Namespace, endpoint: str) -> tuple[list[Outcome], list[tuple]]:
+@dataclass
+class Run:
+    """What one soak run observed."""
+
+    outcomes: list[Outcome]
+    samples: list[tuple[float, float]]
+    """(seconds into the run, KV blocks in use)."""
+    routing: list[tuple[float, float, float]]
+    """(seconds into the run, decode pool's cached blocks, prompt blocks) routing totals."""
+    started: float
+    faults: Any = None
+    """The :class:`~benchmarks.soak_faults.ControlPlaneFaults` that ran, if any."""
+
+
+def routing_totals(endpoint: str) -> tuple[float, float]:
+    """The decode pool's routing (cached blocks, prompt blocks) totals."""
+    text = httpx.get(f"{endpoint}/metrics", timeout=30).text
+    cached = prompt = 0.0
+    for line in text.splitlines():
+        if line.startswith('pdserve:routing_cached_blocks_total{pool="decode'):
+            cached += float(line.rsplit(" ", 1)[1])
+        elif line.startswith('pdserve:routing_prompt_blocks_total{pool="decode'):
+            prompt += float(line.rsplit(" ", 1)[1])
+    return cached, prompt
+
+
+async def drive(args: argparse.Namespace, endpoint: str, dashboard_url: str) -> Run:
     rng = random.Random(args.seed)
-    samples: list[tuple[float, float]] = []
     started = time.perf_counter()
+    run = Run([], [], [], started)
 
     async def sampler() -> None:
         while True:
-            used, _, _ = await asyncio.to_thread(kv_in_use, endpoint)
-            samples.append((time.perf_counter() - started, used))
+            try:
+                used, _, _ = await asyncio.to_thread(kv_in_use, endpoint)
+                cached, prompt = await asyncio.to_thread(routing_totals, endpoint)
+            except (httpx.HTTPError, ValueError):  # the ingress is being replaced
+                await asyncio.sleep(1.0)
+                continue
+            now = time.perf_counter() - started
+            run.samples.append((now, used))
+            run.routing.append((now, cached, prompt))
             await asyncio.sleep(1.0)
 
     timeout = httpx.Timeout(120.0, connect=30.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
         watch = asyncio.create_task(sampler())
+        faulting = None
+        if args.faults == "control-plane":
+            from benchmarks.soak_faults import ControlPlaneFaults
+
+            run.faults = ControlPlaneFaults(APP, endpoint, dashboard_url)
+            stop_at_s = args.duration_s - min(60.0, args.fault_every_s / 2)
+            faulting = asyncio.create_task(run.faults.run(args.fault_every_s, stop_at_s, started))
         tasks = []
         while time.perf_counter() - started < args.duration_s:
             cancel = rng.random() < args.cancel_fraction
             url = f"{endpoint}/v1/completions"
-            tasks.append(
-                asyncio.create_task(one_request(http, url, random.Random(rng.random()), cancel))
+            request = one_request(
+                http, url, random.Random(rng.random()), cancel, args.shared_prefix_fraction
             )
+            tasks.append(asyncio.create_task(request))
             await asyncio.sleep(rng.expovariate(args.rate))
-        outcomes = list(await asyncio.gather(*tasks))
+        run.outcomes = list(await asyncio.gather(*tasks))
+        if faulting is not None:
+            await faulting
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
-    return outcomes, samples
+    return run
 
 
 def drift(samples: list[tuple[float, float]], total_blocks: float) -> float:
@@ -199,6 +274,45 @@ def total_kv_blocks(endpoint: str) -> float:
                if line.startswith("pdserve:kv_blocks_total"))  # fmt: skip
 
 
+def fault_keys(run: Run, in_ingress: list[Outcome]) -> dict[str, Any]:
+    """The ``--faults`` keys: each fault's recovery, the worst per kind, the prefix hit rate's
+    recovery after each index kill, and the losses inside killed ingress replicas."""
+    if run.faults is None:
+        return {}
+    from benchmarks.soak_faults import hit_rate_recovery_s
+
+    records = run.faults.records
+    worst: dict[str, float | None] = {}
+    for record in records:
+        seen = worst.get(record.kind, 0.0)
+        worst[record.kind] = (
+            None if seen is None or record.recovery_s is None else max(seen, record.recovery_s)
+        )
+    hit_recoveries = [
+        hit_rate_recovery_s(run.routing, record.at_s)
+        for record in records
+        if record.kind == "kv_index"
+    ]
+    known = [r for r in hit_recoveries if r is not None]
+    return {
+        "requests_lost_in_ingress": len(in_ingress),
+        "faults": [
+            {
+                "kind": r.kind,
+                "at_s": round(r.at_s, 1),
+                "what": r.what,
+                "recovery_s": None if r.recovery_s is None else round(r.recovery_s, 2),
+            }
+            for r in records
+        ],
+        "max_recovery_s": {k: None if v is None else round(v, 2) for k, v in worst.items()},
+        "prefix_hit_rate_recovery_s": (
+            max(known) if known and len(known) == len(hit_recoveries) else None
+        ),
+        "prefix_hit_rate_recoveries_s": hit_recoveries,
+    }
+
+
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     resolve_model(MODEL)
@@ -206,7 +320,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         endpoint = deploy(load_cluster_config(config(args)), session.dashboard_url)
         before = kv_in_use(endpoint)
-        outcomes, samples = asyncio.run(drive(args, endpoint))
+        run = asyncio.run(drive(args, endpoint, session.dashboard_url))
+        outcomes, samples = run.outcomes, run.samples
         deadline = time.monotonic() + args.drain_s
         after = kv_in_use(endpoint)
         while time.monotonic() < deadline and any(after):
@@ -221,7 +336,15 @@ def main(argv: Sequence[str]) -> int:
         ray.shutdown()
     kept = [o for o in outcomes if not o.cancelled]
     errors = Counter(o.error for o in kept if o.error is not None)
-    lost = [o.lost for o in kept if o.lost is not None]
+    records = run.faults.records if run.faults else []
+    ingress_kills = [run.started + r.at_s for r in records if r.kind == "ingress"]
+    in_ingress = [
+        o
+        for o in kept
+        if o.lost is not None and any(o.started_s <= t <= o.ended_s for t in ingress_kills)
+    ]
+    inside = {id(o) for o in in_ingress}
+    lost = [o.lost for o in kept if o.lost is not None and id(o) not in inside]
     result = {
         "benchmark": "soak",
         "settings": {k: v for k, v in vars(args).items() if k != "port"},
@@ -237,12 +360,14 @@ def main(argv: Sequence[str]) -> int:
         "lost_reasons": dict(Counter(lost)),
         "kv_usage_drift": round(drift(samples, total), 5),
         "errors_by_reason": dict(errors),
+        **fault_keys(run, in_ingress),
     }
     print(f"{result['requests']} requests ({result['cancelled']} cancelled), "
           f"{result['completed']} completed, lost {result['requests_lost']}, leaked "
           f"{result['kv_blocks_leaked']} blocks, drift {result['kv_usage_drift']}/min")  # fmt: skip
     print(json.dumps(result))
-    return 0 if result["kv_blocks_leaked"] == 0 and not lost else 1
+    recovered = all(r.recovery_s is not None for r in records)
+    return 0 if result["kv_blocks_leaked"] == 0 and not lost and recovered else 1
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ Usage: ``python benchmarks/tensor_parallel.py [--model builtin:llama-1b] [--prom
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -45,6 +46,9 @@ from core.sampling import SamplingParams
 from engine import LLM
 
 logger = logging.getLogger("tensor_parallel")
+
+HANDOFF_TOKENS = 8
+"""Greedy tokens each P/D handoff decodes (the first from the prefill)."""
 
 
 def timed(llm: LLM, prompt: list[int], new_tokens: int, threads: int) -> tuple[float, list[int]]:
@@ -79,7 +83,7 @@ def handoff_bytes(
     decode = build_decode_worker(
         model_cfg, EngineConfig(**engine, tensor_parallel_size=decode_tp), transfer
     )
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=HANDOFF_TOKENS, temperature=0.0, ignore_eos=True)
 
     async def run() -> list[int]:
         result = await prefill.prefill(PrefillRequest("bench", prompt, params))
@@ -107,13 +111,11 @@ def handoff_bytes(
         asyncio.run(prefill.shutdown())
 
 
-def hetero_pd(model: str, options: dict[str, Any], prompt: list[int]) -> dict[str, object]:
-    """The heterogeneous P/D keys: bytes ratios against TP=1 -> TP=1, and output identity."""
-    colocated = LLM(model, **options)
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    [out] = colocated.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
-    reference = list(out.outputs[0].token_ids)
-    del colocated
+def hetero_pd(
+    model: str, options: dict[str, Any], prompt: list[int], reference: list[int]
+) -> dict[str, object]:
+    """The heterogeneous P/D keys: bytes ratios against TP=1 -> TP=1, and output identity
+    against ``reference`` (the colocated one-rank run's greedy tokens)."""
     runs = {pair: handoff_bytes(model, options, *pair, prompt) for pair in ((1, 1), (2, 1), (1, 2))}
     for (p, d), (moved, _, seconds) in runs.items():
         logger.info("prefill TP=%d -> decode TP=%d: %d bytes in %.3f s", p, d, moved, seconds)
@@ -175,8 +177,10 @@ def main() -> None:
     finally:
         two.shutdown()
     os.environ.pop("PDSERVE_NUM_THREADS")
-    torch.set_num_threads(cores)
-    hetero = hetero_pd(args.model, options, prompt)
+    _, colocated = timed(one, prompt, HANDOFF_TOKENS, cores)
+    del one  # the handoffs below hold up to three copies of the weights at once
+    gc.collect()
+    hetero = hetero_pd(args.model, options, prompt, colocated)
     result = {
         "model": args.model,
         "cores": cores,

@@ -1,7 +1,9 @@
 """``pdserve status``: pools (per model), their replicas and nodes, KV use, transfers in flight.
 
 Serve's REST details give each deployment's status, target and replicas (with node ids and
-IPs); the stats board gives each live replica's worker ``stats()``. :func:`collect_status`
+IPs); the stats board gives each live replica's worker ``stats()``; the ingress's ``/metrics``
+give the control plane's recoveries it saw (restarts of the KV index, the stats board and
+Serve's controller; the ingress's own start). :func:`collect_status`
 joins them by replica id into plain dicts (``--json`` prints those); :func:`render_status`
 draws them: within 80 columns by default (a block per pool, short headers, tiers on their own
 line), or as one wide table (``--wide``, or any terminal of 120 columns and more).
@@ -12,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import httpx
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
@@ -100,7 +103,35 @@ def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:
         "dashboard": state.dashboard_url,
         "pools": pools,
         "planner": None if planner is None else to_plain(planner),
+        "control_plane": control_plane(state.endpoint),
     }
+
+
+CONTROL_PLANE_COUNTERS = {
+    "kv_index_restarts": "pdserve:kv_index_restarts_total",
+    "stats_board_restarts": "pdserve:stats_board_restarts_total",
+    "serve_controller_restarts": "pdserve:serve_controller_restarts_total",
+    "request_migrations": "pdserve:request_migrations_total",
+}
+"""What ``pdserve status`` shows of the control plane's recoveries: key -> the ingress's
+counter."""
+
+
+def control_plane(endpoint: str) -> dict[str, float] | None:
+    """The ingress's recovery counters and its own start (``ingress_started_unix_s``); None
+    when its ``/metrics`` cannot be read."""
+    try:
+        text = httpx.get(f"{endpoint}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    names = {**CONTROL_PLANE_COUNTERS, "ingress_started_unix_s": "process_start_time_seconds"}
+    found = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for key, metric in names.items():
+            if name == metric:
+                found[key] += float(line.rsplit(" ", 1)[1])
+    return found
 
 
 def planner_log(app_name: str) -> PlannerLog | None:
@@ -125,6 +156,7 @@ def render_status(status: dict[str, Any], console: Console, wide: bool | None = 
         _render_wide(status, console)
     else:
         _render_narrow(status, console)
+    render_control_plane(status.get("control_plane"), console)
     if status.get("planner"):
         render_planner(from_plain(PlannerLog, status["planner"]), console)
 
@@ -225,6 +257,18 @@ def _render_narrow(status: dict[str, Any], console: Console) -> None:
             if tiers != "off":
                 table.add_row(f"    tiers {tiers}", *[""] * 6)
     console.print(table)
+
+
+def render_control_plane(counters: dict[str, float] | None, console: Console) -> None:
+    """One line: how long the ingress has been up and the restarts it saw."""
+    if counters is None:
+        console.print("control plane: ingress /metrics unreachable", highlight=False)
+        return
+    up_s = max(0.0, time.time() - counters["ingress_started_unix_s"])
+    seen = ", ".join(
+        f"{key.replace('_', ' ')} {int(counters[key])}" for key in CONTROL_PLANE_COUNTERS
+    )
+    console.print(f"control plane: ingress up {up_s:.0f} s; {seen}", highlight=False)
 
 
 def render_planner(log: PlannerLog, console: Console, last: int = 5) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI
+from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from ray import serve
@@ -35,6 +36,7 @@ from cluster.routing.kv_index.follower import ActorIndexSource
 from cluster.routing.routing_metrics import RoutingMetrics, routing_metrics
 from cluster.serve.clients import NoPrefillPool, PoolWatch, ServeDecodeClient, ServePrefillClient
 from cluster.serve.config_file import load_cluster_config
+from cluster.serve.controller_watch import ControllerWatch
 from cluster.serve.fault_admin import ServeFaultAdmin
 from cluster.serve.ingress_setup import build_ingress_settings
 from core.codec import to_plain
@@ -67,11 +69,23 @@ class RoutingCollector(Collector):
             "Median routing decision time (recent decisions).",
             labels=["pool"],
         )
+        prompt_blocks = CounterMetricFamily(
+            "pdserve:routing_prompt_blocks",
+            "Prompt blocks of routed requests (the hit rate's denominator: rate() over a window).",
+            labels=["pool"],
+        )
+        cached_blocks = CounterMetricFamily(
+            "pdserve:routing_cached_blocks",
+            "Of those, blocks cached at the chosen replica.",
+            labels=["pool"],
+        )
         for pool, metrics in snapshot.pools.items():
             for reason, count in metrics.decisions_total.items():
                 decisions.add_metric([pool, reason], count)
             hit_rate.add_metric([pool], metrics.prefix_hit_rate)
             latency_p50.add_metric([pool], metrics.decision_latency_s.p50)
+            prompt_blocks.add_metric([pool], metrics.prompt_blocks_total)
+            cached_blocks.add_metric([pool], metrics.cached_blocks_total)
         shard_losses = CounterMetricFamily(
             "pdserve:kv_index_shard_losses",
             "Times an unreachable KV index shard's replicas were routed by load only.",
@@ -82,20 +96,23 @@ class RoutingCollector(Collector):
             "Times a KV index shard was found restarted and reloaded.",
             value=snapshot.index_restarts_total,
         )
-        yield from (decisions, hit_rate, latency_p50, shard_losses, restarts)
+        yield from (decisions, hit_rate, latency_p50, prompt_blocks, cached_blocks)
+        yield from (shard_losses, restarts)
         if snapshot.index is not None:
             for key, value in dataclasses.asdict(snapshot.index).items():
                 yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)
 
 
-class BoardWatchCollector(Collector):
-    """How this ingress's view of the stats board fared (``PoolWatch``'s counters)."""
+class ControlPlaneCollector(Collector):
+    """How this ingress saw the control plane fare: the stats board (``PoolWatch``) and Serve's
+    controller (``ControllerWatch``)."""
 
-    def __init__(self, watch: PoolWatch) -> None:
+    def __init__(self, watch: PoolWatch, controller: ControllerWatch) -> None:
         self._watch = watch
+        self._controller = controller
 
     def collect(self) -> Iterator[Metric]:
-        """The board's restarts seen and the refreshes that found it unreachable."""
+        """Restarts seen and probes that found each one unreachable."""
         yield CounterMetricFamily(
             "pdserve:stats_board_restarts",
             "Times the stats board answered as a new instance (Serve replaced it).",
@@ -105,6 +122,16 @@ class BoardWatchCollector(Collector):
             "pdserve:stats_board_unavailable",
             "Refreshes of the pools' live view that found the stats board unreachable.",
             value=self._watch.unavailable_total,
+        )
+        yield CounterMetricFamily(
+            "pdserve:serve_controller_restarts",
+            "Times Serve's controller answered from a new process (Ray restarted it).",
+            value=self._controller.restarts_total,
+        )
+        yield CounterMetricFamily(
+            "pdserve:serve_controller_unavailable",
+            "Probes of Serve's controller that failed or timed out.",
+            value=self._controller.unavailable_total,
         )
 
 
@@ -121,6 +148,8 @@ class IngressDeployment:
         cluster_config = load_cluster_config(config)
         self._watch = PoolWatch(board)
         self._watch.start()
+        self._controller = ControllerWatch()
+        self._controller.start()
         self._gate = RequestGate(
             cluster_config.server.max_in_flight_requests, cluster_config.server.retry_after_s
         )
@@ -143,7 +172,9 @@ class IngressDeployment:
             fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
         )
         self._ingress.metrics.registry.register(RoutingCollector())
-        self._ingress.metrics.registry.register(BoardWatchCollector(self._watch))
+        registry = self._ingress.metrics.registry
+        registry.register(ControlPlaneCollector(self._watch, self._controller))
+        ProcessCollector(registry=registry)  # process_start_time_seconds: this ingress's restarts
 
     def _endpoint(
         self,
@@ -206,4 +237,5 @@ class IngressDeployment:
         if not await self._gate.wait_idle(DRAIN_TIMEOUT_S):
             logger.warning("ingress stopped with %d requests in flight", self._gate.num_in_flight)
         self._watch.stop()
+        self._controller.stop()
         self._index.stop()

@@ -4,7 +4,9 @@ server's counters, and the four invariants.
 1. **KV back to idle**: no KV block in use, no export pinned, no transfer in flight.
 2. **Every request ends**: a 200 with the whole answer (a stream with ``[DONE]``), an
    OpenAI-shaped error, or an SSE error event followed by ``[DONE]``; a request the client
-   cancelled ends by the client's hand.
+   cancelled ends by the client's hand. A connection dropped mid-request (``connection_lost``)
+   is a lost request; only the ingress-kill scenario sets aside the ones inside the killed
+   ingress (and notes how many).
 3. **Greedy output under the fault equals the no-fault output** (the offline engine's), unless
    the request got an explicit error.
 4. **The fault's counter moved by the right amount.**
@@ -75,6 +77,22 @@ async def send(
     body = {"model": SERVED_NAME, "prompt": text, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": stream}  # fmt: skip
     outcome = Outcome(text)
+    try:
+        await _exchange(http, app, body, outcome, stream, cancel_after_tokens)
+    except httpx.TransportError as e:  # the ingress died with the request inside it
+        outcome.error_type = "connection_lost"
+        outcome.text = f"{type(e).__name__}: {e}"
+    return outcome
+
+
+async def _exchange(
+    http: httpx.AsyncClient,
+    app: ServingApp,
+    body: dict[str, object],
+    outcome: Outcome,
+    stream: bool,
+    cancel_after_tokens: int | None,
+) -> None:
     url = app.url("/v1/completions")
     if not stream:
         response = await http.post(url, json=body)
@@ -83,17 +101,17 @@ async def send(
             outcome.text = response.json()["choices"][0]["text"]
         else:
             outcome.error_type = response.json()["error"]["type"]
-        return outcome
+        return
     async with http.stream("POST", url, json=body) as response:
         outcome.status = response.status_code
         if response.status_code != 200:
             outcome.error_type = json.loads(await response.aread())["error"]["type"]
-            return outcome
+            return
         chunks = 0
         async for line in response.aiter_lines():
             if cancel_after_tokens is not None and chunks >= cancel_after_tokens:
                 outcome.cancelled = True
-                return outcome  # leaving the block closes the connection mid-stream
+                return  # leaving the block closes the connection mid-stream
             if line == "data: [DONE]":
                 outcome.done = True
             elif line.startswith("data: "):
@@ -103,7 +121,6 @@ async def send(
                 else:
                     outcome.text += payload["choices"][0]["text"]
                     chunks += 1
-    return outcome
 
 
 Request = Callable[[httpx.AsyncClient], Awaitable[Outcome | None]]
@@ -170,6 +187,7 @@ def judge(
     counter: str,
     expected: float,
     moved_fn: Callable[[], float],
+    notes: Sequence[str] = (),
 ) -> FaultResult:
     """Check the four invariants (asserting each) and record the scenario's figures.
     ``moved_fn`` reads how far the fault's counter moved; it is polled for a while, since the
@@ -195,6 +213,7 @@ def judge(
         expected=expected,
         moved=moved,
         kv_idle=idle,
+        notes=list(notes),
     )
     _record(result)
     assert idle, f"{fault}: KV still in use after the fault"

@@ -9,16 +9,15 @@ import asyncio
 import functools
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import ray
 
+from cluster.ops.drills import replica_actor_names, run_drill
 from cluster.ops.scaling import scale
-from cluster.routing.kv_index.actor import INDEX_NAMESPACE, index_actor_name
-from cluster.serve.pool_options import BOARD_DEPLOYMENT
+from cluster.serve.pool_options import BOARD_DEPLOYMENT, DECODE_DEPLOYMENT, PREFILL_DEPLOYMENT
 from core.sampling import SamplingParams
 from engine import LLM
 from tests.chaos.harness import (
@@ -32,8 +31,15 @@ from tests.chaos.harness import (
     prompt,
     send,
 )
-from tests.cluster_fixtures import ServingApp, SimCluster
-from tests.integration.support import APP_NAME, BATCHED_TOKENS, KV_BYTES, MAX_MODEL_LEN, MODEL
+from tests.cluster_fixtures import ServingApp, SimCluster, reset_to_baseline
+from tests.integration.support import (
+    APP_NAME,
+    BATCHED_TOKENS,
+    DECODE_RESOURCE,
+    KV_BYTES,
+    MAX_MODEL_LEN,
+    MODEL,
+)
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -117,8 +123,7 @@ def test_killed_kv_index(app: ServingApp, offline: LLM) -> None:
     killed_at: list[float] = []
 
     async def killer(http: httpx.AsyncClient) -> None:
-        actor = await asyncio.to_thread(ray.get_actor, index_actor_name(APP_NAME), INDEX_NAMESPACE)
-        await asyncio.to_thread(ray.kill, actor, no_restart=False)
+        await asyncio.to_thread(run_drill, APP_NAME, "kv_index")
         killed_at.append(time.monotonic())
 
     half = len(prompts) // 2
@@ -138,17 +143,6 @@ def board_restarts(app: ServingApp) -> float:
     return metric(app, "pdserve:stats_board_restarts_total")
 
 
-def _kill_board() -> None:
-    """SIGKILL the stats board's replica (Serve starts a replacement)."""
-    names = [
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == "serve" and f"{APP_NAME}#{BOARD_DEPLOYMENT}#" in a["name"]
-    ]
-    assert len(names) == 1, names
-    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
-
-
 def test_killed_stats_board(app: ServingApp, offline: LLM) -> None:
     """SIGKILL of the stats board under load: the ingress keeps its last view of the pools
     meanwhile, Serve replaces the board, replicas post to the new one; no request fails."""
@@ -157,7 +151,8 @@ def test_killed_stats_board(app: ServingApp, offline: LLM) -> None:
     before = board_restarts(app)
 
     async def killer(http: httpx.AsyncClient) -> None:
-        await asyncio.to_thread(_kill_board)
+        assert len(replica_actor_names(APP_NAME, BOARD_DEPLOYMENT)) == 1
+        await asyncio.to_thread(run_drill, APP_NAME, "stats_board")
 
     half = len(prompts) // 2
     outcomes = gather([*calls(app, prompts[:half]), killer, *calls(app, prompts[half:])], cap(app))
@@ -169,6 +164,35 @@ def test_killed_stats_board(app: ServingApp, offline: LLM) -> None:
     )
     judge(app, "stats board killed", outcomes, refs, "stats_board_restarts_total >= 1", 1.0,
           lambda: min(1.0, board_restarts(app) - before))  # fmt: skip
+
+
+def controller_restarts(app: ServingApp) -> float:
+    return metric(app, "pdserve:serve_controller_restarts_total")
+
+
+def test_killed_serve_controller(app: ServingApp, sim_cluster: SimCluster, offline: LLM) -> None:
+    """SIGKILL of Serve's controller under load: the proxy and the handles keep routing to the
+    replicas they know, so no request fails; a ``pdserve scale`` issued right after the kill
+    waits for the restarted controller and succeeds; the ingress counts the restart."""
+    prompts = [prompt("kill-controller", i, long=True) for i in range(4 * SCALE)]
+    refs = references(offline, prompts)
+    before = controller_restarts(app)
+    scaled: list[dict[str, int]] = []
+
+    async def killer(http: httpx.AsyncClient) -> None:
+        await asyncio.to_thread(run_drill, APP_NAME, "serve_controller")
+        # the prefill pool's own count: a real scale call, and the app stays as it was
+        scaled.append(
+            await asyncio.to_thread(
+                scale, APP_NAME, 1, None, dashboard_url=sim_cluster.dashboard_url
+            )
+        )
+
+    half = len(prompts) // 2
+    outcomes = gather([*calls(app, prompts[:half]), killer, *calls(app, prompts[half:])], cap(app))
+    assert scaled == [{PREFILL_DEPLOYMENT: 1}]
+    judge(app, "Serve controller killed", outcomes, refs, "serve_controller_restarts_total >= 1",
+          1.0, lambda: min(1.0, controller_restarts(app) - before))  # fmt: skip
 
 
 def pipelined(app: ServingApp) -> float:
@@ -245,10 +269,21 @@ KILL_TOKENS = 96
 """Long enough that streams are still running when the kill lands."""
 
 
-def _kill_under_load(app: ServingApp, prompts: list[str], pool: str) -> list[Outcome]:
+async def _kill_pool_replica(http: httpx.AsyncClient, app: ServingApp, pool: str) -> None:
+    body = {"action": "kill_replica", "pool": pool}
+    response = await http.post(app.url("/admin/faults"), json=body)
+    assert response.status_code == 200, response.text
+
+
+def _kill_under_load(
+    app: ServingApp,
+    prompts: list[str],
+    pool: str,
+    kill: Callable[[httpx.AsyncClient], Awaitable[None]] | None = None,
+) -> list[Outcome]:
     """Stream the first half of ``prompts`` (all of them fit the in-flight cap); once a ``pool``
-    replica is busy, kill it through ``/admin/faults``; then send the second half (they meet
-    the pool without that replica)."""
+    replica is busy, kill it through ``/admin/faults`` (or run ``kill``); then send the second
+    half (they meet the pool without that replica)."""
     half = len(prompts) // 2
     killed: list[asyncio.Event] = []  # made inside the loop gather() runs
 
@@ -267,9 +302,7 @@ def _kill_under_load(app: ServingApp, prompts: list[str], pool: str) -> list[Out
             if running > 0:
                 break
             await asyncio.sleep(0.1)
-        body = {"action": "kill_replica", "pool": pool}
-        response = await http.post(app.url("/admin/faults"), json=body)
-        assert response.status_code == 200, response.text
+        await (kill(http) if kill is not None else _kill_pool_replica(http, app, pool))
         event().set()
 
     async def later(http: httpx.AsyncClient, text: str) -> Outcome:
@@ -309,6 +342,91 @@ def test_killed_decode_replica(app: ServingApp, sim_cluster: SimCluster, offline
     judge(app, "decode replica killed (migration)", outcomes, refs,
           "request_migrations_total >= 1", 1.0,
           lambda: min(1.0, metric(app, "pdserve:request_migrations_total") - before))  # fmt: skip
+
+
+def ingress_started_at(app: ServingApp) -> float:
+    return metric(app, "process_start_time_seconds")
+
+
+@full_only
+def test_killed_ingress_replica(app: ServingApp, offline: LLM) -> None:
+    """SIGKILL of the ingress replica under load: only the requests inside it fail (their
+    connections drop); Serve starts a new ingress, the requests sent after it complete
+    token-identical, and the replicas free the dead ingress's requests' KV."""
+    prompts = [prompt("kill-ingress", i, long=True) for i in range(cap(app))]
+    refs = references(offline, prompts, KILL_TOKENS)
+    started_at = ingress_started_at(app)
+
+    async def kill(http: httpx.AsyncClient) -> None:
+        await asyncio.to_thread(run_drill, APP_NAME, "ingress")
+        await asyncio.to_thread(
+            wait_until, lambda: ingress_started_at(app) > started_at, 180, "a new ingress"
+        )
+
+    outcomes = _kill_under_load(app, prompts, "decode", kill)
+    half = len(prompts) // 2
+    inside = [o for o in outcomes[:half] if o.error_type == "connection_lost"]
+    assert all(o.error_type is None for o in outcomes[half:]), outcomes[half:]
+    counter = "process_start_time_seconds moved (a new ingress)"
+    note = f"{len(inside)} of the {half} requests in flight died with the ingress"
+    judge(app, "ingress replica killed", [o for o in outcomes if o not in inside], refs, counter,
+          1.0, lambda: float(ingress_started_at(app) > started_at), notes=[note])  # fmt: skip
+
+
+def _add_decode_node(sim_cluster: SimCluster) -> str:
+    node = sim_cluster.cluster.add_node(
+        num_cpus=2, resources={DECODE_RESOURCE: 4}, object_store_memory=80 * 1024 * 1024
+    )
+    return str(node.node_id)
+
+
+def _remove_node(sim_cluster: SimCluster, node_id: str) -> None:
+    [node] = [n for n in sim_cluster.cluster.worker_nodes if n.node_id == node_id]
+    sim_cluster.cluster.remove_node(node)
+
+
+@full_only
+def test_decode_node_lost(app: ServingApp, sim_cluster: SimCluster, offline: LLM) -> None:
+    """A decode node goes away under load (its raylet and every process on it die): the
+    requests its replica was serving migrate to the replica on the other decode node, nothing
+    else fails, the KV index forgets the lost replica's blocks, and once a node with the decode
+    resource returns Serve brings the pool back to its two replicas."""
+    added = [_add_decode_node(sim_cluster)]
+    scale(APP_NAME, None, 2, dashboard_url=sim_cluster.dashboard_url)
+
+    def decode_nodes() -> list[str]:
+        return [r["node_id"] for r in app.running_replicas(DECODE_DEPLOYMENT)]
+
+    wait_until(lambda: len(decode_nodes()) == 2 and metric(app, "pdserve:kv_index_num_replicas")
+               == 3, 180, "two decode replicas reporting")  # fmt: skip
+    assert len(set(decode_nodes())) == 2, "Serve spreads a pool's replicas over its nodes"
+    prompts = [prompt("node-loss", i, long=True) for i in range(cap(app))]
+    refs = references(offline, prompts, KILL_TOKENS)
+    migrations = metric(app, "pdserve:request_migrations_total")
+    lost: list[str] = []
+
+    async def lose_node(http: httpx.AsyncClient) -> None:
+        # the node whose replica serves the most requests (the board knows each one's node)
+        board = await asyncio.to_thread(app.board)
+        busiest = max(board["decode"], key=lambda r: r["stats"]["num_running"])
+        lost.append(busiest["node_id"])
+        await asyncio.to_thread(_remove_node, sim_cluster, busiest["node_id"])
+
+    outcomes = _kill_under_load(app, prompts, "decode", lose_node)
+    wait_until(lambda: metric(app, "pdserve:kv_index_num_replicas") == 2, 60,
+               "the index forgot the lost replica")  # fmt: skip
+    added.append(_add_decode_node(sim_cluster))
+    wait_until(lambda: len(decode_nodes()) == 2 and lost[0] not in decode_nodes(), 180,
+               "the pool back to two replicas on the nodes left")  # fmt: skip
+    if lost[0] == sim_cluster.decode_node_id:  # the fixture's own node: a new one stands in
+        sim_cluster.decode_node_id = next(n for n in decode_nodes() if n in added)
+    moved = lambda: min(1.0, metric(app, "pdserve:request_migrations_total") - migrations)  # noqa: E731
+    judge(app, "decode node lost (migration)", outcomes, refs, "request_migrations_total >= 1",
+          1.0, moved)  # fmt: skip
+    reset_to_baseline(app)
+    for node_id in added:  # the nodes the baseline's one replica does not use
+        if node_id != sim_cluster.decode_node_id and node_id != lost[0]:
+            _remove_node(sim_cluster, node_id)
 
 
 @full_only

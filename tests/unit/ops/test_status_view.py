@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
 
 from cluster.ops.status_view import render_status, tiers_cell
@@ -94,3 +96,24 @@ def test_an_80_column_terminal_gets_every_header_whole() -> None:
     text = wide.export_text()
     assert "tiers used/total (hits)" in text and "…" not in text
     assert max(len(line) for line in text.splitlines()) > 80
+
+
+def test_status_shows_the_control_planes_recoveries() -> None:
+    status = _status(None)
+    status["control_plane"] = {
+        "kv_index_restarts": 1.0,
+        "stats_board_restarts": 0.0,
+        "serve_controller_restarts": 2.0,
+        "request_migrations": 3.0,
+        "ingress_started_unix_s": time.time() - 42,
+    }
+    console = Console(record=True, width=200)
+    render_status(status, console)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("control plane"))
+    assert "ingress up 4" in line  # 42-43 s
+    assert "kv index restarts 1" in line and "serve controller restarts 2" in line
+    assert "request migrations 3" in line
+    status["control_plane"] = None
+    console = Console(record=True, width=200)
+    render_status(status, console)
+    assert "control plane: ingress /metrics unreachable" in console.export_text()
