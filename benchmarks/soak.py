@@ -21,7 +21,8 @@ controller, the ingress replica, the prefill replica, in turn) and half the prom
 a few long prefixes, so prefix routing has something to find. Then also:
 
 * ``requests_lost`` counts only losses outside a killed ingress; ``requests_lost_in_ingress``
-  those in flight in the ingress replica when it was killed (the bound: they die with it);
+  those in flight in the ingress replica when it was killed (the bound: they die with it,
+  dropped or answered with a bare 500 by Serve's proxy);
 * ``faults``: each fault's kind, time and ``recovery_s``; ``max_recovery_s`` per kind;
 * ``prefix_hit_rate_recovery_s``: after each KV index kill, seconds until the decode pool's
   routing prefix hit rate was back to 90% of what it was before (target <= 10); the worst one.
@@ -53,6 +54,8 @@ from core.config import RayClusterConfig
 from engine.builtin import resolve_model
 
 MODEL, SERVED, APP = "builtin:tiny-llama", "tiny-llama", "bench-soak"
+PROXY_ERROR = "500:not-openai-shaped"
+"""What Serve's proxy answers for a request whose ingress replica died under it."""
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven",
          "wizards", "quietly", "hex")  # fmt: skip
 
@@ -335,16 +338,17 @@ def main(argv: Sequence[str]) -> int:
         serve.shutdown()
         ray.shutdown()
     kept = [o for o in outcomes if not o.cancelled]
-    errors = Counter(o.error for o in kept if o.error is not None)
     records = run.faults.records if run.faults else []
     ingress_kills = [run.started + r.at_s for r in records if r.kind == "ingress"]
-    in_ingress = [
+    in_ingress = [  # dropped, or answered by Serve's proxy (not by pdserve) as it died
         o
         for o in kept
-        if o.lost is not None and any(o.started_s <= t <= o.ended_s for t in ingress_kills)
+        if (o.lost is not None or o.error == PROXY_ERROR)
+        and any(o.started_s <= t <= o.ended_s for t in ingress_kills)
     ]
     inside = {id(o) for o in in_ingress}
     lost = [o.lost for o in kept if o.lost is not None and id(o) not in inside]
+    errors = Counter(o.error for o in kept if o.error is not None and id(o) not in inside)
     result = {
         "benchmark": "soak",
         "settings": {k: v for k, v in vars(args).items() if k != "port"},
