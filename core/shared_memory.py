@@ -7,6 +7,12 @@ blocks out, with no socket in between. Names are random under one prefix; the cr
 its segment when it closes, and should it die first, Python's resource tracker unlinks it. A
 segment's pages are allocated when it is made (a tmpfs that fills up later, e.g. with Ray's
 object store, would otherwise fault the KV on first touch); one that does not fit is refused.
+
+A process killed together with its resource tracker (Ray stopping a worker's process group, the
+OOM killer) leaves its segments behind, and ``/dev/shm`` is RAM. So a name also carries its
+creator's pid and pid namespace (``pdserve-kv-<ns>-<pid>-<random>``), and every new segment
+first removes the names of creators in its own pid namespace that no longer run
+(:func:`sweep_orphans`); a name from another namespace is never touched.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "pdserve-kv-"
-_NAME = re.compile(r"^pdserve-kv-[0-9a-f]{24}$")
+_NAME = re.compile(r"^pdserve-kv-(?:(\d+)-(\d+)-)?[0-9a-f]{24}$")
 
 
 class SharedSegment:
@@ -32,6 +38,7 @@ class SharedSegment:
 
     def __init__(self, nbytes: int) -> None:
         """Raises ``ConfigError`` when ``/dev/shm`` is missing or lacks room for ``nbytes``."""
+        sweep_orphans()  # first: what dead processes left counts as room
         try:
             stats = os.statvfs(SHM_DIR)
         except OSError as e:
@@ -42,7 +49,7 @@ class SharedSegment:
                 f"{SHM_DIR} has {free_bytes} bytes free, the KV needs {nbytes}",
                 param="transfer.same_node",
             )
-        self.name = NAME_PREFIX + secrets.token_hex(12)
+        self.name = f"{NAME_PREFIX}{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(12)}"
         path = os.path.join(SHM_DIR, self.name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
@@ -101,3 +108,45 @@ def _open_segment(name: str, *, writable: bool) -> mmap.mmap:
         return mmap.mmap(fd, os.fstat(fd).st_size, prot=prot)
     finally:
         os.close(fd)
+
+
+def _pid_namespace() -> int:
+    """The inode of this process's pid namespace (0 when it cannot be read)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def sweep_orphans() -> list[str]:
+    """Unlink the segments whose creator, in this pid namespace, no longer runs; their names."""
+    namespace = _pid_namespace()
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        match = _NAME.match(name)
+        if match is None or match.group(1) is None or not namespace:
+            continue
+        if int(match.group(1)) != namespace or _running(int(match.group(2))):
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except FileNotFoundError:
+            continue  # another process swept it first
+    if removed:
+        logger.warning("removed %d shared KV segments left by dead processes", len(removed))
+    return removed

@@ -144,7 +144,7 @@ def join_gang(rank: int, size: int, init_method: str) -> GangMember:
 
 
 _REGION_WORDS = 64
-"""int64 words carrying one rank's shared-memory segment name (names are 35 bytes)."""
+"""int64 words carrying one rank's shared-memory segment name (names are under 60 bytes)."""
 
 
 def exchange_regions(member: GangMember, mine: str | None) -> list[str]:
