@@ -131,7 +131,7 @@ def _running(pid: int) -> bool:
 def sweep_orphans() -> list[str]:
     """Unlink the segments whose creator, in this pid namespace, no longer runs; their names."""
     namespace = _pid_namespace()
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
