@@ -27,6 +27,7 @@ from engine.builtin import resolve_model
 from engine.cuda_graphs import graph_batch_sizes, moe_syncs_host
 from engine.kv.quant import KV_CACHE_DTYPES, SCALE_BYTES
 from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
+from engine.kv.tiers.device_rows import DeviceRows
 from engine.kv.tiers.store import KVTiers
 from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig, MoELayer
@@ -137,9 +138,12 @@ def build_engine_parts(
         device, engine_cfg.kv_cache_memory_bytes, engine_cfg.kv_cache_memory_fraction, weights_bytes
     )
     storage = KVStorage(layout, num_blocks_for_budget(layout, budget), device, shared=shared_kv)
+    tiered = engine_cfg.kv_tiers.host is not None or engine_cfg.kv_tiers.disk is not None
+    # rank 0 holds the tiers of a whole gang (the other ranks' rows join once it formed)
+    rows = DeviceRows(storage.block_bytes_view(), tp.size if tp is not None else 1)
     tiers = (
-        KVTiers(engine_cfg.kv_tiers, layout, storage.block_bytes_view())
-        if engine_cfg.kv_tiers.host is not None or engine_cfg.kv_tiers.disk is not None
+        KVTiers(engine_cfg.kv_tiers, layout, rows)
+        if tiered and (tp is None or tp.rank == 0)
         else None
     )
     scheduler = Scheduler(

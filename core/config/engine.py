@@ -85,8 +85,8 @@ class EngineConfig(StrictModel):
         "MLP width and vocabulary; one all-reduce per attention and per MLP). Rank 0 schedules "
         "and owns the KV manager; every rank holds its own heads' KV. Must divide the attention "
         "heads and the MLP width (MoE: every expert's width); KV heads are split, or replicated "
-        "when fewer than ranks. Not yet with compile_model, KV tiers or overlapped steps (auto "
-        "turns them off).",
+        "when fewer than ranks. KV tiers hold every rank's share of a block (CPU only for now). "
+        "Not yet with compile_model or overlapped steps (auto turns them off).",
     )
 
     kv_tiers: KVTiersConfig = Field(
@@ -111,7 +111,6 @@ class EngineConfig(StrictModel):
         refused = {
             "compile_model": self.compile_model,
             "async_scheduling: on": self.async_scheduling == "on",
-            "kv_tiers": self.kv_tiers.host is not None or self.kv_tiers.disk is not None,
         }
         for name, present in refused.items():
             if present:

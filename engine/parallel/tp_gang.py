@@ -261,6 +261,11 @@ def build_tp_engine(
             gang=gang,
         )
         map_followers(runner, regions)
+        tiers = parts.scheduler.tiers
+        if tiers is not None:  # rank 0's tiers hold every rank's share of a block
+            tiers.device_blocks.add_ranks(
+                [storage.block_bytes_view() for storage in runner.follower_storages]
+            )
         return LLMEngine(parts, runner=runner)
     except BaseException:
         gang.abort()

@@ -20,6 +20,7 @@ import torch
 from core.hashing import BlockHash
 from core.kv_events import KVMedium
 from engine.kv.tiers.block_file import BlockFileError
+from engine.kv.tiers.device_rows import DeviceRows
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ class LoadResult:
 class TierIO:
     """Owns the copy and disk threads; everything submitted returns a future."""
 
-    def __init__(self, device_blocks: torch.Tensor) -> None:
-        self._device_blocks = device_blocks  # [num_blocks, block_bytes] uint8 view of the KV
+    def __init__(self, device_blocks: DeviceRows) -> None:
+        self._device_blocks = device_blocks
         self._copy = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-copy")
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-disk")
         cuda = device_blocks.is_cuda
@@ -85,12 +86,11 @@ class TierIO:
         return LoadResult(done, time.perf_counter() - start, failure)
 
     def _write(self, block_id: int, data: torch.Tensor) -> None:
-        target = self._device_blocks[block_id]
         if self._stream is None:
-            target.copy_(data)
+            self._device_blocks.write(block_id, data)
             return
         with torch.cuda.stream(self._stream):
-            target.copy_(data, non_blocking=True)
+            self._device_blocks.write(block_id, data, non_blocking=True)
 
 
 def _logged(work: Callable[[], None]) -> None:

@@ -17,6 +17,7 @@ from core.hashing import BlockHash
 from core.kv_events import BlockRemoved, BlockStored, KVMedium
 from engine.kv.event_publisher import KVEventPublisher
 from engine.kv.tiers.counters import ReuseCounts, TierCounters
+from engine.kv.tiers.device_rows import DeviceRows
 from engine.kv.tiers.disk import DiskTier
 from engine.kv.tiers.host import HostTier
 from engine.kv.tiers.io import TierIO
@@ -29,7 +30,7 @@ class TierMoves:
         self,
         config: KVTiersConfig,
         block_size: int,
-        device_blocks: torch.Tensor,
+        device_blocks: DeviceRows,
         host: HostTier | None,
         disk: DiskTier | None,
         io: TierIO,
@@ -37,14 +38,14 @@ class TierMoves:
     ) -> None:
         self.config = config
         self.block_size = block_size
-        self.block_bytes = int(device_blocks.shape[1])
+        self.block_bytes = device_blocks.block_bytes
         self.host = host
         self.disk = disk
         self.io = io
         self.clock = clock
         self._device_blocks = device_blocks
         capacity = sum(t.entries.capacity for t in self._tiers())
-        self.uses = ReuseCounts(4 * (capacity + int(device_blocks.shape[0])))
+        self.uses = ReuseCounts(4 * (capacity + device_blocks.num_blocks))
         self.counters: dict[KVMedium, TierCounters] = {
             "device": TierCounters(),
             "host": TierCounters(),
@@ -65,7 +66,7 @@ class TierMoves:
             and self.config.host
             and (self.config.host.write_policy == "write_through")
         ):
-            self._to_host(block_hash, self._device_blocks[block_id])
+            self._to_host(block_hash, self._device_blocks.read(block_id))
 
     def on_device_hit(self, block_hashes: list[BlockHash]) -> None:
         """A request adopted these device-cached blocks."""
@@ -75,7 +76,7 @@ class TierMoves:
 
     def on_device_evicted(self, block_id: int, block_hash: BlockHash) -> None:
         """The device pool is about to reuse (or expire) this cached block: copy it down."""
-        source = self._device_blocks[block_id]
+        source = self._device_blocks.read(block_id)
         if self.host is not None:
             self._to_host(block_hash, source)
         elif self.disk is not None:

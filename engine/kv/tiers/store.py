@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -31,6 +32,7 @@ from core.hashing import BlockHash
 from core.kv_layout import KVLayout
 from core.stats import KVTierStats
 from engine.kv.event_publisher import KVEventPublisher
+from engine.kv.tiers.device_rows import DeviceRows
 from engine.kv.tiers.disk import DiskTier
 from engine.kv.tiers.host import HostTier
 from engine.kv.tiers.io import LoadPart, LoadResult, TierIO
@@ -49,28 +51,32 @@ class KVTiers:
         self,
         config: KVTiersConfig,
         layout: KVLayout,
-        device_blocks: torch.Tensor,
+        device_blocks: DeviceRows,
         *,
         clock: Clock = time.monotonic,
     ) -> None:
+        """``device_blocks``: this engine's KV rows (on rank 0 of a tensor-parallel gang, every
+        rank's, so a tier slot holds a block of the whole gang)."""
         self.config = config
         self.block_size = layout.block_size
-        self.block_bytes = layout.block_bytes
+        self.block_bytes = device_blocks.block_bytes
         self.clock = clock
-        self._device_blocks = device_blocks  # [num_blocks, block_bytes] uint8 view
+        self.device_blocks = device_blocks
         now = clock()
         self.host = (
             HostTier(
-                layout.block_bytes,
-                config.host.bytes // layout.block_bytes,
+                self.block_bytes,
+                config.host.bytes // self.block_bytes,
                 pin_memory=device_blocks.is_cuda,
             )
             if config.host is not None
             else None
         )
+        # a gang's blocks are every rank's bytes in rank order: only the same gang reads them
+        gang = replace(layout, tp_rank=0)
         self.disk = (
             DiskTier.open(
-                config.disk.path, layout.fingerprint(), layout.block_bytes, config.disk.bytes, now
+                config.disk.path, gang.fingerprint(), self.block_bytes, config.disk.bytes, now
             )
             if config.disk is not None
             else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -109,7 +110,6 @@ def test_one_rank_layouts_keep_their_fingerprint_and_ranks_differ() -> None:
     [
         {"compile_model": True},
         {"async_scheduling": "on"},
-        {"kv_tiers": KVTiersConfig(host={"bytes": 1 << 20})},
     ],
 )
 def test_combinations_not_built_are_refused_by_the_config(options: dict[str, object]) -> None:
@@ -148,6 +148,37 @@ def test_tp2_equals_one_rank_through_chunks_prefix_hits_and_preemption() -> None
         followers = leader_gang(llm).processes
         assert llm.engine.scheduler.stats().num_used_blocks == 0
     assert all(process.wait(timeout=30) == 0 for process in followers)
+
+
+def test_tp2_with_host_and_disk_tiers_equals_one_rank(tmp_path: Path) -> None:
+    """Rank 0's tiers hold every rank's share of a block: blocks evicted to host and disk and
+    loaded back give one rank's outputs, with tier hits."""
+    rng = random.Random(3)
+    system = [rng.randrange(3, 200) for _ in range(64)]
+    prompts = [system + [rng.randrange(3, 200) for _ in range(40)] for _ in range(6)]
+    block = 32 * 1024  # tiny-llama's whole block (both KV heads); 16 KiB on each of two ranks
+    tiers = KVTiersConfig(
+        host={"bytes": 6 * block}, disk={"path": str(tmp_path), "bytes": 64 * block}
+    )
+    options = {"max_model_len": 256, "max_num_seqs": 2}
+    one_rank = LLM("builtin:tiny-llama", kv_cache_memory_bytes=16 * block, **options)
+    expected = [greedy(one_rank, [p])[0] for p in prompts * 2]
+    with LLM(
+        "builtin:tiny-llama",
+        tensor_parallel_size=2,
+        kv_cache_memory_bytes=8 * block,  # per rank: 16 blocks of its half
+        kv_tiers=tiers,
+        **options,
+    ) as llm:
+        got = []
+        for prompt in prompts * 2:
+            [out] = llm.generate(prompt_token_ids=[prompt], sampling_params=GREEDY, use_tqdm=False)
+            got.append(list(out.outputs[0].token_ids))
+        stats = {s.medium: s for s in llm.engine.scheduler.tier_stats()}
+        llm.engine.scheduler.check_integrity()
+    assert got == expected
+    assert stats["host"].hits_total + stats["disk"].hits_total > 0
+    assert stats["disk"].onload_bytes_total > 0
 
 
 def test_tp2_with_an_8bit_kv_cache_and_prompt_logprobs() -> None:

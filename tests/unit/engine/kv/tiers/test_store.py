@@ -13,6 +13,7 @@ from core.config import DiskTierConfig, HostTierConfig, KVTiersConfig
 from core.kv_events import BlockRemoved, BlockStored, KVEventBatch
 from core.kv_layout import KVLayout
 from engine.kv.event_publisher import KVEventPublisher
+from engine.kv.tiers.device_rows import DeviceRows
 from engine.kv.tiers.store import KVTiers
 
 LAYOUT = KVLayout("m", "float32", 4, 1, 1, 2, 0)  # 64-byte blocks
@@ -39,7 +40,7 @@ def make(
     config: KVTiersConfig, blocks: torch.Tensor, clock: Clock
 ) -> tuple[KVTiers, list[KVEventBatch]]:
     batches: list[KVEventBatch] = []
-    tiers = KVTiers(config, LAYOUT, blocks, clock=clock)
+    tiers = KVTiers(config, LAYOUT, DeviceRows(blocks), clock=clock)
     publisher = KVEventPublisher(batches.append)
     tiers.attach(publisher)
     return tiers, batches
@@ -99,9 +100,9 @@ def test_eviction_order_across_host_and_disk(tmp_path: Path, clock: Clock) -> No
     ]
     assert tiers.find([101, 102, 103, 104]) == 3
     assert tiers.find([104, 101]) == 0
-    blocks = tiers._device_blocks
+    blocks = tiers.device_blocks
     assert load(tiers, "r", [101, 102, 103], [5, 6, 7]) == 3
-    assert blocks[5].eq(10).all() and blocks[6].eq(20).all() and blocks[7].eq(30).all()
+    assert all(blocks.read(b).eq(v).all() for b, v in ((5, 10), (6, 20), (7, 30)))
     counters = tiers.counters
     assert (counters["host"].hits, counters["disk"].hits) == (2, 1)
     assert counters["disk"].onload_bytes == B
@@ -197,7 +198,7 @@ def test_corrupted_disk_block_is_a_miss_and_is_dropped(tmp_path: Path, clock: Cl
     path.write_bytes(bytes(data))
     events(batches, tiers)
     assert load(tiers, "r", [101, 102], [6, 7]) == 1  # 101 good, 102 refused
-    assert tiers._device_blocks[6].eq(10).all()
+    assert tiers.device_blocks.read(6).eq(10).all()
     assert tiers.disk is not None and tiers.disk.entries.hashes() == [101]
     assert events(batches, tiers) == [("removed", "disk", [102])]
     tiers.check_integrity()
