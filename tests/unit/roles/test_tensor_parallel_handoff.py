@@ -2,8 +2,8 @@
 processes) and the real builders over gRPC: a TP=2 prefill hands off to a TP=1 decode and a TP=1
 prefill to a TP=2 decode. Every decode rank pulls exactly its KV heads; outputs equal the
 offline one-rank ``LLM``; the bytes moved are the whole prompt's KV once; prefix hits on the
-decode side still skip blocks; a follower killed after the prefill costs no request on a
-prefill gang and ends the request cleanly on a decode gang; both sides end quiescent.
+decode side still skip blocks; both sides end quiescent; then a follower killed after the
+prefill costs no request on a prefill gang and ends the request cleanly on a decode gang.
 
 One process holds one gang (a process joins one process group), so each pair is built, used
 and shut down in turn. The TP=4 -> TP=2 combination runs between replicas under Serve
@@ -114,55 +114,51 @@ def test_handoffs_between_tp_sizes_match_one_rank(
     assert stats.bytes_total == (moved_blocks + 1) * FULL_BLOCK_BYTES
     assert_quiescent(pair)
     assert pair.decode.engine.engine.parts.layout.tp_size == decode_tp
+    if prefill_tp > 1:
+        killed_prefill_follower(pair, reference)
+    else:
+        killed_decode_follower(pair)
 
 
-def test_a_killed_prefill_follower_costs_no_handed_off_request(
-    reference: dict[str, list[int]],
-) -> None:
+def killed_prefill_follower(pair: Pair, reference: dict[str, list[int]]) -> None:
     """The follower's KV stays mapped in rank 0's process: a handle issued before the kill is
     still pulled whole; the gang's next step fails and the replica reports itself unusable."""
-    pair = build(2, 1)
-    try:
-        prompt, params = PROMPTS["len70"], GREEDY
+    prompt, params = PROMPTS["len70"], GREEDY
 
-        async def main() -> None:
-            request_id = new_request_id()
-            result = await prefill(pair.prefill, request_id, prompt, params)
-            follower = gang_of(pair.prefill).processes[0]
-            os.kill(follower.pid, signal.SIGKILL)
-            follower.wait()
-            chunks = await collect(pair.decode, decode_request(request_id, prompt, params, result))
-            tokens = [result.first_token_id] + [t for c in chunks for t in c.token_ids]
-            assert tokens == reference["len70"]
-            with pytest.raises(UnavailableError, match="rank 0"):
-                await prefill(pair.prefill, new_request_id(), PROMPTS["len33"], params)
+    async def main() -> None:
+        request_id = new_request_id()
+        result = await prefill(pair.prefill, request_id, prompt, params)
+        follower = gang_of(pair.prefill).processes[0]
+        os.kill(follower.pid, signal.SIGKILL)
+        follower.wait()
+        chunks = await collect(pair.decode, decode_request(request_id, prompt, params, result))
+        tokens = [result.first_token_id] + [t for c in chunks for t in c.token_ids]
+        assert tokens == reference["len70"]
+        with pytest.raises(UnavailableError, match="rank 0"):
+            await prefill(pair.prefill, new_request_id(), PROMPTS["len33"], params)
 
-        asyncio.run(main())
-        assert wait_until(lambda: not pair.prefill.engine.engine.usable, 10)
-        assert wait_until(lambda: pair.prefill.stats().exports_pinned == 0, 10)
-        assert wait_until(lambda: pair.decode.stats().kv_blocks_used == 0, 10)
-    finally:
-        shut_down(pair)
+    asyncio.run(main())
+    assert wait_until(lambda: not pair.prefill.engine.engine.usable, 10)
+    assert wait_until(lambda: pair.prefill.stats().exports_pinned == 0, 10)
+    assert wait_until(lambda: pair.decode.stats().kv_blocks_used == 0, 10)
 
 
-def test_a_killed_decode_follower_ends_the_request_and_frees_its_blocks() -> None:
-    pair = build(1, 2)
-    try:
-        prompt, params = PROMPTS["len70"], GREEDY
+def killed_decode_follower(pair: Pair) -> None:
+    """The pull lands in the dead follower's mapped KV, then the request's first step fails:
+    it ends with an error naming the rank, its blocks freed on both sides."""
+    prompt, params = PROMPTS["len70"], GREEDY
 
-        async def main() -> None:
-            request_id = new_request_id()
-            result = await prefill(pair.prefill, request_id, prompt, params)
-            follower = gang_of(pair.decode).processes[0]
-            os.kill(follower.pid, signal.SIGKILL)
-            follower.wait()
-            chunks = await collect(pair.decode, decode_request(request_id, prompt, params, result))
-            assert chunks[-1].finished and chunks[-1].error is not None
-            assert "rank" in chunks[-1].error.message
+    async def main() -> None:
+        request_id = new_request_id()
+        result = await prefill(pair.prefill, request_id, prompt, params)
+        follower = gang_of(pair.decode).processes[0]
+        os.kill(follower.pid, signal.SIGKILL)
+        follower.wait()
+        chunks = await collect(pair.decode, decode_request(request_id, prompt, params, result))
+        assert chunks[-1].finished and chunks[-1].error is not None
+        assert "rank" in chunks[-1].error.message
 
-        asyncio.run(main())
-        assert wait_until(lambda: pair.prefill.stats().exports_pinned == 0, 10)
-        assert wait_until(lambda: pair.decode.stats().kv_blocks_used == 0, 10)
-        assert wait_until(lambda: pair.prefill.stats().kv_blocks_used == 0, 10)
-    finally:
-        shut_down(pair)
+    asyncio.run(main())
+    assert wait_until(lambda: pair.prefill.stats().exports_pinned == 0, 10)
+    assert wait_until(lambda: pair.decode.stats().kv_blocks_used == 0, 10)
+    assert wait_until(lambda: pair.prefill.stats().kv_blocks_used == 0, 10)
