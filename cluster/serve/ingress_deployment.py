@@ -113,26 +113,18 @@ class ControlPlaneCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Restarts seen and probes that found each one unreachable."""
-        yield CounterMetricFamily(
-            "pdserve:stats_board_restarts",
-            "Times the stats board answered as a new instance (Serve replaced it).",
-            value=self._watch.restarts_total,
-        )
-        yield CounterMetricFamily(
-            "pdserve:stats_board_unavailable",
-            "Refreshes of the pools' live view that found the stats board unreachable.",
-            value=self._watch.unavailable_total,
-        )
-        yield CounterMetricFamily(
-            "pdserve:serve_controller_restarts",
-            "Times Serve's controller answered from a new process (Ray restarted it).",
-            value=self._controller.restarts_total,
-        )
-        yield CounterMetricFamily(
-            "pdserve:serve_controller_unavailable",
-            "Probes of Serve's controller that failed or timed out.",
-            value=self._controller.unavailable_total,
-        )
+        board, controller = self._watch, self._controller
+        for name, text, value in (
+            ("stats_board_restarts", "Times the stats board answered as a new instance (Serve "
+             "replaced it).", board.restarts_total),
+            ("stats_board_unavailable", "Refreshes of the pools' live view that found the "
+             "stats board unreachable.", board.unavailable_total),
+            ("serve_controller_restarts", "Times Serve's controller answered from a new process "
+             "(Ray restarted it).", controller.restarts_total),
+            ("serve_controller_unavailable", "Probes of Serve's controller that failed or timed "
+             "out.", controller.unavailable_total),
+        ):  # fmt: skip
+            yield CounterMetricFamily(f"pdserve:{name}", text, value=value)
 
 
 @serve.ingress()

@@ -21,6 +21,7 @@ import pytest
 
 from core.errors import UnavailableError
 from core.ids import new_request_id
+from core.messages import PrefillResult, TokenChunk
 from core.stats import TransferStats
 from decode.build import build_decode_worker
 from decode.worker import DecodeWorker
@@ -120,22 +121,29 @@ def test_handoffs_between_tp_sizes_match_one_rank(
         killed_decode_follower(pair)
 
 
+async def handoff_after_a_kill(
+    pair: Pair, victim: PrefillWorker | DecodeWorker
+) -> tuple[PrefillResult, list[TokenChunk]]:
+    """Prefill ``len70``, SIGKILL the first follower of ``victim``'s gang, then decode it."""
+    prompt, request_id = PROMPTS["len70"], new_request_id()
+    result = await prefill(pair.prefill, request_id, prompt, GREEDY)
+    follower = gang_of(victim).processes[0]
+    os.kill(follower.pid, signal.SIGKILL)
+    follower.wait()
+    chunks = await collect(pair.decode, decode_request(request_id, prompt, GREEDY, result))
+    return result, chunks
+
+
 def killed_prefill_follower(pair: Pair, reference: dict[str, list[int]]) -> None:
     """The follower's KV stays mapped in rank 0's process: a handle issued before the kill is
     still pulled whole; the gang's next step fails and the replica reports itself unusable."""
-    prompt, params = PROMPTS["len70"], GREEDY
 
     async def main() -> None:
-        request_id = new_request_id()
-        result = await prefill(pair.prefill, request_id, prompt, params)
-        follower = gang_of(pair.prefill).processes[0]
-        os.kill(follower.pid, signal.SIGKILL)
-        follower.wait()
-        chunks = await collect(pair.decode, decode_request(request_id, prompt, params, result))
+        result, chunks = await handoff_after_a_kill(pair, pair.prefill)
         tokens = [result.first_token_id] + [t for c in chunks for t in c.token_ids]
         assert tokens == reference["len70"]
         with pytest.raises(UnavailableError, match="rank 0"):
-            await prefill(pair.prefill, new_request_id(), PROMPTS["len33"], params)
+            await prefill(pair.prefill, new_request_id(), PROMPTS["len33"], GREEDY)
 
     asyncio.run(main())
     assert wait_until(lambda: not pair.prefill.engine.engine.usable, 10)
@@ -146,19 +154,9 @@ def killed_prefill_follower(pair: Pair, reference: dict[str, list[int]]) -> None
 def killed_decode_follower(pair: Pair) -> None:
     """The pull lands in the dead follower's mapped KV, then the request's first step fails:
     it ends with an error naming the rank, its blocks freed on both sides."""
-    prompt, params = PROMPTS["len70"], GREEDY
-
-    async def main() -> None:
-        request_id = new_request_id()
-        result = await prefill(pair.prefill, request_id, prompt, params)
-        follower = gang_of(pair.decode).processes[0]
-        os.kill(follower.pid, signal.SIGKILL)
-        follower.wait()
-        chunks = await collect(pair.decode, decode_request(request_id, prompt, params, result))
-        assert chunks[-1].finished and chunks[-1].error is not None
-        assert "rank" in chunks[-1].error.message
-
-    asyncio.run(main())
+    _, chunks = asyncio.run(handoff_after_a_kill(pair, pair.decode))
+    error = chunks[-1].error
+    assert chunks[-1].finished and error is not None and "rank" in error.message
     assert wait_until(lambda: pair.prefill.stats().exports_pinned == 0, 10)
     assert wait_until(lambda: pair.decode.stats().kv_blocks_used == 0, 10)
     assert wait_until(lambda: pair.prefill.stats().kv_blocks_used == 0, 10)
