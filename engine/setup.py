@@ -70,10 +70,11 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 
 
 def overlaps_steps(engine_cfg: EngineConfig, device: torch.device) -> bool:
-    """``engine.async_scheduling`` resolved: auto overlaps steps on CUDA only, and not with
-    tensor parallelism (the followers would need the sampled ids; the config refuses ``on``)."""
+    """``engine.async_scheduling`` resolved: auto overlaps steps on CUDA only (a
+    tensor-parallel gang too: rank 0 shares each step's pending sampled ids over the model's
+    collective, on the device)."""
     if engine_cfg.async_scheduling == "auto":
-        return device.type == "cuda" and engine_cfg.tensor_parallel_size == 1
+        return device.type == "cuda"
     return engine_cfg.async_scheduling == "on"
 
 

@@ -86,7 +86,7 @@ class EngineConfig(StrictModel):
         "and owns the KV manager; every rank holds its own heads' KV. Must divide the attention "
         "heads and the MLP width (MoE: every expert's width); KV heads are split, or replicated "
         "when fewer than ranks. KV tiers hold every rank's share of a block (CPU only for now). "
-        "Not yet with compile_model or overlapped steps (auto turns them off).",
+        "Not yet with compile_model.",
     )
 
     kv_tiers: KVTiersConfig = Field(
@@ -110,7 +110,6 @@ class EngineConfig(StrictModel):
             return self
         refused = {
             "compile_model": self.compile_model,
-            "async_scheduling: on": self.async_scheduling == "on",
         }
         for name, present in refused.items():
             if present:

@@ -10,6 +10,10 @@ same blocks with its own shard of the weights and of the KV heads, so every rank
 and logit gathers pair up, and its KV cache holds its heads of exactly the blocks rank 0 filled.
 Followers never sample; their logits are dropped.
 
+With overlapped steps a request's last input may be the id rank 0 sampled in the previous
+step, still on rank 0's device: rank 0 gathers those ids in batch order and shares them over the
+model's collective (:func:`share_from_rank0`), so no rank's host ever waits for them.
+
 A step travels as one int64 tensor (:func:`encode_step` / :func:`decode_step`; no pickle)
 broadcast from rank 0 on the gang's control group — a gloo group apart from the one the model's
 collectives use, so a follower may wait for the next step as long as the leader stays idle
@@ -27,10 +31,11 @@ import torch
 
 from core.errors import UnavailableError
 from core.sampling import SamplingParams
+from engine.device_io import upload
 from engine.kv.storage import KVStorage
 from engine.model_runner import ModelRunner, PendingTokens, StepLogits
 from engine.models import CausalLM
-from engine.scheduler.output import ScheduledRequest
+from engine.scheduler.output import PENDING_TOKEN_ID, ScheduledRequest
 
 if TYPE_CHECKING:
     from engine.parallel.tp_gang import Gang
@@ -257,16 +262,28 @@ class LeaderRunner(ModelRunner):
     def execute(
         self, scheduled: list[ScheduledRequest], pending: PendingTokens | None = None
     ) -> StepLogits:
-        """Broadcast the step, then run rank 0's share of it."""
-        if pending is not None:  # the config refuses overlapped steps with tensor parallelism
-            raise ValueError("a tensor-parallel leader cannot run overlapped steps")
+        """Broadcast the step, share the ids it takes from the previous step's samples (an
+        overlapped step), then run rank 0's share of it."""
         released, self._released = tuple(self._released), []
         self._send(TPStep(released, tuple(scheduled)))
         try:
-            return super().execute(scheduled)
+            return super().execute(scheduled, self._share_pending(scheduled, pending))
         except UnavailableError:  # a collective found a rank gone
             self._broken = True
             raise
+
+    def _share_pending(
+        self, scheduled: Sequence[ScheduledRequest], pending: PendingTokens | None
+    ) -> PendingTokens | None:
+        """The pending ids this step reads, gathered in batch order and sent to the followers
+        over the model's collective (on the device: the host never waits for them)."""
+        waiting = pending_requests(scheduled)
+        if not waiting or pending is None:
+            return pending
+        rows = upload([pending.rows[request_id] for request_id in waiting], torch.long, self.device)
+        token_ids = pending.token_ids.index_select(0, rows)
+        share_from_rank0(self.model, token_ids)
+        return PendingTokens({request_id: i for i, request_id in enumerate(waiting)}, token_ids)
 
     @property
     def usable(self) -> bool:
@@ -279,10 +296,23 @@ class LeaderRunner(ModelRunner):
             self.gang.close()
 
 
+def share_from_rank0(model: CausalLM, tensor: torch.Tensor) -> None:
+    """``tensor`` becomes rank 0's on every rank (the other ranks pass zeros: a sum)."""
+    if model.tp is None:
+        raise ValueError("not a rank of a tensor-parallel gang")
+    model.tp.all_reduce(tensor)
+
+
+def pending_requests(scheduled: Sequence[ScheduledRequest]) -> list[str]:
+    """The requests whose last input is the previous step's sampled id, in batch order."""
+    return [item.request_id for item in scheduled if item.token_ids[-1] == PENDING_TOKEN_ID]
+
+
 def follow_leader(runner: ModelRunner, channel: StepChannel) -> int:
     """A follower's loop: run every step rank 0 sends until it sends stop; returns the number
     of steps run. Raises what a step or the channel raises (the gang is broken then)."""
     steps = 0
+    device = runner.device
     while (step := channel.receive()) is not None:
         runner.release(step.released)
         if step.stage_in:  # the runner orders its next step after the copy
@@ -293,7 +323,13 @@ def follow_leader(runner: ModelRunner, channel: StepChannel) -> int:
                 runner.storage.staging.wait_host(block_id)
             channel.barrier()
         if step.scheduled:
-            runner.execute(list(step.scheduled))
+            waiting = pending_requests(step.scheduled)
+            pending = None
+            if waiting:  # an overlapped step: rank 0 shares the sampled ids it takes
+                token_ids = torch.zeros(len(waiting), dtype=torch.long, device=device)
+                share_from_rank0(runner.model, token_ids)
+                pending = PendingTokens({r: i for i, r in enumerate(waiting)}, token_ids)
+            runner.execute(list(step.scheduled), pending)
         steps += 1
     logger.info("tensor-parallel follower: stopped after %d steps", steps)
     return steps

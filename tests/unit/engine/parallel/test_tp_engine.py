@@ -109,7 +109,6 @@ def test_one_rank_layouts_keep_their_fingerprint_and_ranks_differ() -> None:
     "options",
     [
         {"compile_model": True},
-        {"async_scheduling": "on"},
     ],
 )
 def test_combinations_not_built_are_refused_by_the_config(options: dict[str, object]) -> None:
@@ -179,6 +178,18 @@ def test_tp2_with_host_and_disk_tiers_equals_one_rank(tmp_path: Path) -> None:
     assert got == expected
     assert stats["host"].hits_total + stats["disk"].hits_total > 0
     assert stats["disk"].onload_bytes_total > 0
+
+
+def test_tp2_with_overlapped_steps_equals_one_rank() -> None:
+    """``async_scheduling: on``: rank 0 queues step N+1 before reading step N's samples and
+    shares the pending ids with the follower over the collective; outputs equal one rank's,
+    through chunked prefill and a prefix hit."""
+    options = {"max_num_batched_tokens": 32, "max_model_len": 64, "max_num_seqs": 4}
+    expected = greedy(LLM("builtin:tiny-llama", **options), PROMPTS)
+    with LLM("builtin:tiny-llama", tensor_parallel_size=2, async_scheduling="on", **options) as llm:
+        assert llm.engine.async_scheduling
+        assert greedy(llm, PROMPTS) == expected
+        assert greedy(llm, PROMPTS) == expected  # again, from the prefix cache
 
 
 def test_tp2_with_an_8bit_kv_cache_and_prompt_logprobs() -> None:
