@@ -79,7 +79,9 @@ class KVExporter:
                 reason=TransferFailure.INTERNAL,
             )
         self.node_id = node_id
-        self.shared_region: str = getattr(store, "shared_region", None) or ""
+        # a gang's heads lie in several regions: its pulls always move bytes (by shard)
+        gang = len(self.rank_stores) > 1
+        self.shared_region: str = "" if gang else getattr(store, "shared_region", None) or ""
         self.address = address
         self.epoch = secrets.token_hex(8)
         self.chunk_bytes = chunk_bytes
@@ -185,9 +187,16 @@ class KVExporter:
                 reason=TransferFailure.INVALID_REQUEST,
             )
         return self._stream(
-            transfer_id, wanted, self.faults, cancelled, encode, algorithm, keep_export, source,
+            transfer_id,
+            wanted,
+            self.faults,
+            cancelled,
+            encode,
+            algorithm,
+            keep_export,
+            source,
             shard,
-        )  # fmt: skip
+        )
 
     def _shard_source(self, shard: KVShard | None) -> BlockStore:
         """What a pull of ``shard`` reads (refused for a gang without a shard)."""
@@ -216,7 +225,7 @@ class KVExporter:
         exporter's shared region and a checksum of each, a chunk's worth at a time, each made
         by ``encode``. The export stays pinned after the stream (the importer copies the blocks
         afterwards and releases it as completed)."""
-        if not self.shared_region or len(self.rank_stores) > 1:
+        if not self.shared_region:
             raise TransferError(
                 "this exporter's KV is not in shared memory: pull its bytes instead",
                 reason=TransferFailure.INVALID_REQUEST,
