@@ -149,9 +149,11 @@ def test_tp2_equals_one_rank_through_chunks_prefix_hits_and_preemption() -> None
     assert all(process.wait(timeout=30) == 0 for process in followers)
 
 
-def test_tp2_with_host_and_disk_tiers_equals_one_rank(tmp_path: Path) -> None:
+def test_tp2_with_tiers_and_overlapped_steps_equals_one_rank(tmp_path: Path) -> None:
     """Rank 0's tiers hold every rank's share of a block: blocks evicted to host and disk and
-    loaded back give one rank's outputs, with tier hits."""
+    loaded back give one rank's outputs, with tier hits. The steps overlap
+    (``async_scheduling: on``): rank 0 shares the pending sampled ids with the follower over
+    the collective."""
     rng = random.Random(3)
     system = [rng.randrange(3, 200) for _ in range(64)]
     prompts = [system + [rng.randrange(3, 200) for _ in range(40)] for _ in range(6)]
@@ -159,7 +161,7 @@ def test_tp2_with_host_and_disk_tiers_equals_one_rank(tmp_path: Path) -> None:
     tiers = KVTiersConfig(
         host={"bytes": 6 * block}, disk={"path": str(tmp_path), "bytes": 64 * block}
     )
-    options = {"max_model_len": 256, "max_num_seqs": 2}
+    options = {"max_model_len": 256, "max_num_seqs": 2, "max_num_batched_tokens": 64}
     one_rank = LLM("builtin:tiny-llama", kv_cache_memory_bytes=16 * block, **options)
     expected = [greedy(one_rank, [p])[0] for p in prompts * 2]
     with LLM(
@@ -167,29 +169,16 @@ def test_tp2_with_host_and_disk_tiers_equals_one_rank(tmp_path: Path) -> None:
         tensor_parallel_size=2,
         kv_cache_memory_bytes=8 * block,  # per rank: 16 blocks of its half
         kv_tiers=tiers,
+        async_scheduling="on",
         **options,
     ) as llm:
-        got = []
-        for prompt in prompts * 2:
-            [out] = llm.generate(prompt_token_ids=[prompt], sampling_params=GREEDY, use_tqdm=False)
-            got.append(list(out.outputs[0].token_ids))
+        assert llm.engine.async_scheduling
+        got = [greedy(llm, [prompt])[0] for prompt in prompts * 2]
         stats = {s.medium: s for s in llm.engine.scheduler.tier_stats()}
         llm.engine.scheduler.check_integrity()
     assert got == expected
     assert stats["host"].hits_total + stats["disk"].hits_total > 0
     assert stats["disk"].onload_bytes_total > 0
-
-
-def test_tp2_with_overlapped_steps_equals_one_rank() -> None:
-    """``async_scheduling: on``: rank 0 queues step N+1 before reading step N's samples and
-    shares the pending ids with the follower over the collective; outputs equal one rank's,
-    through chunked prefill and a prefix hit."""
-    options = {"max_num_batched_tokens": 32, "max_model_len": 64, "max_num_seqs": 4}
-    expected = greedy(LLM("builtin:tiny-llama", **options), PROMPTS)
-    with LLM("builtin:tiny-llama", tensor_parallel_size=2, async_scheduling="on", **options) as llm:
-        assert llm.engine.async_scheduling
-        assert greedy(llm, PROMPTS) == expected
-        assert greedy(llm, PROMPTS) == expected  # again, from the prefix cache
 
 
 def test_tp2_with_an_8bit_kv_cache_and_prompt_logprobs() -> None:
