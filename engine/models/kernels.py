@@ -86,9 +86,6 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)  # [..., I] each
         return F.silu(gate) * up
 
-    # NOTE: the per-expert loop sizes come from the data (``counts``, read on the host); traced,
-    # every new mix of counts would recompile the graph, so a compiled model runs it eagerly.
-    @torch.compiler.disable
     def moe_experts(
         self,
         hidden: torch.Tensor,
@@ -100,25 +97,62 @@ class TorchKernels:
         down_scale: torch.Tensor | None,
         row_weights: torch.Tensor | None,
     ) -> torch.Tensor:
-        """A loop over the experts that received rows, one matmul pair each."""
-        num_experts = gate_up_proj.shape[0]
-        keys = torch.where(local_ids < 0, num_experts, local_ids)  # [N], skipped rows last
-        counts = torch.bincount(keys, minlength=num_experts + 1)[:num_experts].tolist()
-        order = keys.argsort(stable=True)  # [N] rows grouped by expert
-        sorted_in = hidden[order // rows_per_token]  # [N, H]
-        sorted_out = torch.zeros_like(sorted_in)  # [N, H]
-        start = 0
-        for local_id, num_rows in enumerate(counts):
-            if num_rows == 0:
-                continue
-            end = start + num_rows
-            gate_up = _expert_linear(sorted_in[start:end], gate_up_proj, gate_up_scale, local_id)
-            sorted_out[start:end] = _expert_linear(
-                self.silu_and_mul(gate_up), down_proj, down_scale, local_id
-            )
-            start = end
-        out = torch.empty_like(sorted_out).index_copy_(0, order, sorted_out)  # [N, H]
-        return out if row_weights is None else out.float() * row_weights[:, None]
+        """A loop over the experts that received rows, one matmul pair each (an opaque op to
+        the compiler: :func:`moe_experts_op`)."""
+        return moe_experts_op(
+            hidden, local_ids, rows_per_token, gate_up_proj, down_proj,
+            gate_up_scale, down_scale, row_weights,
+        )  # fmt: skip
+
+
+# NOTE: the per-expert loop sizes come from the data (``counts``, read on the host): traced,
+# every new mix of counts would recompile the graph. As an opaque op the compiler sees one
+# call of a known output shape, so a compiled MoE model stays one graph (a disabled function
+# here broke it at every layer and recompiled each layer on its own).
+@torch.library.custom_op("pdserve::moe_experts", mutates_args=())
+def moe_experts_op(
+    hidden: torch.Tensor,  # [T, H]
+    local_ids: torch.Tensor,  # [N] expert of each (token, slot) row, -1: not here
+    rows_per_token: int,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    gate_up_scale: torch.Tensor | None,
+    down_scale: torch.Tensor | None,
+    row_weights: torch.Tensor | None,
+) -> torch.Tensor:  # [N, H]: float32 when weighted, else hidden's dtype
+    """The torch reference of the routed experts."""
+    num_experts = gate_up_proj.shape[0]
+    keys = torch.where(local_ids < 0, num_experts, local_ids)  # [N], skipped rows last
+    counts = torch.bincount(keys, minlength=num_experts + 1)[:num_experts].tolist()
+    order = keys.argsort(stable=True)  # [N] rows grouped by expert
+    sorted_in = hidden[order // rows_per_token]  # [N, H]
+    sorted_out = torch.zeros_like(sorted_in)  # [N, H]
+    start = 0
+    for local_id, num_rows in enumerate(counts):
+        if num_rows == 0:
+            continue
+        end = start + num_rows
+        gate_up = _expert_linear(sorted_in[start:end], gate_up_proj, gate_up_scale, local_id)
+        gate, up = gate_up.chunk(2, dim=-1)
+        sorted_out[start:end] = _expert_linear(F.silu(gate) * up, down_proj, down_scale, local_id)
+        start = end
+    out = torch.empty_like(sorted_out).index_copy_(0, order, sorted_out)  # [N, H]
+    return out if row_weights is None else out.float() * row_weights[:, None]
+
+
+@moe_experts_op.register_fake
+def _moe_experts_fake(
+    hidden: torch.Tensor,
+    local_ids: torch.Tensor,
+    rows_per_token: int,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    gate_up_scale: torch.Tensor | None,
+    down_scale: torch.Tensor | None,
+    row_weights: torch.Tensor | None,
+) -> torch.Tensor:
+    dtype = hidden.dtype if row_weights is None else torch.float32
+    return hidden.new_empty((local_ids.shape[0], hidden.shape[-1]), dtype=dtype)
 
 
 class TritonKernels:
