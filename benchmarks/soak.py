@@ -42,7 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -52,6 +52,9 @@ from cluster.ops.ray_session import start_local_ray
 from cluster.serve.config_file import load_cluster_config
 from core.config import RayClusterConfig
 from engine.builtin import resolve_model
+
+if TYPE_CHECKING:
+    from benchmarks.soak_faults import ControlPlaneFaults
 
 MODEL, SERVED, APP = "builtin:tiny-llama", "tiny-llama", "bench-soak"
 PROXY_ERROR = "500:not-openai-shaped"
@@ -176,12 +179,16 @@ def _error_type(content: bytes) -> str:
         return "not-openai-shaped"
 
 
-def kv_in_use(endpoint: str) -> tuple[float, float, float]:
+def scrape(endpoint: str) -> list[str]:
+    """The lines of one ``/metrics`` read."""
+    return httpx.get(f"{endpoint}/metrics", timeout=30).text.splitlines()
+
+
+def kv_in_use(lines: list[str]) -> tuple[float, float, float]:
     """(KV blocks used, exports pinned, transfers in flight) summed over the pools."""
-    text = httpx.get(f"{endpoint}/metrics", timeout=30).text
     values = {"pdserve:kv_blocks_used": 0.0, "pdserve:kv_exports_pinned": 0.0,
               "pdserve:transfer_in_flight": 0.0}  # fmt: skip
-    for line in text.splitlines():
+    for line in lines:
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in values:
             values[name] += float(line.rsplit(" ", 1)[1])
@@ -198,15 +205,14 @@ class Run:
     routing: list[tuple[float, float, float]]
     """(seconds into the run, decode pool's cached blocks, prompt blocks) routing totals."""
     started: float
-    faults: Any = None
-    """The :class:`~benchmarks.soak_faults.ControlPlaneFaults` that ran, if any."""
+    faults: ControlPlaneFaults | None = None
+    """The control-plane faults that ran (``--faults control-plane``)."""
 
 
-def routing_totals(endpoint: str) -> tuple[float, float]:
+def routing_totals(lines: list[str]) -> tuple[float, float]:
     """The decode pool's routing (cached blocks, prompt blocks) totals."""
-    text = httpx.get(f"{endpoint}/metrics", timeout=30).text
     cached = prompt = 0.0
-    for line in text.splitlines():
+    for line in lines:
         if line.startswith('pdserve:routing_cached_blocks_total{pool="decode'):
             cached += float(line.rsplit(" ", 1)[1])
         elif line.startswith('pdserve:routing_prompt_blocks_total{pool="decode'):
@@ -222,8 +228,8 @@ async def drive(args: argparse.Namespace, endpoint: str, dashboard_url: str) -> 
     async def sampler() -> None:
         while True:
             try:
-                used, _, _ = await asyncio.to_thread(kv_in_use, endpoint)
-                cached, prompt = await asyncio.to_thread(routing_totals, endpoint)
+                lines = await asyncio.to_thread(scrape, endpoint)
+                (used, _, _), (cached, prompt) = kv_in_use(lines), routing_totals(lines)
             except (httpx.HTTPError, ValueError):  # the ingress is being replaced
                 await asyncio.sleep(1.0)
                 continue
@@ -271,9 +277,8 @@ def drift(samples: list[tuple[float, float]], total_blocks: float) -> float:
     return slope * 60.0 / total_blocks
 
 
-def total_kv_blocks(endpoint: str) -> float:
-    text = httpx.get(f"{endpoint}/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+def total_kv_blocks(lines: list[str]) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
                if line.startswith("pdserve:kv_blocks_total"))  # fmt: skip
 
 
@@ -322,15 +327,15 @@ def main(argv: Sequence[str]) -> int:
     session = start_local_ray(RayClusterConfig(address="local", num_cpus=8))
     try:
         endpoint = deploy(load_cluster_config(config(args)), session.dashboard_url)
-        before = kv_in_use(endpoint)
+        before = kv_in_use(scrape(endpoint))
         run = asyncio.run(drive(args, endpoint, session.dashboard_url))
         outcomes, samples = run.outcomes, run.samples
         deadline = time.monotonic() + args.drain_s
-        after = kv_in_use(endpoint)
+        after = kv_in_use(scrape(endpoint))
         while time.monotonic() < deadline and any(after):
             time.sleep(0.5)
-            after = kv_in_use(endpoint)
-        total = total_kv_blocks(endpoint)
+            after = kv_in_use(scrape(endpoint))
+        total = total_kv_blocks(scrape(endpoint))
     finally:
         import ray
         from ray import serve

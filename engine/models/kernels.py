@@ -141,7 +141,7 @@ def moe_experts_op(
 
 
 @moe_experts_op.register_fake
-def _moe_experts_fake(
+def moe_experts_fake(
     hidden: torch.Tensor,
     local_ids: torch.Tensor,
     rows_per_token: int,
@@ -151,8 +151,9 @@ def _moe_experts_fake(
     down_scale: torch.Tensor | None,
     row_weights: torch.Tensor | None,
 ) -> torch.Tensor:
+    """The output of any ``moe_experts`` op, shape and dtype only (the fused op's too)."""
     dtype = hidden.dtype if row_weights is None else torch.float32
-    return hidden.new_empty((local_ids.shape[0], hidden.shape[-1]), dtype=dtype)
+    return hidden.new_empty((local_ids.shape[0], down_proj.shape[1]), dtype=dtype)
 
 
 class TritonKernels:

@@ -52,11 +52,6 @@ class DeviceRows:
                 param="kv_tiers",
             )
 
-    @property
-    def complete(self) -> bool:
-        """True once every rank's rows are here."""
-        return len(self._parts) == self.num_ranks
-
     def read(self, block_id: int) -> torch.Tensor:
         """A block's bytes: a view of its row (one rank) or every rank's gathered (a copy)."""
         if len(self._parts) == 1:

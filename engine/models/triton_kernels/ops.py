@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.models.kernels import moe_experts_fake
 from engine.models.triton_kernels.fused_moe import fused_moe_experts
 from engine.models.triton_kernels.rms_norm import add_rms_norm, rms_norm
 from engine.models.triton_kernels.silu_mul import silu_and_mul
@@ -75,16 +76,4 @@ def fused_moe_experts_op(
     )
 
 
-@fused_moe_experts_op.register_fake
-def _fused_moe_experts_fake(
-    hidden: torch.Tensor,
-    local_ids: torch.Tensor,
-    rows_per_token: int,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-    gate_up_scale: torch.Tensor | None,
-    down_scale: torch.Tensor | None,
-    row_weights: torch.Tensor | None,
-) -> torch.Tensor:
-    dtype = hidden.dtype if row_weights is None else torch.float32
-    return hidden.new_empty((local_ids.shape[0], down_proj.shape[1]), dtype=dtype)
+fused_moe_experts_op.register_fake(moe_experts_fake)
