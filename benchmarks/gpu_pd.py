@@ -2,13 +2,15 @@
 
 Each process runs the roles' own worker (``build_prefill_worker`` / ``build_decode_worker``) with
 its own engine and the real transports: the decode reaches the prefill's export server over gRPC
-on loopback, either moving the bytes over the wire (``transfer.same_node: off``) or on the
-same-node path (the prefill's KV host bytes live in shared memory; the stream carries locations
-and checksums). One decode engine serves three workers: colocated (the decode prefills the prompt
-itself, the peer), P/D over gRPC, P/D on the same-node path.
+on loopback and takes one of its paths: moving the bytes over the wire (``grpc``,
+``transfer.same_node: off``); reading them from the prefill's shared-memory host KV (``same_node``,
+``host``: the stream carries locations and checksums); on CUDA also copying them device to device
+out of the prefill's KV mapped over CUDA IPC (``cuda_ipc``, ``auto``: the stream carries block
+ids). One decode engine serves every path's worker and the colocated peer (the decode prefills
+the prompt itself).
 
 For each prompt length, after a warm-up round, every round takes a fresh random prompt through
-five modes on the same prompt (prefix caching off, so nothing is reused): colocated; each path
+every mode on the same prompt (prefix caching off, so nothing is reused): colocated; each path
 *sequential* (the prefill answers, then the decode pulls everything) and *pipelined* (the decode
 starts on the prefill's open export and pulls each chunk's blocks while the next computes, as the
 ingress does for prompts longer than one prefill chunk). Greedy tokens of every P/D mode must equal
@@ -19,7 +21,9 @@ and seconds (the importer's own metrics).
 Last stdout line, one JSON object (medians over rounds, at the reference length ``--ref-tokens``):
 
 - ``grpc_pull_gbps`` / ``same_node_pull_gbps``: a sequential pull's bytes over its seconds
-  (handle to every block in the decode's KV), per path (GPU targets >= 10 / >= 100);
+  (handle to every block in the decode's KV), per path (GPU targets >= 10 / >= 100); the
+  same-node keys are the fastest same-node path's (``same_node_path``: ``cuda_ipc`` on CUDA),
+  ``host_shm_*`` the shared-memory path's;
 - ``second_token_8k_grpc_ratio`` / ``second_token_8k_same_node_ratio``: time to the decode's
   first token, pipelined P/D over colocated (GPU targets <= 1.5 / <= 1.2);
 - ``overlap_fraction`` (gRPC; ``overlap_fraction_same_node``): the share of the sequential pull's
@@ -64,8 +68,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("gpu_pd")
 
-MODES = ("colocated", "grpc", "grpc_pipelined", "same_node", "same_node_pipelined")
 PATHS = ("grpc", "same_node")
+"""The P/D paths everywhere: gRPC (``transfer.same_node: off``) and shared host memory
+(``host``); on CUDA also ``cuda_ipc`` (``auto``: device to device)."""
+CUDA_PATH = "cuda_ipc"
+SAME_NODE_SETTING = {"grpc": "off", "same_node": "host", CUDA_PATH: "auto"}
+MODES = ("colocated", *(f"{p}{s}" for p in PATHS for s in ("", "_pipelined")))
 TARGETS = {
     "grpc_pull_gbps": (">=", 10.0),
     "same_node_pull_gbps": (">=", 100.0),
@@ -88,6 +96,7 @@ class Settings:
     kv_cache_bytes: int
     repeats: int
     vocab: int
+    paths: tuple[str, ...] = PATHS
 
     def engine(self) -> EngineConfig:
         """Both engines: room for the longest prompt, chunked prefill, no prefix reuse."""
@@ -103,14 +112,15 @@ class Settings:
         return ModelConfig(name=self.model, dtype=self.dtype)
 
 
-def transfer_config(same_node: str = "auto") -> TransferConfig:
-    """Loopback transfer config of both processes (long deadlines for 32K prompts)."""
+def transfer_config(path: str = CUDA_PATH) -> TransferConfig:
+    """Loopback transfer config of both processes (long deadlines for 32K prompts); a decode
+    worker's takes ``path`` (the prefill's, ``auto``, offers every one)."""
     return TransferConfig(
         bind_host="127.0.0.1",
         insecure_test_token="gpu-pd-benchmark",
         pull_deadline_s=300.0,
         rpc_deadline_s=60.0,
-        same_node=same_node,
+        same_node=SAME_NODE_SETTING[path],  # type: ignore[arg-type]
     )
 
 
@@ -123,6 +133,7 @@ def default_settings(cuda: bool, args: argparse.Namespace) -> Settings:
     if ref not in lens:
         raise SystemExit(f"--ref-tokens {ref} is not one of the prompt lengths {lens}")
     return Settings(
+        paths=(*PATHS, CUDA_PATH) if cuda else PATHS,
         model=args.model or ("builtin:llama-1b" if cuda else "builtin:tiny-llama"),
         dtype="bfloat16" if cuda else "float32",
         lens=lens,
@@ -173,7 +184,7 @@ class Outcome:
     pull_bytes: int = 0
     pull_s: float = 0.0
     paths: tuple[str, ...] = ()
-    """The paths whose pull counters moved (``grpc``, ``same_node``)."""
+    """The paths whose pull counters moved (``grpc``, ``same_node``, ``cuda_ipc``)."""
     fallbacks: tuple[str, ...] = ()
     """Why a pull did not take the same-node path, if one did not."""
     error: str | None = None
@@ -181,25 +192,27 @@ class Outcome:
 
 def decode_main(conn: Connection, settings: Settings) -> None:
     """Serve ``("generate", request, mode_path)`` until ``("stop",)``, each answered with an
-    :class:`Outcome`; ``mode_path``: ``local`` (colocated), ``grpc`` or ``same_node``."""
+    :class:`Outcome`; ``mode_path``: ``local`` (colocated) or one of ``settings.paths``. One
+    engine serves every path's worker."""
     from decode.build import build_decode_worker
 
     async def serve() -> None:
         model, engine = settings.model_config(), settings.engine()
-        workers = {"same_node": build_decode_worker(model, engine, transfer_config("auto"))}
-        shared = workers["same_node"].engine
-        workers["grpc"] = build_decode_worker(
-            model, engine, transfer_config("off"), async_engine=shared
-        )
-        workers["local"] = workers["grpc"]
+        first, *others = settings.paths
+        workers = {first: build_decode_worker(model, engine, transfer_config(first))}
+        for path in others:
+            workers[path] = build_decode_worker(
+                model, engine, transfer_config(path), async_engine=workers[first].engine
+            )
+        workers["local"] = workers[first]
         conn.send(("ready", None))
         try:
             while (message := await asyncio.to_thread(conn.recv))[0] == "generate":
                 outcome = await generate(workers[message[2]], from_plain(DecodeRequest, message[1]))
                 conn.send(("done", to_plain(outcome)))
         finally:
-            for worker in (workers["grpc"], workers["same_node"]):
-                await worker.shutdown()  # the second finds the shared engine stopped
+            for path in settings.paths:
+                await workers[path].shutdown()  # the later ones find the shared engine stopped
 
     asyncio.run(serve())
 
@@ -259,6 +272,7 @@ class Driver:
 
     prefill: Connection
     decode: Connection
+    paths: tuple[str, ...] = PATHS
     params: SamplingParams = field(
         default_factory=lambda: SamplingParams(
             max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True
@@ -326,7 +340,7 @@ class Driver:
     def round(self, request_id: str, prompt: list[int]) -> list[Run]:
         """The prompt through every mode; P/D tokens must equal the colocated ones."""
         runs = [self.colocated(f"{request_id}-colocated", prompt)]
-        for path in PATHS:
+        for path in self.paths:
             for pipelined in (False, True):
                 tag = f"{request_id}-{path}-{'pipelined' if pipelined else 'sequential'}"
                 runs.append(self.disaggregated(tag, prompt, path, pipelined))
@@ -376,7 +390,7 @@ def summarize(runs: Sequence[Run], ref_tokens: int) -> dict[str, Any]:
             row["prefill_done_ms"] = round(_median([r.prefill_done_s or 0 for r in group]) * 1e3, 2)
             row["kv_ready_ms"] = round(_median([r.kv_ready_s or 0 for r in group]) * 1e3, 2)
             row["pull_mib"] = round(_median([r.pull_bytes for r in group]) / 2**20, 2)
-        if mode in PATHS:  # a pipelined pull's seconds include waiting for the prefill
+        if mode in (*PATHS, CUDA_PATH):  # a pipelined pull also waits for the prefill
             row["pull_gbps"] = round(_median([r.pull_bytes / r.pull_s / 1e9 for r in group]), 3)
         rows.append(row)
 
@@ -394,16 +408,21 @@ def summarize(runs: Sequence[Run], ref_tokens: int) -> dict[str, Any]:
         )
 
     colocated = second("colocated")
+    # the same-node keys take the fastest same-node path measured: device to device on CUDA
+    fast = CUDA_PATH if (ref_tokens, CUDA_PATH) in by else "same_node"
     result: dict[str, Any] = {
         "ref_prompt_tokens": ref_tokens,
+        "same_node_path": fast,
         "grpc_pull_gbps": pull_gbps("grpc"),
-        "same_node_pull_gbps": pull_gbps("same_node"),
+        "same_node_pull_gbps": pull_gbps(fast),
+        "host_shm_pull_gbps": pull_gbps("same_node"),
         "second_token_8k_grpc_ratio": round(second("grpc_pipelined") / colocated, 3),
-        "second_token_8k_same_node_ratio": round(second("same_node_pipelined") / colocated, 3),
+        "second_token_8k_same_node_ratio": round(second(f"{fast}_pipelined") / colocated, 3),
+        "second_token_8k_host_shm_ratio": round(second("same_node_pipelined") / colocated, 3),
         "second_token_8k_grpc_sequential_ratio": round(second("grpc") / colocated, 3),
-        "second_token_8k_same_node_sequential_ratio": round(second("same_node") / colocated, 3),
+        "second_token_8k_same_node_sequential_ratio": round(second(fast) / colocated, 3),
         "overlap_fraction": overlaps("grpc"),
-        "overlap_fraction_same_node": overlaps("same_node"),
+        "overlap_fraction_same_node": overlaps(fast),
     }
     result["targets_met"] = {
         key: (result[key] <= target if op == "<=" else result[key] >= target)
@@ -441,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         process.start()
     for _, child_end in ends.values():
         child_end.close()  # a dead child now ends recv() with EOFError
-    driver = Driver(ends["prefill"][0], ends["decode"][0])
+    driver = Driver(ends["prefill"][0], ends["decode"][0], settings.paths)
     try:
         _, bytes_per_token = driver.prefill.recv()
         driver.decode.recv()

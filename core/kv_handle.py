@@ -40,6 +40,10 @@ class KVHandle:
     blocks from ``shared_region`` instead of the wire."""
     shared_region: str = ""
     """The named shared-memory segment holding the exporter's KV bytes; empty: none."""
+    device_region: str = ""
+    """The exporter's device KV, shareable with processes on ``node_id`` (a CUDA IPC
+    descriptor, ``engine.kv.cuda_ipc``); empty: none. An importer there may copy the blocks
+    device to device (``transfer.device_path``)."""
     tp_size: int = 1
     """Tensor-parallel ranks of the exporter: above 1, every rank holds its share of the KV
     heads and an importer pulls each head from a rank holding it

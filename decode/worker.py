@@ -174,7 +174,8 @@ class DecodeWorker:
             await self._engine.abort(request_id)  # the stream then ends with finish "abort"
             return 0
         if status.state is TransferState.DONE:
-            pulled = [] if kv.task is None else list(kv.task.dst_block_ids)
+            task = kv.task  # a device-path pull copied into the device KV: nothing to stage
+            pulled = [] if task is None or task.on_device else list(task.dst_block_ids)
             done = None if knows_first or kv.task is None else kv.task.export_done
             await self._engine.finish_import(request_id, pulled, done)
             logger.info(

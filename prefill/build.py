@@ -34,7 +34,7 @@ def build_prefill_worker(
             model,
             engine,
             kv_event_callback=kv_event_callback,
-            shared_kv=transfer.same_node == "auto",
+            shared_kv=transfer.same_node != "off",
         )
     parts = async_engine.engine.parts
     metrics = InMemoryTransferMetrics()

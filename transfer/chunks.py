@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from core.errors import TransferError
 from core.kv_handle import TransferFailure
@@ -36,6 +37,35 @@ class ChunkData:
     checksum_algorithm: int
     checksum: int
     payload: Payload
+
+
+class ChunkLike(Protocol):
+    """What a stream yields: a decoded ``ChunkView`` or a :class:`~transfer.chunks.ChunkData`."""
+
+    @property
+    def offset_bytes(self) -> int:
+        """Offset of the payload in the pulled byte string."""
+        ...
+
+    @property
+    def total_bytes(self) -> int:
+        """Size of the whole pulled byte string."""
+        ...
+
+    @property
+    def checksum_algorithm(self) -> int:
+        """The ``ChecksumAlgorithm`` number of :attr:`checksum`."""
+        ...
+
+    @property
+    def checksum(self) -> int:
+        """The payload's checksum."""
+        ...
+
+    @property
+    def payload(self) -> Payload:
+        """The chunk's bytes (a same-node chunk's: its blocks' views)."""
+        ...
 
 
 MIN_CHUNK_BYTES = 1 << 20
@@ -161,6 +191,16 @@ class ChunkWriter:
     def prepare(self) -> None:
         """Fetch every destination view now; call it while the first chunk is on its way."""
         self._views.fetch_all()
+
+    def take(self, chunk: ChunkLike) -> None:
+        """:meth:`write` one chunk of a stream."""
+        self.write(
+            chunk.offset_bytes,
+            chunk.total_bytes,
+            chunk.checksum_algorithm,
+            chunk.checksum,
+            chunk.payload,
+        )
 
     def write(
         self,

@@ -28,17 +28,13 @@ from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS, ChecksumAlgorithm
 from transfer.codec import ChunkDecodeError, decode_chunk
+from transfer.device_path import DeviceSource
 from transfer.importer import ImportRunner
+from transfer.paths import PathChooser, PullSource, source_stream
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.pull import ChunkStream
 from transfer.rpc import SERVICE_NAME, KVTransferClientMethods, message_options
-from transfer.same_node import (
-    Locations,
-    SameNodeStream,
-    SharedRegion,
-    SharedRegions,
-    choose_path,
-)
+from transfer.same_node import Locations
 from transfer.security import call_metadata, channel_credentials, resolve_auth_token
 from transfer.shards import KVShard
 from transfer.status_codes import details_of, reason_for
@@ -100,7 +96,7 @@ def _decode_locations(message: bytes) -> Locations:
         chunk.offset_bytes,
         chunk.total_bytes,
         algorithm,
-        chunk.crc32 if algorithm == ChecksumAlgorithm.CRC32 else chunk.checksum64,
+        chunk.crc32 if algorithm == ChecksumAlgorithm.CRC32 else chunk.checksum64,  # NONE: 0
         tuple(chunk.source_block_ids),
     )
 
@@ -140,7 +136,7 @@ class KVImportClient:
         )
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, KVTransferClientMethods]] = {}
-        self._regions = SharedRegions()
+        self._paths = PathChooser(config.same_node, store, self.metrics)
         self._connecting: dict[str, grpc.Future] = {}
         self._closed = False
 
@@ -201,20 +197,21 @@ class KVImportClient:
         handle: KVHandle,
         wanted: list[int],
         keep_export: bool = False,
-        region: SharedRegion | None = None,
+        source: PullSource | None = None,
         shard: KVShard | None = None,
     ) -> ChunkStream:
         """One Pull stream of ``wanted`` (see :class:`~transfer.pull.ExportPeer`): its
-        bytes (of ``shard``'s heads only, when given), or on the same-node path (``region``)
-        their locations, read from the region."""
+        bytes (of ``shard``'s heads only, when given), or on a same-node path (``source``)
+        their locations, read from the exporter's shared host or device KV."""
         request = pb.PullRequest(
             transfer_id=handle.transfer_id,
             block_indices=wanted,
             layout_fingerprint=handle.layout_fingerprint,
             exporter_epoch=handle.exporter_epoch,
             accepted_checksums=self._accepted_checksums,
-            keep_export=keep_export or region is not None,
-            same_node=region is not None,
+            keep_export=keep_export or source is not None,
+            same_node=source is not None,
+            device=isinstance(source, DeviceSource),
         )
         if shard is not None:
             request.shard_rank = shard.rank
@@ -223,16 +220,14 @@ class KVImportClient:
         call = self._methods(handle.address).pull(
             request, timeout=self._config.pull_deadline_s, metadata=self._metadata
         )
-        if region is None:
+        if source is None:
             return _GrpcStream(call, handle.transfer_id, decode_chunk)
         locations = _GrpcStream(call, handle.transfer_id, _decode_locations)
-        return SameNodeStream(locations, region, call.cancel)
+        return source_stream(locations, source, call.cancel)
 
-    def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
-        """The exporter's shared region when this pull may take the same-node path (the
-        choice and a gRPC pull's reason are counted)."""
-        enabled = self._config.same_node == "auto"
-        return choose_path(enabled, handle, self._regions, self.metrics)
+    def choose_source(self, handle: KVHandle) -> PullSource | None:
+        """Where a same-node pull of ``handle`` reads (None: over gRPC); counted."""
+        return self._paths.choose(handle)
 
     def connect(self, address: str) -> None:
         """Open the channel to ``address`` and start connecting, without waiting.

@@ -28,6 +28,7 @@ from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore, check_block_ids
 from transfer.checksums import ChecksumAlgorithm, checksum_pieces, negotiate
 from transfer.chunks import BlockViews, chunk_pieces, plan_chunks, pull_chunk_bytes
+from transfer.device_path import DEVICE_CHUNK_BYTES, NO_CHECKSUM, DeviceKV, device_region_of
 from transfer.faults import FaultInjection
 from transfer.leases import Lease, LeaseTable, OnRelease, ReleaseCause
 from transfer.shards import HeadSliceReader, KVShard, check_shard
@@ -39,9 +40,9 @@ EncodedChunk = TypeVar("EncodedChunk")
 ChunkEncoder = Callable[[int, int, ChecksumAlgorithm, int, list[bytes | memoryview]], EncodedChunk]
 """``encode(offset_bytes, total_bytes, algorithm, checksum, pieces)``: copies the pieces into a
 message."""
-LocationEncoder = Callable[[int, int, ChecksumAlgorithm, int, list[int]], EncodedChunk]
+LocationEncoder = Callable[[int, int, int, int, list[int]], EncodedChunk]
 """``encode(offset_bytes, total_bytes, algorithm, checksum, block_ids)``: a same-node chunk (the
-checksum is of the blocks' bytes in order)."""
+checksum is of the blocks' bytes in order; ``NO_CHECKSUM`` and 0 on the device path)."""
 
 _GONE_REASON = {
     ReleaseCause.EXPIRED: TransferFailure.LEASE_EXPIRED,
@@ -82,6 +83,7 @@ class KVExporter:
         # a gang's heads lie in several regions: its pulls always move bytes (by shard)
         gang = len(self.rank_stores) > 1
         self.shared_region: str = "" if gang else getattr(store, "shared_region", None) or ""
+        self.device_region = "" if gang else device_region_of(store)
         self.address = address
         self.epoch = secrets.token_hex(8)
         self.chunk_bytes = chunk_bytes
@@ -119,6 +121,7 @@ class KVExporter:
             pipelined=lease.pipelined,
             node_id=self.node_id,
             shared_region=self.shared_region,
+            device_region=self.device_region,
             tp_size=len(self.rank_stores),
         )
 
@@ -220,20 +223,25 @@ class KVExporter:
         cancelled: threading.Event,
         encode: LocationEncoder[EncodedChunk],
         accepted_checksums: Sequence[int] = (),
+        *,
+        device: bool = False,
     ) -> Generator[EncodedChunk, None, None]:
         """A same-node pull: validated as :meth:`pull`, then the wanted blocks' ids in this
         exporter's shared region and a checksum of each, a chunk's worth at a time, each made
-        by ``encode``. The export stays pinned after the stream (the importer copies the blocks
+        by ``encode``. ``device``: the importer copies out of this exporter's device KV
+        instead (``transfer.device_path``): each chunk's ids once its blocks are computed, with
+        no checksum. The export stays pinned after the stream (the importer copies the blocks
         afterwards and releases it as completed)."""
-        if not self.shared_region:
+        if not (self.device_region if device else self.shared_region):
+            where = "shareable device memory" if device else "shared memory"
             raise TransferError(
-                "this exporter's KV is not in shared memory: pull its bytes instead",
+                f"this exporter's KV is not in {where}: pull its bytes instead",
                 reason=TransferFailure.INVALID_REQUEST,
             )
         wanted, algorithm = self._check_pull(
             transfer_id, block_indices, layout_fingerprint, exporter_epoch, accepted_checksums
         )
-        return self._locate(transfer_id, wanted, self.faults, cancelled, encode, algorithm)
+        return self._locate(transfer_id, wanted, self.faults, cancelled, encode, algorithm, device)
 
     def _check_pull(
         self,
@@ -302,22 +310,30 @@ class KVExporter:
         cancelled: threading.Event,
         encode: LocationEncoder[EncodedChunk],
         algorithm: ChecksumAlgorithm,
+        device: bool,
     ) -> Generator[EncodedChunk, None, None]:
+        store = self.store
+        named = NO_CHECKSUM if device else algorithm
+
         def chunks(lease: Lease) -> Iterator[tuple[EncodedChunk, int]]:
-            block_bytes = self.store.layout.block_bytes
+            block_bytes = store.layout.block_bytes
             total_bytes = len(wanted) * block_bytes
-            per_chunk = max(1, self.chunk_bytes // block_bytes)
+            per_chunk = max(1, (DEVICE_CHUNK_BYTES if device else self.chunk_bytes) // block_bytes)
             for seq, start in enumerate(range(0, len(wanted), per_chunk)):
                 self._inject_before(seq, faults, cancelled)
                 with lease.lock:
                     _check_live(lease)
                     ids = [lease.block_ids[i] for i in wanted[start : start + per_chunk]]
                     size = len(ids) * block_bytes
-                    views = BlockViews(self.store, ids)
-                    digest = checksum_pieces(algorithm, chunk_pieces(views, 0, size))
-                if faults.corrupt_chunk_seq == seq:
+                    if device and isinstance(store, DeviceKV):
+                        store.wait_computed(ids)  # the importer reads the device bytes next
+                        digest = 0
+                    else:
+                        views = BlockViews(store, ids)
+                        digest = checksum_pieces(algorithm, chunk_pieces(views, 0, size))
+                if faults.corrupt_chunk_seq == seq and not device:
                     digest ^= 1  # the same fault as a flipped byte: the check fails
-                yield encode(start * block_bytes, total_bytes, algorithm, digest, ids), size
+                yield encode(start * block_bytes, total_bytes, named, digest, ids), size
 
         # the blocks stay pinned after the stream: the importer copies them, then releases
         return self._serve(transfer_id, wanted, True, chunks)

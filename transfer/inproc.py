@@ -19,19 +19,14 @@ from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS
 from transfer.chunks import ChunkData, to_chunk_data
+from transfer.device_path import DeviceSource
 from transfer.exporter import KVExporter
 from transfer.faults import FaultInjection
 from transfer.importer import ImportRunner
 from transfer.leases import OnRelease
+from transfer.paths import PathChooser, PullSource, source_stream
 from transfer.pull import ChunkStream
-from transfer.same_node import (
-    SameNodeStream,
-    SharedRegion,
-    SharedRegions,
-    choose_path,
-    local_node_id,
-    to_locations,
-)
+from transfer.same_node import local_node_id, to_locations
 from transfer.shards import KVShard
 from transfer.streams import StreamPlan
 from transfer.task import TransferTask
@@ -128,11 +123,11 @@ class InProcKVTransport:
         metrics: TransferMetrics | None = None,
         faults: FaultInjection | None = None,
         plan: StreamPlan | None = None,
-        same_node: bool = True,
+        same_node: str = "auto",
         rank_stores: Sequence[BlockStore] = (),
     ) -> None:
         """``plan``: how pulls are cut into streams (default: one stream a pull);
-        ``same_node``: read an exporter's shared KV region directly when it has one;
+        ``same_node``: as ``transfer.same_node`` (read an exporter's shared KV directly);
         ``rank_stores``: every rank's store on rank 0 of a tensor-parallel gang."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self._hub = hub
@@ -147,8 +142,7 @@ class InProcKVTransport:
             rank_stores=rank_stores,
         )
         hub.register(self.exporter)
-        self._regions = SharedRegions()
-        self._same_node = same_node
+        self._paths = PathChooser(same_node, store, self.metrics)
         self._runner = ImportRunner(
             store,
             num_threads=num_threads,
@@ -193,12 +187,12 @@ class InProcKVTransport:
         handle: KVHandle,
         wanted: list[int],
         keep_export: bool,
-        region: SharedRegion | None = None,
+        source: PullSource | None = None,
         shard: KVShard | None = None,
     ) -> ChunkStream:
         """A stream served by calling the exporter at ``handle.address`` directly (its block
-        locations, read from ``region``, on the same-node path)."""
-        if region is None:
+        locations, read from ``source``, on a same-node path)."""
+        if source is None:
             return _InProcChunkStream(self._hub, handle, wanted, keep_export, shard)
         cancelled = threading.Event()
         locations = self._hub.lookup(handle.address).pull_locations(
@@ -209,12 +203,13 @@ class InProcKVTransport:
             cancelled,
             to_locations,
             ACCEPTED_CHECKSUMS,
+            device=isinstance(source, DeviceSource),
         )
-        return SameNodeStream(locations, region, cancelled.set)
+        return source_stream(locations, source, cancelled.set)
 
-    def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
-        """The exporter's region when this pull may take the same-node path (counted)."""
-        return choose_path(self._same_node, handle, self._regions, self.metrics)
+    def choose_source(self, handle: KVHandle) -> PullSource | None:
+        """Where a same-node pull of ``handle`` reads (None: in-process bytes); counted."""
+        return self._paths.choose(handle)
 
     def await_ready(
         self, handle: KVHandle, min_ready_blocks: int, wait_s: float

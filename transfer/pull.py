@@ -21,14 +21,15 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from core.errors import TransferError
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from core.tensor_parallel import plan_kv_pieces
 from transfer.block_store import BlockStore
-from transfer.chunks import ChunkWriter, Payload
-from transfer.same_node import SharedRegion
+from transfer.chunks import ChunkWriter
+from transfer.device_path import DeviceCopyWriter, DeviceSource
+from transfer.paths import PullSource
 from transfer.shards import KVShard, ShardWriter
 from transfer.streams import StreamPlan
 from transfer.task import TransferTask
@@ -37,39 +38,12 @@ _AWAIT_WAIT_S = 0.5
 """How long one Await asks the exporter to hold on (it answers at once when ready)."""
 
 
-class ChunkLike(Protocol):
-    """What a stream yields: a decoded ``ChunkView`` or a :class:`~transfer.chunks.ChunkData`."""
-
-    @property
-    def offset_bytes(self) -> int:
-        """Offset of the payload in the pulled byte string."""
-        ...
-
-    @property
-    def total_bytes(self) -> int:
-        """Size of the whole pulled byte string."""
-        ...
-
-    @property
-    def checksum_algorithm(self) -> int:
-        """The ``ChecksumAlgorithm`` number of :attr:`checksum`."""
-        ...
-
-    @property
-    def checksum(self) -> int:
-        """The payload's checksum."""
-        ...
-
-    @property
-    def payload(self) -> Payload:
-        """The chunk's bytes (a same-node chunk's: its blocks' views)."""
-        ...
-
-
 class ChunkStream(Protocol):
-    """A running stream of some blocks of an export: iterate for chunks, cancel to abandon it."""
+    """A running stream of some blocks of an export: iterate for chunks (what its writer
+    takes: :class:`~transfer.chunks.ChunkLike`, or block locations on the device path),
+    cancel to abandon it."""
 
-    def __iter__(self) -> Iterator[ChunkLike]:
+    def __iter__(self) -> Iterator[Any]:
         """Chunks in stream order; failures raise ``TransferError`` with a reason."""
         ...
 
@@ -86,18 +60,18 @@ class ExportPeer(Protocol):
         handle: KVHandle,
         wanted: list[int],
         keep_export: bool,
-        region: SharedRegion | None = None,
+        source: PullSource | None = None,
         shard: KVShard | None = None,
     ) -> ChunkStream:
         """Start streaming ``wanted`` (export indices, in this order). ``keep_export``: one of
-        several streams; the export stays pinned after it. ``region``: the same-node path,
-        reading the blocks from the exporter's shared region (always keeps the export).
-        ``shard``: only those heads of that exporter rank's blocks (never same-node)."""
+        several streams; the export stays pinned after it. ``source``: a same-node path,
+        reading the blocks from the exporter's shared host or device KV (always keeps the
+        export). ``shard``: only those heads of that exporter rank's blocks (never same-node)."""
         ...
 
-    def same_node_region(self, handle: KVHandle) -> SharedRegion | None:
-        """The exporter's shared region when this pull may skip the wire, else None (the
-        choice is counted)."""
+    def choose_source(self, handle: KVHandle) -> PullSource | None:
+        """Where this pull may read the exporter's blocks without the wire, else None (the
+        choice is counted: ``transfer.paths``)."""
         ...
 
     def release(self, handle: KVHandle, completed: bool = False) -> None:
@@ -109,6 +83,31 @@ class ExportPeer(Protocol):
     ) -> tuple[int, ExportDone | None]:
         """A pipelined export's ready blocks (waiting up to ``wait_s`` for
         ``min_ready_blocks``) and, once its prefill finished, what it ended with."""
+        ...
+
+
+class StreamWriter(Protocol):
+    """Where one stream's chunks land: bytes verified into destination blocks
+    (:class:`~transfer.chunks.ChunkWriter`), or blocks copied device to device
+    (:class:`~transfer.device_path.DeviceCopyWriter`)."""
+
+    bytes_done: int
+    """Bytes of the stream taken so far."""
+
+    def prepare(self) -> None:
+        """Get ready while the first chunk is on its way."""
+        ...
+
+    def take(self, chunk: Any) -> None:
+        """Check one chunk of the stream and put it in place; ``TransferError`` if wrong."""
+        ...
+
+    def finish(self) -> None:
+        """The stream ended: ``TransferError`` unless every byte arrived."""
+        ...
+
+    def invalid_block_ids(self) -> tuple[int, ...]:
+        """Destination blocks without verified data."""
         ...
 
 
@@ -180,9 +179,9 @@ class Pull:
         self._wanted = [wanted[i] for i in order]  # export indices, ascending
         self._dst = [task.dst_block_ids[i] for i in order]
         self._lock = threading.Lock()
-        self._streams: list[tuple[ChunkStream, ChunkWriter, Future[TransferError | None]]] = []
+        self._streams: list[tuple[ChunkStream, StreamWriter, Future[TransferError | None]]] = []
         self._num_started = 0  # wanted blocks handed to a stream so far
-        self._region: SharedRegion | None = None  # the same-node path's exporter region
+        self._source: PullSource | None = None  # a same-node path's exporter KV
         self.export_done: ExportDone | None = None
         self.release_when_done: bool | None = None
         """Once every block arrived: None, the export is already freed (a v1 stream completed);
@@ -207,7 +206,8 @@ class Pull:
             )
         task.set_cancel_hook(self.cancel_streams)
         if self._wanted and self._pieces is None:
-            self._region = self._peer.same_node_region(handle)
+            self._source = self._peer.choose_source(handle)
+            self._task.on_device = isinstance(self._source, DeviceSource)
         try:
             if handle.pipelined:
                 return self._pull_as_ready()
@@ -221,7 +221,7 @@ class Pull:
             self.release_when_done = False
             return None
         parts = self._setup.plan.split(len(self._wanted), self._handle.block_bytes)
-        if len(parts) == 1 and self._region is None and self._pieces is None:
+        if len(parts) == 1 and self._source is None and self._pieces is None:
             # v1: completing the stream frees the export
             self._start(0, len(self._wanted), keep_export=False)
             return self._wait_streams()
@@ -280,8 +280,13 @@ class Pull:
         the stream pool."""
         wanted, dst = self._wanted[start:end], self._dst[start:end]
         if self._pieces is None:
-            writer = ChunkWriter(self._setup.store, dst)
-            stream = self._peer.open_stream(self._handle, wanted, keep_export, self._region)
+            source = self._source
+            writer: StreamWriter = (
+                DeviceCopyWriter(source.peer, dst, self._handle.block_bytes)
+                if isinstance(source, DeviceSource)
+                else ChunkWriter(self._setup.store, dst)
+            )
+            stream = self._peer.open_stream(self._handle, wanted, keep_export, source)
             self._run_stream(stream, writer)
         for piece in self._pieces or ():
             shard = piece.shard
@@ -291,26 +296,20 @@ class Pull:
         with self._lock:
             self._num_started = max(self._num_started, end)
 
-    def _run_stream(self, stream: ChunkStream, writer: ChunkWriter) -> None:
+    def _run_stream(self, stream: ChunkStream, writer: StreamWriter) -> None:
         with self._lock:  # listed before its drain can count bytes_done
             future = self._setup.streams.submit(self._drain, stream, writer)
             self._streams.append((stream, writer, future))
         if self._task.cancel_requested:
             stream.cancel()
 
-    def _drain(self, stream: ChunkStream, writer: ChunkWriter) -> TransferError | None:
+    def _drain(self, stream: ChunkStream, writer: StreamWriter) -> TransferError | None:
         """One stream's chunks into its writer (on the stream pool)."""
         chunks = iter(stream)
         try:
             writer.prepare()  # overlaps the exporter's work on the first chunk
             for chunk in chunks:
-                writer.write(
-                    chunk.offset_bytes,
-                    chunk.total_bytes,
-                    chunk.checksum_algorithm,
-                    chunk.checksum,
-                    chunk.payload,
-                )
+                writer.take(chunk)
                 self._task.mark_progress(self.bytes_done)
             writer.finish()
         except TransferError as e:

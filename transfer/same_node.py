@@ -8,14 +8,11 @@ its own, as it would a chunk's payload. Leases, layout fingerprints and checksum
 gRPC path; the stream keeps the export pinned until the importer released it as completed, so no
 block is freed while it is still being copied.
 
-:func:`choose_path` decides per pull (``transfer.same_node: auto | off``): same node (by the
-node identity in the handle), a region named, and the region mapped; otherwise the gRPC path,
-with the reason (``off``, ``no_region``, ``other_node``, ``unmapped``) counted.
+Which path a pull takes is :func:`transfer.paths.choose_path`'s decision.
 """
 
 from __future__ import annotations
 
-import logging
 import mmap
 import socket
 import threading
@@ -24,12 +21,9 @@ from dataclasses import dataclass
 from functools import cache
 
 from core.errors import TransferError
-from core.kv_handle import KVHandle, TransferFailure
+from core.kv_handle import TransferFailure
 from core.shared_memory import open_segment_readonly
 from transfer.chunks import ChunkData, runs
-from transfer.transfer_metrics import TransferMetrics
-
-logger = logging.getLogger(__name__)
 
 GRPC_PATH = "grpc"
 SAME_NODE_PATH = "same_node"
@@ -117,35 +111,6 @@ class SharedRegions:
         """Drop a region that failed (its exporter is gone); the mapping goes with its views."""
         with self._lock:
             self._regions.pop(name, None)
-
-
-def choose_path(
-    enabled: bool, handle: KVHandle, regions: SharedRegions, metrics: TransferMetrics
-) -> SharedRegion | None:
-    """The exporter's region for a same-node pull, else None (gRPC); the path, and why a gRPC
-    pull is not same-node, are counted in ``metrics``. ``enabled``: ``transfer.same_node`` is
-    ``auto``."""
-    region, reason = _region(enabled, handle, regions)
-    metrics.pull_path(GRPC_PATH if region is None else SAME_NODE_PATH, reason)
-    return region
-
-
-def _region(
-    enabled: bool, handle: KVHandle, regions: SharedRegions
-) -> tuple[SharedRegion | None, str | None]:
-    if not enabled:
-        return None, "off"
-    if not handle.shared_region:
-        return None, "no_region"
-    if handle.node_id != local_node_id():
-        return None, "other_node"
-    try:
-        return regions.get(handle.shared_region, handle.block_bytes), None
-    except (OSError, ValueError) as e:
-        logger.info(
-            "shared KV region %s not mapped (%s): pulling over gRPC", handle.shared_region, e
-        )
-        return None, "unmapped"
 
 
 class SameNodeStream:

@@ -60,6 +60,7 @@ class _KVTransferServicer:
                     cancelled,
                     _encode_locations,
                     list(request.accepted_checksums),
+                    device=request.device,
                 )
                 with closing(locations):
                     yield from locations
@@ -126,7 +127,8 @@ def _shard_of(request: pb.PullRequest) -> KVShard | None:
 def _encode_locations(
     offset_bytes: int, total_bytes: int, algorithm: int, checksum: int, block_ids: list[int]
 ) -> bytes:
-    """A same-node ``Chunk``: where its blocks lie and their bytes' checksum, no payload."""
+    """A same-node ``Chunk``: where its blocks lie and their bytes' checksum (none on the
+    device path), no payload."""
     chunk = pb.Chunk(
         offset_bytes=offset_bytes,
         total_bytes=total_bytes,
@@ -135,7 +137,7 @@ def _encode_locations(
     )
     if algorithm == ChecksumAlgorithm.CRC32:
         chunk.crc32 = checksum
-    else:
+    elif algorithm == ChecksumAlgorithm.XXH3_64:
         chunk.checksum64 = checksum
     return chunk.SerializeToString()
 

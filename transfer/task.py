@@ -34,6 +34,9 @@ class TransferTask:
         self._cancel_requested = False
         self._cancel_hook: Callable[[], None] | None = None
         self._export_done: ExportDone | None = None
+        self.on_device = False
+        """The pull copies blocks straight into the destination's device KV
+        (``transfer.device_path``): nothing to stage from a host mirror afterwards."""
 
     def status(self) -> TransferStatus:
         """The current state, byte progress and, once FAILED, the reason."""

@@ -12,6 +12,7 @@ import bisect
 import enum
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,9 +57,9 @@ class TransferMetrics(Protocol):
         """A call to the export server was refused for a missing or wrong auth token."""
         ...
 
-    def pull_path(self, path: str, fallback_reason: str | None) -> None:
-        """An import chose its path (``grpc``, ``same_node``); a gRPC pull says why it is not
-        same-node."""
+    def pull_path(self, path: str, fallback_reasons: Sequence[str] = ()) -> None:
+        """An import chose its path (``grpc``, ``same_node``, ``cuda_ipc``), and why it did not
+        take each faster one (``transfer.paths``)."""
         ...
 
 
@@ -153,12 +154,12 @@ class InMemoryTransferMetrics:
         with self._lock:
             self._rejected_calls += 1
 
-    def pull_path(self, path: str, fallback_reason: str | None) -> None:
-        """An import's path, and why it is not same-node."""
+    def pull_path(self, path: str, fallback_reasons: Sequence[str] = ()) -> None:
+        """An import's path, and why it did not take each faster one."""
         with self._lock:
             self._paths[path] += 1
-            if fallback_reason is not None:
-                self._fallbacks[fallback_reason] += 1
+            for reason in fallback_reasons:
+                self._fallbacks[reason] += 1
 
     def snapshot(self) -> TransferMetricsSnapshot:
         """A consistent copy of every counter."""

@@ -55,12 +55,13 @@ class TransferConfig(StrictModel):
         "decode host's cores, 1 to 8 (each stream's verify-and-copy and the gRPC threads under "
         "it take a core each).",
     )
-    same_node: Literal["auto", "off"] = Field(
+    same_node: Literal["auto", "host", "off"] = Field(
         "auto",
-        description="auto: a pull from an exporter on the same node copies the blocks straight "
-        "out of its shared-memory KV (no socket; gRPC stays the path across nodes and the "
-        "fallback); off: every pull goes over gRPC. A prefill keeps its KV's host bytes in "
-        "/dev/shm unless off.",
+        description="auto: a pull from an exporter on the same node skips the socket — on GPUs "
+        "its blocks are copied device to device out of the exporter's KV (CUDA IPC), else out of "
+        "its shared-memory host KV; host: only the shared-memory path; off: every pull goes over "
+        "gRPC. gRPC stays the path across nodes and the fallback. A prefill keeps its KV's host "
+        "bytes in /dev/shm unless off.",
     )
     min_stream_bytes: int = Field(
         4 * MIB,

@@ -39,6 +39,11 @@ class Fence(Protocol):
         """Make the compute (current) stream wait for the copy, without blocking the host."""
         ...
 
+    def wait_source(self) -> None:
+        """Block the calling thread until the work the copy waited for (whatever wrote its
+        source blocks) has finished; the copy itself may still run."""
+        ...
+
 
 class DoneFence:
     """A copy that finished before its call returned (the CPU path)."""
@@ -53,16 +58,23 @@ class DoneFence:
     def wait_compute(self) -> None:
         """Nothing to wait for."""
 
+    def wait_source(self) -> None:
+        """Nothing to wait for."""
+
 
 DONE = DoneFence()
 
 
 class CudaFence:
-    """A copy on a side stream, marked by an event recorded after it."""
+    """A copy on a side stream, marked by an event recorded after it (and one recorded before
+    it, once the side stream caught up with the compute stream: ``source``)."""
 
-    def __init__(self, event: torch.cuda.Event, device: torch.device) -> None:
+    def __init__(
+        self, event: torch.cuda.Event, device: torch.device, source: torch.cuda.Event
+    ) -> None:
         self.event = event
         self.device = device
+        self.source = source
 
     def done(self) -> bool:
         """True once the side stream passed the event."""
@@ -75,6 +87,10 @@ class CudaFence:
     def wait_compute(self) -> None:
         """Order the current stream's later work after the copy (device-side)."""
         torch.cuda.current_stream(self.device).wait_event(self.event)
+
+    def wait_source(self) -> None:
+        """Block this thread until the compute the copy waited for has finished."""
+        self.source.synchronize()
 
 
 def contiguous_runs(block_ids: Sequence[int]) -> list[tuple[int, int]]:
@@ -116,11 +132,13 @@ class BlockCopier:
         # these blocks; any step still reading a block this import reuses), then copies.
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
+            source = torch.cuda.Event()
+            source.record(self.stream)
             for start, stop in runs:
                 dst[start:stop].copy_(src[start:stop], non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)
-        return CudaFence(event, self.device)
+        return CudaFence(event, self.device, source)
 
 
 class StagingTracker:
@@ -150,6 +168,14 @@ class StagingTracker:
         with self._lock:
             if self._to_host.get(block_id) is fence:  # a newer copy may have replaced it
                 del self._to_host[block_id]
+
+    def wait_source(self, block_id: int) -> None:
+        """Return once the compute that wrote ``block_id`` before its latest copy to the host
+        (if one is pending) has finished: its device bytes are final."""
+        with self._lock:
+            fence = self._to_host.get(block_id)
+        if fence is not None:
+            fence.wait_source()
 
     def imported(self, fence: Fence) -> None:
         """Blocks are being copied to the device under ``fence``."""

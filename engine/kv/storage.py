@@ -19,6 +19,7 @@ both calls do nothing; a forced mirror on CPU (tests) copies at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -26,6 +27,7 @@ import torch
 from core.errors import ConfigError, KVCacheError
 from core.kv_layout import KVLayout
 from core.shared_memory import SharedSegment, open_segment_writable
+from engine.kv.cuda_ipc import PeerKV, open_peer_kv, share_kv
 from engine.kv.staging import BlockCopier, StagingTracker
 
 logger = logging.getLogger(__name__)
@@ -130,6 +132,7 @@ class KVStorage:
         self._bytes = self.host.view(torch.uint8).view(num_blocks, layout.block_bytes)
         self._copier = BlockCopier(self.kv, self.host) if staged else None
         self.staging = StagingTracker()
+        self._device_region: str | None = None  # shared on first use (CUDA only)
         self.peers: PeerStaging | None = None
         """On rank 0 of a tensor-parallel gang: stages the other ranks' blocks as this storage
         stages its own (their host mirrors are what the transfer layer reads and writes)."""
@@ -145,6 +148,25 @@ class KVStorage:
     def shared_region(self) -> str | None:
         """The name of the shared-memory segment holding the host bytes (None: private)."""
         return None if self._shared is None else self._shared.name
+
+    @property
+    def device_region(self) -> str | None:
+        """The CUDA IPC region of the device KV (:mod:`engine.kv.cuda_ipc`), which same-node
+        peers copy blocks out of; None on a CPU or when the allocation cannot be shared."""
+        if self._device_region is None and self.device.type == "cuda":
+            self._device_region = share_kv(self.block_bytes_view()) or ""
+        return self._device_region or None
+
+    def wait_computed(self, block_ids: Sequence[int]) -> None:
+        """Block until the device bytes of exported blocks are final (the compute that wrote
+        them has finished); what a same-node peer waits for before copying them."""
+        for block_id in block_ids:
+            self.staging.wait_source(block_id)
+
+    def open_device_peer(self, region: str) -> PeerKV:
+        """Map a same-node peer's KV (its :attr:`device_region`) for copies into this one;
+        raises ``ValueError`` / ``RuntimeError`` as :func:`engine.kv.cuda_ipc.open_peer_kv`."""
+        return open_peer_kv(region, self.block_bytes_view())
 
     def close(self) -> None:
         """Remove the shared segment's name (mappings, ours and peers', stay valid)."""

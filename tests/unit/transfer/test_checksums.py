@@ -21,6 +21,7 @@ from transfer.checksums import (
     checksum_pieces,
     negotiate,
 )
+from transfer.device_path import NO_CHECKSUM
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import KVTransferClientMethods
 
@@ -36,7 +37,8 @@ def test_enum_mirrors_the_proto_enum() -> None:
         name.removeprefix("CHECKSUM_ALGORITHM_"): number
         for name, number in pb.ChecksumAlgorithm.items()
     }
-    assert proto == {a.name: a.value for a in ChecksumAlgorithm}
+    # NONE marks device-path location chunks (transfer.device_path), never a payload checksum
+    assert proto == {a.name: a.value for a in ChecksumAlgorithm} | {"NONE": NO_CHECKSUM}
     assert CRC32 == 0  # a v1 chunk with no algorithm field is a CRC-32 chunk
 
 
