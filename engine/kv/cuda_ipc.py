@@ -126,12 +126,12 @@ class PeerKV:
     def copy_blocks(self, src_block_ids: Sequence[int], dst_block_ids: Sequence[int]) -> None:
         """Start copying blocks ``src_block_ids`` of the peer into ``dst_block_ids`` here, on a
         side stream; :meth:`fence` waits for every copy started so far."""
-        # NOTE: the side stream first waits for the compute queued so far: a destination block
-        # may have been freed by a request whose last step still reads it.
-        self._stream.wait_stream(torch.cuda.default_stream(self.device))
         with torch.cuda.stream(self._stream):
             src = torch.tensor(list(src_block_ids), dtype=torch.long, device=self.device)
             dst = torch.tensor(list(dst_block_ids), dtype=torch.long, device=self.device)
+            # NOTE: the copy waits for the compute queued so far (the ids above did not): a
+            # destination block may have been freed by a request whose last step still reads it.
+            self._stream.wait_stream(torch.cuda.default_stream(self.device))
             self.dst.index_copy_(0, dst, self.src.index_select(0, src))  # [n, block_bytes]
 
     def fence(self) -> None:
