@@ -135,8 +135,8 @@ async def drive(sessions: list[Session], args: argparse.Namespace, endpoint: str
     async with httpx.AsyncClient(timeout=600) as http:
         client = OpenAIStreamClient(http, target, "tiny-moe")
         warmup = ArrivalConfig.model_validate({"num_requests": 4, "max_concurrency": 2})
-        await run_sessions(sessions[:4], warmup, client, counter, request_prefix="warm-")
-        return await run_sessions(sessions, arrivals, client, counter, request_prefix="run-")
+        await run_sessions(sessions[:4], warmup, client, counter)
+        return await run_sessions(sessions, arrivals, client, counter)
 
 
 def report(records: Sequence[RequestRecord], duration_s: float, slo: SloConfig) -> dict[str, Any]:

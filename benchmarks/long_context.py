@@ -136,8 +136,8 @@ async def drive(
         client = OpenAIStreamClient(http, target, served_name)
         shorts = [s for s in sessions if s.label == "short"][:4]
         warmup = ArrivalConfig.model_validate({"num_requests": 4, "max_concurrency": 2})
-        await run_sessions(shorts, warmup, client, counter, request_prefix="warm-")
-        return await run_sessions(sessions, arrivals, client, counter, request_prefix="run-")
+        await run_sessions(shorts, warmup, client, counter)
+        return await run_sessions(sessions, arrivals, client, counter)
 
 
 def run_mode(

@@ -161,9 +161,7 @@ async def drive(args: argparse.Namespace, endpoint: str, phases: Sequence[tuple]
                 {"request_rate": rate, "num_requests": count, "seed": args.seed + index}
             )
             await asyncio.sleep(offset_s)
-            result = await run_sessions(
-                batch, arrivals, client, counter, request_prefix=f"p{index}-"
-            )
+            result = await run_sessions(batch, arrivals, client, counter)
             records.extend((offset_s, r) for r in result.records)  # type: ignore[arg-type]
 
         offsets = [sum(p[0] for p in phases[:i]) for i in range(len(phases))]

@@ -9,10 +9,12 @@ from typing import Literal
 
 from core.errors import SamplingParamsError
 
-MAX_SEED = 2**64 - 1
-"""The largest ``seed``: a request's generator takes an unsigned 64-bit seed. Negative seeds
-are refused rather than wrapped (the generator would read -1 as 2**64 - 1, aliasing two
-seeds)."""
+MIN_SEED = -(2**63)
+MAX_SEED = 2**63 - 1
+"""``seed`` is any signed 64-bit integer, vLLM's range (some clients send -1 for "random"; it
+is a seed like any other here). The engine maps it onto its generator's unsigned 64-bit seed by
+two's complement (:func:`generator_seed`), one seed to one generator state."""
+_SEED_SPAN = 2**64
 _MAX_INT64 = 2**63 - 1  # integer fields reach torch as int64
 _MAX_FLOAT32 = 3.4028234663852886e38  # float fields reach torch as float32
 
@@ -40,10 +42,10 @@ class SamplingParams:
     (the stop token itself is not part of the text). ``logprobs`` asks for the top-n
     log-probabilities of each sampled position (``None``: none); ``prompt_logprobs`` for each
     prompt token's (such a request computes its whole prompt: no prefix-cache hit).
-    ``seed`` (0 .. ``MAX_SEED``) gives the request its own generator, so its samples do not
-    depend on its batch neighbours.
+    ``seed`` (``MIN_SEED`` .. ``MAX_SEED``, any signed 64-bit integer) gives the request its own
+    generator, so its samples do not depend on its batch neighbours.
     ``n`` completions per prompt are produced by ``LLM.generate`` (one engine request each;
-    sequence ``i`` of a seeded prompt samples with ``seed + i`` modulo 2**64); an engine request
+    sequence ``i`` of a seeded prompt samples with :func:`sequence_seed`); an engine request
     itself always has ``n == 1``. ``kv_keep_alive_s`` asks the engine to keep the request's
     cached KV past the idle TTLs for that many seconds after it ends (a session expecting its
     next turn); the engine bounds it by ``engine.kv_tiers.max_keep_alive_s``.
@@ -126,9 +128,9 @@ class SamplingParams:
             f"top_k must be an integer in [-1, 2**63 - 1] (0 or -1: off), got {self.top_k!r}",
         )
         _check(
-            self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED),
+            self.seed is None or (_is_int(self.seed) and MIN_SEED <= self.seed <= MAX_SEED),
             "seed",
-            f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}",
+            f"seed must be a signed 64-bit integer in [-2**63, 2**63 - 1], got {self.seed!r}",
         )
         _check(
             self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
@@ -202,6 +204,20 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when the highest-probability token is always chosen."""
         return self.temperature == 0.0
+
+
+def sequence_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sequence ``index`` of a prompt seeded with ``seed``: ``seed + index``,
+    wrapped into the signed 64-bit range (None stays None)."""
+    if seed is None:
+        return None
+    return (seed + index - MIN_SEED) % _SEED_SPAN + MIN_SEED
+
+
+def generator_seed(seed: int) -> int:
+    """``seed`` as an unsigned 64-bit generator seed (two's complement: -1 -> 2**64 - 1), so a
+    negative seed is as deterministic as any other and no two seeds share a generator."""
+    return seed % _SEED_SPAN
 
 
 def _is_int(value: object) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InvalidRequestError
-from core.sampling import MAX_SEED, SamplingParams
+from core.sampling import SamplingParams, sequence_seed
 from engine.outputs import RequestOutput
 
 PromptInput = str | Mapping[str, Any]
@@ -64,11 +64,6 @@ def plan_prompt(
             for i in range(params.n)
         )
     return PromptJob(request_id, prompt, prompt_token_ids, sequences, cache_salt)
-
-
-def sequence_seed(seed: int | None, index: int) -> int | None:
-    """The seed of sequence ``index`` of a prompt seeded with ``seed`` (None stays None)."""
-    return None if seed is None else (seed + index) % (MAX_SEED + 1)
 
 
 def gather(job: PromptJob, finals: Mapping[str, RequestOutput]) -> RequestOutput:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -112,7 +111,6 @@ async def run_benchmark(
                 config.arrivals,
                 client,
                 counter,
-                request_prefix=f"bench-{uuid.uuid4().hex[:8]}-",
                 on_done=on_done,
                 start_s=started_s,
             )

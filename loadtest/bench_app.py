@@ -48,7 +48,9 @@ def bench(
     backend: str = typer.Option("openai", "--backend", help="openai | openai-chat | vllm."),
     model: str | None = typer.Option(None, "--model", help="Default: first of /v1/models."),
     tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="tokenizer.json, its dir, or builtin:NAME (exact counts)."
+        None,
+        "--tokenizer",
+        help="tokenizer.json, its dir, a GGUF file or builtin:NAME (exact counts).",
     ),
     api_key: str | None = typer.Option(None, "--api-key", help="Bearer token to send."),
     dataset_name: str | None = typer.Option(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loadtest.client import OpenAIStreamClient, Prompt
+from loadtest.client import OpenAIStreamClient, Prompt, new_request_id
 from loadtest.text import WORD_UNITS
 
 _MAX_CHUNK_WORDS = 256
@@ -81,9 +81,9 @@ async def calibrate(client: OpenAIStreamClient, *, max_model_len: int | None) ->
     chunks = probe_chunks(max_model_len)
     texts = ["".join(chunk) for chunk in chunks] + ["".join(chunks[0]) * 2]
     counts: list[int] = []
-    for index, text in enumerate(texts):
+    for text in texts:
         prompt: Prompt = [{"role": "user", "content": text}] if client.chat else text
-        outcome = await client.stream(prompt, 1, f"bench-calibrate-{index}")
+        outcome = await client.stream(prompt, 1, new_request_id())
         if not outcome.success or not outcome.usage_prompt_tokens:
             return None
         counts.append(outcome.usage_prompt_tokens)

@@ -6,12 +6,17 @@ last ``choices`` chunk. ``usage`` chunks (``stream_options.include_usage``) give
 token counts. A request succeeds only if the status is 200, no error event arrives, at least one
 token chunk arrives and the stream ends with ``data: [DONE]``; anything else is a failure of one
 ``FailureKind``. The whole request is bounded by ``request_timeout_s``.
+
+Request ids (``x-request-id``) are UUIDs, the one form every server takes: llama-cpp-python's
+refuses any other with an empty 400. An error answer with an empty body is reported by its
+status line and the headers worth showing, since that is all such a server says.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 import httpx
@@ -25,6 +30,27 @@ from loadtest.types import FailureKind, StreamOutcome
 
 Prompt = str | list[dict[str, str]]
 _MAX_ERROR_CHARS = 500
+_SHOWN_HEADERS = (
+    "server", "content-type", "content-length", "retry-after", "www-authenticate", "via",
+    "location",
+)  # fmt: skip
+"""Headers that say something about an error answer (no dates, cookies or echoed ids)."""
+
+
+def new_request_id() -> str:
+    """A fresh ``x-request-id``."""
+    return str(uuid.uuid4())
+
+
+def http_error_message(response: httpx.Response, body: bytes) -> str:
+    """What a non-200 answer says: its error message, or, for an empty body, ``empty body``
+    with the status line and the headers worth showing."""
+    if body.strip():
+        return error_message(body)
+    status_line = f"{response.http_version} {response.status_code} {response.reason_phrase}"
+    headers = response.headers
+    shown = [f"{name}: {headers[name]}" for name in _SHOWN_HEADERS if name in headers]
+    return "; ".join([f"empty body ({status_line.strip()})", *shown])[:_MAX_ERROR_CHARS]
 
 
 def error_message(body: bytes | str) -> str:
@@ -186,7 +212,7 @@ class OpenAIStreamClient:
     ) -> None:
         async with self._http.stream("POST", self._url, json=body, headers=headers) as response:
             if response.status_code != 200:
-                message = error_message(await response.aread())
+                message = http_error_message(response, await response.aread())
                 state.fail(FailureKind.HTTP_STATUS, message, response.status_code)
                 return
             state.headers_received = True

@@ -55,7 +55,8 @@ def choose_counter(
         return CalibratedCounter(calibration)
     logger.warning(
         "the server neither counts tokens (/tokenize) nor reports usage: prompt lengths are "
-        "estimated at one token per word; pass --tokenizer for exact lengths"
+        "estimated at one token per word; pass --tokenizer (a tokenizer.json, or the served "
+        "GGUF file) for exact lengths"
     )
     return WordCounter()
 

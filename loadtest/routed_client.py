@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 
 from loadtest.arrivals import arrival_times
+from loadtest.client import new_request_id
 from loadtest.clock import now_s
 from loadtest.config import ArrivalConfig
 from loadtest.sse import SSEParser
@@ -90,7 +91,7 @@ async def send_routed(
 ) -> RoutedOutcome:
     """Stream ``req`` to ``model``; its outcome (never raises for server or network faults)."""
     failed = RoutedOutcome(req.request_id, req.kind, req.hard)
-    headers = {"x-request-id": f"{model}-{req.request_id}", **req.headers}
+    headers = {"x-request-id": new_request_id(), **req.headers}
     url = base_url.rstrip("/") + "/v1/chat/completions"
     state = _StreamState(now_s())
     try:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loadtest.arrivals import arrival_times
-from loadtest.client import OpenAIStreamClient, Prompt
+from loadtest.client import OpenAIStreamClient, Prompt, new_request_id
 from loadtest.clock import now_s
 from loadtest.config import ArrivalConfig
 from loadtest.tokens import TokenCounter
@@ -55,12 +55,10 @@ class _SessionDriver:
         self,
         client: OpenAIStreamClient,
         slots: AbstractAsyncContextManager[object],
-        request_prefix: str,
         on_done: OnDone | None,
     ) -> None:
         self._client = client
         self._slots = slots
-        self._prefix = request_prefix
         self._on_done = on_done
         self.sent: list[_Sent] = []
 
@@ -83,7 +81,7 @@ class _SessionDriver:
             if turn.think_time_s > 0:
                 await asyncio.sleep(turn.think_time_s)
             prompt = self._prompt(session, history, turn.text)
-            request_id = f"{self._prefix}{session.session_id}-{index}"
+            request_id = new_request_id()
             queued_at_s = now_s()
             async with self._slots:
                 outcome = await self._client.stream(prompt, turn.max_output_tokens, request_id)
@@ -150,7 +148,6 @@ async def run_sessions(
     client: OpenAIStreamClient,
     counter: TokenCounter,
     *,
-    request_prefix: str = "bench-",
     on_done: OnDone | None = None,
     start_s: float | None = None,
 ) -> RunResult:
@@ -160,7 +157,7 @@ async def run_sessions(
     slots: AbstractAsyncContextManager[object] = (
         asyncio.Semaphore(arrivals.max_concurrency) if arrivals.max_concurrency else nullcontext()
     )
-    driver = _SessionDriver(client, slots, request_prefix, on_done)
+    driver = _SessionDriver(client, slots, on_done)
     tasks: list[asyncio.Task[None]] = []
     start_s = now_s() if start_s is None else start_s
     for session in sessions:

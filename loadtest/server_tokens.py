@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from core.errors import UnavailableError
+from loadtest.client import http_error_message
 
 _PROBE_TEXT = "x"
 
@@ -64,9 +65,8 @@ class ServerTokenCounter:
         except httpx.HTTPError as e:
             raise UnavailableError(f"POST {self._url} failed: {type(e).__name__}: {e}") from e
         if response.status_code != 200:
-            raise UnavailableError(
-                f"POST {self._url} answered {response.status_code}: {response.text[:200]}"
-            )
+            message = http_error_message(response, response.content)
+            raise UnavailableError(f"POST {self._url} answered {response.status_code}: {message}")
         try:
             payload = response.json()
             count = int(payload["count"])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.sampling import SamplingParams
+from core.sampling import SamplingParams, generator_seed
 from engine.device_io import upload
 from engine.outputs import TokenLogprob
 from engine.sampling import grammar, ops, penalties
@@ -31,8 +31,9 @@ GREEDY_TEMPERATURE_EPS = 1e-5
 
 
 def make_generator(seed: int) -> torch.Generator:
-    """A request's private CPU generator for ``SamplingParams.seed``."""
-    return torch.Generator(device="cpu").manual_seed(seed)
+    """A request's private CPU generator for ``SamplingParams.seed`` (any signed 64-bit seed,
+    mapped onto the generator's unsigned one by :func:`core.sampling.generator_seed`)."""
+    return torch.Generator(device="cpu").manual_seed(generator_seed(seed))
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class Sampler:
         if seed is None:
             self._generator.seed()
         else:
-            self._generator.manual_seed(seed)
+            self._generator.manual_seed(generator_seed(seed))
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         """One token per row of ``logits`` [B, V] (float32) following ``rows[i]``, read back

@@ -201,7 +201,9 @@ class LoadTestTargetConfig(StrictModel):
     endpoint: str = Field("/v1/completions", description="/v1/completions or /v1/chat/completions.")
     model: str | None = Field(None, description="Model name sent; None: first of /v1/models.")
     tokenizer: str | None = Field(
-        None, description="tokenizer.json or a dir holding one, for exact prompt token counts."
+        None,
+        description="tokenizer.json, a dir holding one, or a GGUF file (its tokenizer is rebuilt "
+        "from the metadata; needs the gguf package), for exact prompt token counts.",
     )
     ignore_eos: bool = Field(False, description="Ask the server to ignore EOS (send ignore_eos).")
     temperature: float | None = Field(None, ge=0.0, description="Sent when set.")

@@ -22,7 +22,7 @@ from cluster.ingress.settings import IngressSettings
 from core.errors import InvalidRequestError, PromptTooLongError
 from core.hashing import BlockHash, hash_prompt_blocks
 from core.messages import RoutingKeys
-from core.sampling import MAX_SEED, SamplingParams
+from core.sampling import SamplingParams, sequence_seed
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for a completion request."""
@@ -78,7 +78,7 @@ class PreparedPrompt:
         seed = self.sampling.seed
         if index == 0 or seed is None:
             return self
-        sampling = replace(self.sampling, seed=(seed + index) % (MAX_SEED + 1))
+        sampling = replace(self.sampling, seed=sequence_seed(seed, index))
         return replace(self, sampling=sampling)
 
     @property

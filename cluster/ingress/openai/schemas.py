@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.json_schema import JsonDict
 
+from core.sampling import MAX_SEED, MIN_SEED
+
 
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a final chunk with the token counts;
@@ -36,7 +38,8 @@ class GenerationRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
     min_tokens: int | None = Field(None, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
+    """Any signed 64-bit integer (vLLM's range; -1 is a seed like any other)."""
     stop: Any = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None

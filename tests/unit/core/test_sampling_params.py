@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import InvalidRequestError, SamplingParamsError
-from core.sampling import MAX_SEED, SamplingParams
+from core.sampling import MAX_SEED, MIN_SEED, SamplingParams, generator_seed, sequence_seed
 
 
 @pytest.mark.parametrize(
@@ -24,8 +24,8 @@ from core.sampling import MAX_SEED, SamplingParams
         ({"n": 1.0}, "n"),
         ({"logprobs": 21}, "logprobs"),
         ({"logprobs": 1.5}, "logprobs"),
-        ({"seed": 2**64}, "seed"),  # past what torch.Generator.manual_seed takes
-        ({"seed": -1}, "seed"),  # the generator would alias it to 2**64 - 1
+        ({"seed": 2**63}, "seed"),  # past a signed 64-bit integer (vLLM's range)
+        ({"seed": -(2**63) - 1}, "seed"),
         ({"seed": True}, "seed"),
         ({"seed": "7"}, "seed"),
         ({"temperature": float("inf")}, "temperature"),
@@ -53,9 +53,23 @@ def test_invalid_fields_name_the_field(kwargs: dict[str, object], param: str) ->
     assert info.value.to_openai()["error"]["param"] == param
 
 
-def test_seed_range_is_the_generators() -> None:
-    assert SamplingParams(seed=0).seed == 0
-    assert SamplingParams(seed=MAX_SEED).seed == 2**64 - 1
+@pytest.mark.parametrize("seed", [-1, MIN_SEED, 0, MAX_SEED])
+def test_any_signed_64_bit_seed_is_accepted(seed: int) -> None:
+    assert SamplingParams(seed=seed).seed == seed
+
+
+def test_signed_seeds_map_one_to_one_onto_the_generators() -> None:
+    assert (MIN_SEED, MAX_SEED) == (-(2**63), 2**63 - 1)
+    assert [generator_seed(s) for s in (0, 1, MAX_SEED, MIN_SEED, -1)] == [
+        0, 1, 2**63 - 1, 2**63, 2**64 - 1,
+    ]  # fmt: skip
+
+
+def test_sequence_seeds_wrap_inside_the_signed_range() -> None:
+    assert sequence_seed(None, 3) is None
+    assert [sequence_seed(-2, i) for i in range(3)] == [-2, -1, 0]
+    assert sequence_seed(MAX_SEED, 1) == MIN_SEED
+    assert SamplingParams(seed=sequence_seed(MAX_SEED, 5)).seed == MIN_SEED + 4
 
 
 def test_defaults_and_normalisation() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from core.errors import InvalidRequestError, PdserveError
-from core.sampling import MAX_SEED, SamplingParams
+from core.sampling import MAX_SEED, MIN_SEED, SamplingParams
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
 from engine.llm import LLM
@@ -109,14 +109,17 @@ def run_to_end(engine: LLMEngine, request_id: str) -> list[int]:
                 return list(output.token_ids)
 
 
-# -- seeds at the generator's bounds run ---------------------------------------------------------
+# -- any signed 64-bit seed runs, and repeats ----------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", [0, 2**63, MAX_SEED])
-def test_seeds_at_the_bounds_run(engine: LLMEngine, seed: int) -> None:
+@pytest.mark.parametrize("seed", [-1, MIN_SEED, 0, MAX_SEED])
+def test_signed_seeds_run_and_repeat(engine: LLMEngine, seed: int) -> None:
     params = SamplingParams(max_tokens=3, temperature=1.0, seed=seed, ignore_eos=True)
-    engine.add_request("seed-bound", PROMPT, params)
-    assert len(run_to_end(engine, "seed-bound")) == 3
+    engine.add_request("seed-first", PROMPT, params)
+    first = run_to_end(engine, "seed-first")
+    engine.add_request("seed-again", PROMPT, params)
+    assert run_to_end(engine, "seed-again") == first
+    assert len(first) == 3
 
 
 # -- validation before any queue --------------------------------------------------------------

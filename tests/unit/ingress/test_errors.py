@@ -53,6 +53,8 @@ BAD_BODIES = [
     (COMPLETIONS, {"prompt": LONG, "best_of": 2, "n": 3}, "best_of"),
     (COMPLETIONS, {"prompt": LONG, "best_of": 3, "stream": True}, "best_of"),
     (COMPLETIONS, {"prompt": LONG, "seed": "abc"}, "seed"),
+    (COMPLETIONS, {"prompt": LONG, "seed": 2**63}, "seed"),  # past signed 64-bit (vLLM's range)
+    (CHAT_PATH, {"messages": CHAT, "seed": -(2**63) - 1}, "seed"),
     (COMPLETIONS, {"prompt": LONG, "stop": [1, 2]}, "stop"),
     (COMPLETIONS, {"prompt": LONG, "stop": ""}, "stop"),
     (COMPLETIONS, {"prompt": LONG, "stop_token_ids": ["x"]}, "stop_token_ids[0]"),

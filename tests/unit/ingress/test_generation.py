@@ -162,6 +162,18 @@ def test_sampling_fields_reach_the_workers(make_harness: Callable[..., Harness])
     assert h.decode.requests[0].sampling == h.prefill.requests[0].sampling
 
 
+def test_any_signed_64_bit_seed_reaches_the_workers(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness()
+    seeds = [-1, -(2**63), 2**63 - 1]
+    for seed in seeds:
+        r = run(post(h, "/v1/completions", {"prompt": LONG, "max_tokens": 2, "seed": seed}))
+        assert r.status_code == 200, r.text
+    assert [request.sampling.seed for request in h.prefill.requests] == seeds
+    r = run(post(h, "/v1/completions", {"prompt": LONG, "n": 2, "seed": 2**63 - 1}))
+    assert r.status_code == 200, r.text
+    assert {request.sampling.seed for request in h.prefill.requests[3:]} == {2**63 - 1, -(2**63)}
+
+
 def test_default_max_tokens(make_harness: Callable[..., Harness], tokenizer: Tokenizer) -> None:
     h = make_harness()
     run(post(h, "/v1/completions", {"prompt": LONG}))

@@ -6,8 +6,9 @@ tester's timings are taken against an independent clock-driven peer: the first t
 deadlines, no drift). Streams use chunked encoding like uvicorn. ``faults`` maps the arrival
 index of a request (0-based) to a fault; every request is recorded with its arrival time.
 Token counts (usage, ``/tokenize`` when served) are ``tokens_of(text)`` plus ``bos_tokens``;
-calibration probes (request ids ``bench-calibrate-*``) are answered but kept apart in ``probes``
-so they take no fault index.
+calibration probes (``max_tokens: 1``) are answered but kept apart in ``probes`` so they take no
+fault index. With ``uuid_request_ids`` it refuses a request whose ``x-request-id`` is not a UUID
+with an empty 400, as llama-cpp-python's server does; such a refusal takes no index either.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import asyncio
 import json
 import socket
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,6 +56,8 @@ class FakeBehaviour:
     bos_tokens: int = 0
     ttft_breakdown: dict[str, Any] | None = None
     """Sent in ``usage`` as pdserve does."""
+    uuid_request_ids: bool = False
+    """Refuse an ``x-request-id`` that is not a UUID (an empty 400), as llama-cpp-python does."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class FakeOpenAIServer:
         self.behaviour = behaviour
         self.received: list[Received] = []
         self.probes: list[Received] = []
+        self.refused_request_ids: list[str] = []
         self.num_tokenize_calls = 0
         self._socket = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
@@ -150,7 +156,12 @@ class FakeOpenAIServer:
         if path == "/tokenize":
             await self._tokenize(writer, body)
             return
-        if headers.get("x-request-id", "").startswith("bench-calibrate"):
+        if self.behaviour.uuid_request_ids and not _is_uuid(headers.get("x-request-id")):
+            with self._lock:
+                self.refused_request_ids.append(headers.get("x-request-id", ""))
+            await self._send_empty_400(writer)
+            return
+        if body.get("max_tokens") == 1:
             with self._lock:
                 self.probes.append(Received(len(self.probes), arrival_s, path, body))
             await self._complete(writer, -1, body, path.endswith("chat/completions"))
@@ -188,6 +199,15 @@ class FakeOpenAIServer:
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n{extra}"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
             + payload
+        )
+        await writer.drain()
+
+    @staticmethod
+    async def _send_empty_400(writer: asyncio.StreamWriter) -> None:
+        """starlette-context's refusal under uvicorn: a status line, no body."""
+        writer.write(
+            b"HTTP/1.1 400 Bad Request\r\ndate: Fri, 28 Nov 2026 00:00:00 GMT\r\n"
+            b"server: uvicorn\r\ncontent-length: 0\r\nConnection: close\r\n\r\n"
         )
         await writer.drain()
 
@@ -277,6 +297,14 @@ class FakeOpenAIServer:
         await writer.drain()
 
 
+def _is_uuid(value: str | None) -> bool:
+    try:
+        uuid.UUID(value or "")
+    except ValueError:
+        return False
+    return True
+
+
 @pytest.fixture
 def fake_servers() -> Iterator[dict[str, FakeOpenAIServer]]:
     """Every fake server of a test by base URL; all stopped after."""
@@ -344,6 +372,74 @@ def byte_tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> str:
     directory = tmp_path_factory.mktemp("bytetok")
     tokenizer.save(str(directory / "tokenizer.json"))
     return str(directory)
+
+
+def write_gguf_tokenizer(
+    path: Path,
+    model: str,
+    tokens: list[str],
+    token_types: list[int],
+    *,
+    merges: list[str] | None = None,
+    scores: list[float] | None = None,
+    pre: str | None = None,
+    bos_token_id: int | None = None,
+) -> Path:
+    """A GGUF file holding only tokenizer metadata (no tensors), written by ``gguf``'s writer."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model(model)
+    if pre is not None:
+        writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    if merges is not None:
+        writer.add_token_merges(merges)
+    if scores is not None:
+        writer.add_token_scores(scores)
+    if bos_token_id is not None:
+        writer.add_bos_token_id(bos_token_id)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_vocab(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str], Path]:
+    """A small byte-level BPE trained on English (every byte in its alphabet, one control token
+    ``<|endoftext|>`` last): its tokens by id, its merges, and its ``tokenizer.json``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from loadtest import text
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    corpus = [" ".join(text._WORDS)] * 5 + ["The quick brown fox jumps over the lazy dog 2024."]
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    tokenizer.add_special_tokens(["<|endoftext|>"])
+    path = tmp_path_factory.mktemp("gpt2vocab") / "tokenizer.json"
+    tokenizer.save(str(path))
+    saved = json.loads(path.read_text())["model"]
+    tokens = [*sorted(saved["vocab"], key=saved["vocab"].get), "<|endoftext|>"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in saved["merges"]]
+    return tokens, merges, path
+
+
+@pytest.fixture
+def gpt2_gguf(tmp_path: Path, gpt2_vocab: tuple[list[str], list[str], Path]) -> Path:
+    """``gpt2_vocab`` as a tokenizer-only GGUF file (llama.cpp's ``gpt2`` model)."""
+    tokens, merges, _ = gpt2_vocab
+    types = [1] * (len(tokens) - 1) + [3]
+    return write_gguf_tokenizer(tmp_path / "tiny-gpt2.gguf", "gpt2", tokens, types, merges=merges)
 
 
 @pytest.fixture
