@@ -9,6 +9,9 @@ One program per (sequence, tile of new tokens, kv head). Its rows are (token, qu
 row ``r`` is token ``r // GROUP`` of the tile and query head ``kv_head * GROUP + r % GROUP``, so
 each K/V tile is loaded once for the whole query group. Keys are walked in ``BLOCK_N`` tiles up to
 the tile's last causal position, with an fp32 online softmax.
+
+:func:`paged_prefill_launch` plans the launch from the tensors and a
+:class:`~engine.triton_launch.KernelTarget`; :func:`paged_prefill_attention` runs it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import triton.language as tl
 from engine.attention.triton_kernels.common import (
     LOG2_E,
     MIN_DOT_SIZE,
+    cache_operand,
     check_last_dim_contiguous,
     check_launchable,
+    converts_fp8_bytes,
     is_quantized_cache,
     load_kv_tile,
     needs_fp32_dot,
@@ -29,6 +34,7 @@ from engine.attention.triton_kernels.common import (
     online_softmax_step,
     scale_view,
 )
+from engine.triton_launch import FUSED_MULTIPLY_ADD, KernelLaunch, KernelTarget, kernel_target
 
 
 @triton.jit
@@ -60,6 +66,7 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
     QUANT: tl.constexpr,
+    FP8_BYTES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     tile = tl.program_id(1)
@@ -83,8 +90,9 @@ def _paged_prefill_kernel(
         + dims[None, :],
         mask=q_mask,
         other=0.0,
-    )  # [R, D]
-    if FP32_DOT or QUANT:
+    )  # [R, D] in the model's dtype, as K and V tiles come (8-bit ones dequantized)
+    dtype = q_ptr.dtype.element_ty
+    if FP32_DOT:
         q = q.to(tl.float32)
     k_base = kv_ptr + kv_head * stride_cache_head
     v_base = k_base + stride_cache_kind
@@ -115,6 +123,8 @@ def _paged_prefill_kernel(
             in_range,
             HEAD_DIM,
             QUANT,
+            FP8_BYTES,
+            dtype,
             FP32_DOT,
         )
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [R, N], log2 units
@@ -132,6 +142,8 @@ def _paged_prefill_kernel(
             in_range,
             HEAD_DIM,
             QUANT,
+            FP8_BYTES,
+            dtype,
             FP32_DOT,
         )
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
@@ -161,45 +173,83 @@ def paged_prefill_attention(
 ) -> None:
     """Causal attention of every new token over its sequence's paged context (its last
     ``window`` positions when given), into ``out``."""
-    num_heads, head_dim = q.shape[1:]
-    num_kv_heads = kv_cache.shape[3]
-    num_seqs = seq_lens.shape[0]
-    if num_seqs == 0 or max_query_len == 0:
+    if seq_lens.shape[0] == 0 or max_query_len == 0:
         return
     if q.stride(-1) != 1:
         q = q.contiguous()
     check_launchable(_paged_prefill_kernel, q)
     check_last_dim_contiguous(out=out, kv_cache=kv_cache)
-    group = num_heads // num_kv_heads
-    block_r = triton.next_power_of_2(max(MIN_DOT_SIZE, block_rows, group))
-    tile_tokens = block_r // group
-    grid = (num_seqs, triton.cdiv(max_query_len, tile_tokens), num_kv_heads)
-    _paged_prefill_kernel[grid](
+    paged_prefill_launch(
         out,
         q,
         kv_cache,
-        scale_view(kv_cache),
         block_tables,
         seq_lens,
         query_start_loc,
-        scale * LOG2_E,
-        window or 0,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        block_tables.stride(0),
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=kv_cache.shape[2],
-        TILE_TOKENS=tile_tokens,
-        BLOCK_R=block_r,
-        BLOCK_D=max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim)),
-        BLOCK_N=triton.next_power_of_2(max(MIN_DOT_SIZE, block_n)),
-        FP32_DOT=needs_fp32_dot(_paged_prefill_kernel, kv_cache.dtype),
-        QUANT=is_quantized_cache(kv_cache),
+        max_query_len,
+        scale,
+        kernel_target(q.device),
+        block_rows=block_rows,
+        block_n=block_n,
+        window=window,
+    ).run()
+
+
+def paged_prefill_launch(
+    out: torch.Tensor,  # [T, num_heads, head_dim]
+    q: torch.Tensor,  # [T, num_heads, head_dim], contiguous in head_dim
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim (+ 2 if 8-bit)]
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    query_start_loc: torch.Tensor,  # [B + 1] int32
+    max_query_len: int,
+    scale: float,
+    target: KernelTarget,
+    *,
+    block_rows: int = 64,
+    block_n: int = 64,
+    window: int | None = None,
+) -> KernelLaunch:
+    """The launch :func:`paged_prefill_attention` runs on ``target``."""
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    block_r = triton.next_power_of_2(max(MIN_DOT_SIZE, block_rows, group))
+    tile_tokens = block_r // group
+    return KernelLaunch(
+        _paged_prefill_kernel,
+        (seq_lens.shape[0], triton.cdiv(max_query_len, tile_tokens), num_kv_heads),
+        (
+            out,
+            q,
+            cache_operand(kv_cache, target),
+            scale_view(kv_cache),
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale * LOG2_E,
+            window or 0,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+            block_tables.stride(0),
+        ),
+        {
+            "GROUP": group,
+            "HEAD_DIM": head_dim,
+            "BLOCK_SIZE": kv_cache.shape[2],
+            "TILE_TOKENS": tile_tokens,
+            "BLOCK_R": block_r,
+            "BLOCK_D": max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim)),
+            "BLOCK_N": triton.next_power_of_2(max(MIN_DOT_SIZE, block_n)),
+            "FP32_DOT": needs_fp32_dot(target, q.dtype),
+            "QUANT": is_quantized_cache(kv_cache),
+            "FP8_BYTES": converts_fp8_bytes(kv_cache, target),
+        },
+        fp_fusion=FUSED_MULTIPLY_ADD,  # checked within a tolerance: fewer, exacter roundings
     )
