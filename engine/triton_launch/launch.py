@@ -20,12 +20,21 @@ from typing import Any
 EXACT_ROUNDING = False  # enable_fp_fusion for kernels bit-exact against torch
 FUSED_MULTIPLY_ADD = True  # enable_fp_fusion for kernels compared within a tolerance
 
+_REGISTERS_PER_SM = 65536  # 32-bit registers of an SM on sm_80, sm_90 and sm_100
+_MAX_REGISTERS_PER_THREAD = 255
+_DEFAULT_WARPS = 4
+
 
 @dataclass(frozen=True)
 class KernelLaunch:
     """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=..., enable_fp_fusion=...)``.
 
     ``num_warps``/``num_stages`` None take Triton's defaults (4 warps; 3 stages on NVIDIA).
+
+    NOTE: every launch sets its register ceiling (``maxnreg``) to what one program's warps may
+    have. Left to itself, the ptxas Triton runs for sm_90 and newer caps registers below that
+    for occupancy and spills instead (16 bytes a thread at 64 registers, seen by the compile
+    gate); the launchers choose tiles that fit without spilling.
     """
 
     kernel: Any  # a triton JITFunction (or the interpreter's stand-in for it)
@@ -39,7 +48,11 @@ class KernelLaunch:
     @property
     def options(self) -> dict[str, Any]:
         """The compile options this launch passes to Triton."""
-        options: dict[str, Any] = {"enable_fp_fusion": self.fp_fusion}
+        warps = self.num_warps or _DEFAULT_WARPS
+        options: dict[str, Any] = {
+            "enable_fp_fusion": self.fp_fusion,
+            "maxnreg": min(_MAX_REGISTERS_PER_THREAD, _REGISTERS_PER_SM // (32 * warps)),
+        }
         if self.num_warps is not None:
             options["num_warps"] = self.num_warps
         if self.num_stages is not None:

@@ -1,11 +1,16 @@
 """Constants, launch-time helpers and jit functions shared by the Triton attention kernels.
 
 8-bit caches (``engine.kv.quant``): each head row is ``head_dim`` 8-bit values then a float16
-scale. The kernels dequantize a K/V tile into the model's dtype (one rounding of ``value * scale``,
-as the torch path rounds), so both attention dots stay tensor-core dots. float8 e4m3 is a native
-Triton type from compute capability 8.9 on; before that (an A100) the kernels take the cache's
-bytes and convert them with integer arithmetic (:func:`e4m3_bytes_to_float`,
-:func:`float_to_e4m3_bytes`), as vLLM does on Ampere.
+scale. An int8 or e4m3 value is exact in bfloat16 and float16, so the kernels convert a K/V tile
+to the model's dtype as it is (:func:`load_kv_tile`, no multiply, both attention dots stay
+tensor-core dots on 16-bit operands) and apply the per-token scales to the much smaller score and
+probability tiles instead (:func:`load_row_scales`): ``q . (s_n k_n) = s_n (q . k_n)`` and
+``sum_n p_n (s_n v_n) = sum_n (p_n s_n) v_n``. That is one rounding fewer than dequantizing first,
+as the torch path does.
+
+float8 e4m3 is a native Triton type from compute capability 8.9 on; before that (an A100) the
+kernels take the cache's bytes and convert them with integer arithmetic
+(:func:`e4m3_bytes_as_f16`, :func:`float_to_e4m3_bytes`), as vLLM does on Ampere.
 """
 
 from __future__ import annotations
@@ -46,53 +51,58 @@ def check_last_dim_contiguous(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension")
 
 
-@triton.jit
-def e4m3_bytes_to_float(bits):
-    """float8 e4m3 bytes (uint8) -> their float32 values, with integer arithmetic only.
+FP8_BYTES_FACTOR = tl.constexpr(256.0)  # e4m3_bytes_as_f16 gives value * 2**-8
 
-    The byte's sign, exponent and mantissa bits moved into a float16's places make a float16 of
-    exactly ``value * 2**-8`` (its exponent bias is 15, e4m3's 7), subnormals included. (e4m3's
-    NaN, which the quantizer never writes, would read as 480.)
-    """
+
+@triton.jit
+def e4m3_bytes_as_f16(bits):
+    """float8 e4m3 bytes (uint8) -> float16 values of exactly ``value * 2**-8``, with integer
+    arithmetic only: the byte's sign, exponent and mantissa bits moved into a float16's places
+    (its exponent bias is 15, e4m3's 7), subnormals included. (e4m3's NaN, which the quantizer
+    never writes, would read as 480.)"""
     bits = bits.to(tl.uint16)
-    half = ((bits & 0x80) << 8) | ((bits & 0x7F) << 7)
-    return half.to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+    return (((bits & 0x80) << 8) | ((bits & 0x7F) << 7)).to(tl.float16, bitcast=True)
 
 
 @triton.jit
 def float_to_e4m3_bytes(y):
     """float32 values that are e4m3 values exactly (``|y| <= 448``) -> their e4m3 bytes (uint8),
-    the inverse of :func:`e4m3_bytes_to_float`."""
-    half = (y * 0.00390625).to(tl.float16).to(tl.uint16, bitcast=True)  # y * 2**-8, exact
+    the inverse of :func:`e4m3_bytes_as_f16`."""
+    half = (y * (1.0 / FP8_BYTES_FACTOR)).to(tl.float16).to(tl.uint16, bitcast=True)  # exact
     return (((half >> 8) & 0x80) | ((half >> 7) & 0x7F)).to(tl.uint8)
 
 
 @triton.jit
 def load_kv_tile(
     base_ptr,  # this kv head's K (or V) rows
-    scale_ptr,  # the cache's bytes as float16
-    row_base,  # element offset of ``base_ptr`` in the cache
     token_offsets,  # [N] element offsets of the tile's rows from ``base_ptr``
     dims,  # [D]
     mask,  # [N, D]
-    row_mask,  # [N]
-    HEAD_DIM: tl.constexpr,
-    QUANT: tl.constexpr,
     FP8_BYTES: tl.constexpr,
     DTYPE: tl.constexpr,
-    FP32: tl.constexpr,
 ):
-    """One K or V tile in ``DTYPE`` (the model's), or float32 when ``FP32``; an 8-bit row is
-    dequantized with the float16 scale after its values, rounded once to ``DTYPE``."""
+    """One K or V tile as ``DTYPE`` values; an 8-bit tile's values unscaled (exact in any float
+    dtype; :func:`load_row_scales` has the scales), fp8 bytes times ``2**-8``."""
     tile = tl.load(base_ptr + token_offsets[:, None] + dims[None, :], mask=mask, other=0.0)
-    if QUANT:
-        rows = row_base + token_offsets
-        scale = tl.load(scale_ptr + (rows + HEAD_DIM) // 2, mask=row_mask, other=0.0)
-        values = e4m3_bytes_to_float(tile) if FP8_BYTES else tile.to(tl.float32)
-        tile = (values * scale.to(tl.float32)[:, None]).to(DTYPE)
-    if FP32:
-        tile = tile.to(tl.float32)
-    return tile
+    if FP8_BYTES:
+        tile = e4m3_bytes_as_f16(tile)
+    return tile.to(DTYPE)
+
+
+@triton.jit
+def load_row_scales(
+    scale_ptr,  # the cache's bytes as float16
+    rows,  # [N] element offsets of 8-bit rows in the cache
+    row_mask,  # [N]
+    HEAD_DIM: tl.constexpr,
+    FP8_BYTES: tl.constexpr,
+):
+    """[N] float32 scales of the rows (0 where masked): the float16 after each row's values,
+    times the factor :func:`load_kv_tile` left out of fp8 bytes."""
+    scale = tl.load(scale_ptr + (rows + HEAD_DIM) // 2, mask=row_mask, other=0.0).to(tl.float32)
+    if FP8_BYTES:
+        scale = scale * FP8_BYTES_FACTOR
+    return scale
 
 
 @triton.jit
@@ -119,7 +129,12 @@ _QUANTIZED = (torch.int8, torch.float8_e4m3fn)
 
 
 def is_quantized_cache(kv_cache: torch.Tensor) -> bool:
-    """True for an 8-bit cache: each head row is ``head_dim`` values then a float16 scale."""
+    """True for an 8-bit cache: each head row is ``head_dim`` values then a float16 scale.
+
+    NOTE: such a row is ``head_dim + 2`` bytes, so rows are 2-byte aligned at best and the
+    compiler loads a tile byte by byte, a register per byte of a thread's share: the attention
+    kernels take fewer keys per tile from an 8-bit cache (the compile gate checks they fit).
+    """
     return kv_cache.dtype in _QUANTIZED
 
 

@@ -29,6 +29,7 @@ from engine.attention.triton_kernels.common import (
     converts_fp8_bytes,
     is_quantized_cache,
     load_kv_tile,
+    load_row_scales,
     needs_fp32_dot,
     online_softmax_finish,
     online_softmax_step,
@@ -36,8 +37,14 @@ from engine.attention.triton_kernels.common import (
 )
 from engine.triton_launch import FUSED_MULTIPLY_ADD, KernelLaunch, KernelTarget, kernel_target
 
+# (keys per K/V tile, warps) by whether the cache is 8-bit (``common.is_quantized_cache``: why
+# fewer keys). 64 keys with 4 warps spill at head_dim 128 on sm_80 (and ptxas 13 caps sm_100
+# at 168 registers for 4 warps); these fit on sm_80, sm_90 and sm_100.
+_TILING = {False: (32, 8), True: (16, 8)}
 
-@triton.jit
+
+# NOTE: not specialized on the window or the table width: see the decode kernel.
+@triton.jit(do_not_specialize=["window", "stride_table_seq"])
 def _paged_prefill_kernel(
     out_ptr,
     q_ptr,
@@ -90,11 +97,11 @@ def _paged_prefill_kernel(
         + dims[None, :],
         mask=q_mask,
         other=0.0,
-    )  # [R, D] in the model's dtype, as K and V tiles come (8-bit ones dequantized)
-    dtype = q_ptr.dtype.element_ty
+    )  # [R, D] in the model's dtype; K and V tiles come in q's dtype
     if FP32_DOT:
         q = q.to(tl.float32)
-    k_base = kv_ptr + kv_head * stride_cache_head
+    k_row = kv_head * stride_cache_head  # element offset of this head's K rows in a slot
+    k_base = kv_ptr + k_row
     v_base = k_base + stride_cache_kind
     table = block_tables_ptr + seq * stride_table_seq
     # Causal: nothing past this tile's last token; a tile past the sequence's end reads nothing.
@@ -112,40 +119,19 @@ def _paged_prefill_kernel(
         block_ids = tl.load(table + tokens // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
         token_offsets = block_ids * stride_cache_block + (tokens % BLOCK_SIZE) * stride_cache_slot
         kv_mask = in_range[:, None] & (dims[None, :] < HEAD_DIM)
-        k_row = kv_head * stride_cache_head
-        k = load_kv_tile(
-            k_base,
-            scale_ptr,
-            k_row,
-            token_offsets,
-            dims,
-            kv_mask,
-            in_range,
-            HEAD_DIM,
-            QUANT,
-            FP8_BYTES,
-            dtype,
-            FP32_DOT,
-        )
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [R, N], log2 units
+        k = load_kv_tile(k_base, token_offsets, dims, kv_mask, FP8_BYTES, q.dtype)  # [N, D]
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [R, N]
+        if QUANT:  # the K rows' scales, on the scores (common: why)
+            k_rows = k_row + token_offsets
+            scores *= load_row_scales(scale_ptr, k_rows, in_range, HEAD_DIM, FP8_BYTES)[None, :]
         visible = in_range[None, :] & (tokens[None, :] <= row_positions[:, None])
         visible &= (window == 0) | (tokens[None, :] > row_positions[:, None] - window)
-        scores = tl.where(visible, scores, float("-inf"))
+        scores = tl.where(visible, scores * qk_scale, float("-inf"))  # log2 units
         probs, rescale, row_max, row_sum = online_softmax_step(row_max, row_sum, scores)
-        v = load_kv_tile(
-            v_base,
-            scale_ptr,
-            k_row + stride_cache_kind,
-            token_offsets,
-            dims,
-            kv_mask,
-            in_range,
-            HEAD_DIM,
-            QUANT,
-            FP8_BYTES,
-            dtype,
-            FP32_DOT,
-        )
+        v = load_kv_tile(v_base, token_offsets, dims, kv_mask, FP8_BYTES, q.dtype)
+        if QUANT:  # the V rows' scales, on the probabilities
+            v_rows = k_row + stride_cache_kind + token_offsets
+            probs *= load_row_scales(scale_ptr, v_rows, in_range, HEAD_DIM, FP8_BYTES)[None, :]
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
     out = online_softmax_finish(acc, row_sum)
     tl.store(
@@ -168,11 +154,12 @@ def paged_prefill_attention(
     max_query_len: int,
     scale: float,
     block_rows: int = 64,
-    block_n: int = 64,
+    block_n: int | None = None,
     window: int | None = None,
 ) -> None:
     """Causal attention of every new token over its sequence's paged context (its last
-    ``window`` positions when given), into ``out``."""
+    ``window`` positions when given), into ``out``; ``block_n`` keys per tile (default: the
+    table's)."""
     if seq_lens.shape[0] == 0 or max_query_len == 0:
         return
     if q.stride(-1) != 1:
@@ -207,7 +194,7 @@ def paged_prefill_launch(
     target: KernelTarget,
     *,
     block_rows: int = 64,
-    block_n: int = 64,
+    block_n: int | None = None,
     window: int | None = None,
 ) -> KernelLaunch:
     """The launch :func:`paged_prefill_attention` runs on ``target``."""
@@ -216,6 +203,8 @@ def paged_prefill_launch(
     group = num_heads // num_kv_heads
     block_r = triton.next_power_of_2(max(MIN_DOT_SIZE, block_rows, group))
     tile_tokens = block_r // group
+    keys_per_tile, num_warps = _TILING[is_quantized_cache(kv_cache)]
+    keys_per_tile = block_n or keys_per_tile
     return KernelLaunch(
         _paged_prefill_kernel,
         (seq_lens.shape[0], triton.cdiv(max_query_len, tile_tokens), num_kv_heads),
@@ -246,10 +235,11 @@ def paged_prefill_launch(
             "TILE_TOKENS": tile_tokens,
             "BLOCK_R": block_r,
             "BLOCK_D": max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim)),
-            "BLOCK_N": triton.next_power_of_2(max(MIN_DOT_SIZE, block_n)),
+            "BLOCK_N": triton.next_power_of_2(max(MIN_DOT_SIZE, keys_per_tile)),
             "FP32_DOT": needs_fp32_dot(target, q.dtype),
             "QUANT": is_quantized_cache(kv_cache),
             "FP8_BYTES": converts_fp8_bytes(kv_cache, target),
         },
         fp_fusion=FUSED_MULTIPLY_ADD,  # checked within a tolerance: fewer, exacter roundings
+        num_warps=num_warps,
     )

@@ -11,7 +11,11 @@ from __future__ import annotations
 import torch
 
 from engine.models.triton_kernels.moe_align import align_rows_by_expert
-from engine.models.triton_kernels.moe_config import MoEGemmConfig, moe_gemm_config
+from engine.models.triton_kernels.moe_config import (
+    TUNED_CAPABILITY,
+    MoEGemmConfig,
+    moe_gemm_config,
+)
 from engine.models.triton_kernels.moe_gemm import check_moe_gemm_operands, moe_gemm_launch
 from engine.models.triton_kernels.silu_mul import silu_mul_launch
 from engine.triton_launch import KernelLaunch, KernelTarget, kernel_target
@@ -79,6 +83,8 @@ def fused_moe_launches(
             hidden.dtype,
             interpreted=target.interpreted,
             max_shared_bytes=None if target.interpreted else target.max_shared_bytes,
+            capability=target.capability or TUNED_CAPABILITY,
+            int8_weights=gate_up_proj.dtype == torch.int8,
         )
     aligned = align_rows_by_expert(local_ids, num_experts, config.block_m)
     out_dtype = hidden.dtype if row_weights is None else torch.float32

@@ -28,7 +28,10 @@ from engine.models.triton_kernels.moe_config import MoEGemmConfig
 from engine.triton_launch import FUSED_MULTIPLY_ADD, KernelLaunch, KernelTarget, kernel_target
 
 
-@triton.jit(do_not_specialize=["num_rows"])  # a mask bound, as in the other kernels
+# NOTE: not specialized on the row count (a mask bound, as in the other kernels) nor on
+# rows_per_token (1 for the down projection): a division per row costs nothing next to the tile,
+# and the gate/up and expert-parallel down GEMMs then share one compiled kernel.
+@triton.jit(do_not_specialize=["num_rows", "rows_per_token"])
 def _moe_gemm_kernel(
     x_ptr,
     w_ptr,
