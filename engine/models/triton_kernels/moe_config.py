@@ -107,12 +107,12 @@ def shared_bytes(
     """Shared memory Triton 3.9 allocates for one program: an x tile and a weight tile per
     buffer, ``num_stages - 1`` buffers where the MMA waits for its operands (mma.sync) and
     ``num_stages`` where Hopper's asynchronous wgmma keeps one more in flight; with int8 weights
-    on wgmma one more x tile; from sm_90 on, Triton's barriers."""
+    on wgmma one more weight tile; from sm_90 on, Triton's barriers."""
     per_stage = (config.block_m * x_bytes + config.block_n * w_bytes) * config.block_k
     wgmma = _uses_wgmma(config, capability)
     total = per_stage * (config.num_stages if wgmma else config.num_stages - 1)
     if wgmma and w_bytes < x_bytes:
-        total += config.block_m * config.block_k * x_bytes
+        total += config.block_n * config.block_k * w_bytes
     if capability >= _WGMMA_CAPABILITY:
         total += _RESERVED_SHARED_SM90
     return total

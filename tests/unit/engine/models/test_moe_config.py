@@ -89,12 +89,12 @@ def test_the_largest_tile_keeps_its_accumulators_in_registers() -> None:
 
 def test_shared_memory_is_counted_as_triton_allocates() -> None:
     """Checked against the compiler by the compile gate; here the arithmetic: stages - 1
-    buffers with mma.sync, stages with wgmma (64-row blocks from sm_90 on), one more x tile
-    there with int8 weights, Triton's barriers from sm_90 on."""
+    buffers with mma.sync, stages with wgmma (64-row blocks from sm_90 on), one more weight
+    tile there with int8 weights, Triton's barriers from sm_90 on."""
     small = MoEGemmConfig(32, 64, 64, num_warps=4, num_stages=4)  # 12 KiB a stage in bf16
     large = MoEGemmConfig(64, 128, 64, num_warps=8, num_stages=3)  # 24 KiB a stage in bf16
     assert shared_bytes(small, 2, 2, (8, 0)) == 3 * 12288
     assert shared_bytes(small, 2, 2, (9, 0)) == 3 * 12288 + 1040
     assert shared_bytes(large, 2, 2, (8, 0)) == 2 * 24576
     assert shared_bytes(large, 2, 2, (9, 0)) == 3 * 24576 + 1040
-    assert shared_bytes(large, 2, 1, (9, 0)) == 3 * 16384 + 64 * 64 * 2 + 1040
+    assert shared_bytes(large, 2, 1, (9, 0)) == 3 * 16384 + 128 * 64 + 1040
