@@ -2,10 +2,10 @@
 prefill over a prefix."""
 
 from engine.attention.triton_kernels.cache_write import write_kv_cache
-from engine.attention.triton_kernels.common import interpreter_active, is_interpreted
 from engine.attention.triton_kernels.decode import paged_decode_attention
 from engine.attention.triton_kernels.prefill import paged_prefill_attention
 from engine.attention.triton_kernels.rope_cache_write import rope_and_write_kv_cache
+from engine.triton_launch import interpreter_active, is_interpreted
 
 __all__ = [
     "interpreter_active",

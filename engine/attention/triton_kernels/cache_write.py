@@ -2,7 +2,11 @@
 
 An 8-bit cache (``engine.kv.quant``) takes the quantizing variant: one program per tile of
 tokens and one KV head computes each row's scale (``amax / qmax``, rounded to float16), stores
-the row's 8-bit values and then the scale's two bytes — the same bytes the torch path writes.
+the row's 8-bit values and then the scale's two bytes — the same bytes the torch path writes
+(an fp8 cache on a GPU without native e4m3 gets them as bytes: ``common``).
+
+:func:`write_kv_launch` plans the launch (tile sizes, kernel variant) from the tensors and a
+:class:`~engine.triton_launch.KernelTarget`; :func:`write_kv_cache` runs it.
 """
 
 from __future__ import annotations
@@ -12,15 +16,20 @@ import triton
 import triton.language as tl
 
 from engine.attention.triton_kernels.common import (
+    cache_operand,
     check_last_dim_contiguous,
     check_launchable,
-    is_interpreted,
+    converts_fp8_bytes,
+    float_to_e4m3_bytes,
     is_quantized_cache,
     scale_view,
 )
+from engine.triton_launch import EXACT_ROUNDING, KernelLaunch, KernelTarget, kernel_target
 
 
-@triton.jit
+# NOTE: token counts are not specialized on (== 1, multiple of 16): they only bound a mask, and
+# every specialization is one more compile at run time (the first step of each batch size).
+@triton.jit(do_not_specialize=["num_tokens"])
 def _write_kv_kernel(
     k_ptr,
     v_ptr,
@@ -79,6 +88,7 @@ def quantize_store(
     row_mask,
     QMAX: tl.constexpr,
     IS_INT8: tl.constexpr,
+    FP8_BYTES: tl.constexpr,
 ):
     scale = tl.maximum(tl.max(tl.abs(x), axis=1) / QMAX, 2.0**-24).to(tl.float16)  # [T]
     y = x / scale.to(tl.float32)[:, None]
@@ -89,11 +99,14 @@ def quantize_store(
         magnitude = tl.abs(y)
         step = tl.exp2(tl.floor(tl.log2(tl.maximum(magnitude, 2.0**-6))) - 3.0)
         y = tl.where(y >= 0.0, 1.0, -1.0) * tl.floor(magnitude / step + 0.5) * step
-    tl.store(dst, y.to(dst.dtype.element_ty), mask=mask)
+    if FP8_BYTES:
+        tl.store(dst, float_to_e4m3_bytes(y), mask=mask)
+    else:
+        tl.store(dst, y.to(dst.dtype.element_ty), mask=mask)
     tl.store(scale_dst, scale, mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _write_kv_quant_kernel(
     k_ptr,
     v_ptr,
@@ -115,6 +128,7 @@ def _write_kv_quant_kernel(
     BLOCK_D: tl.constexpr,
     QMAX: tl.constexpr,
     IS_INT8: tl.constexpr,
+    FP8_BYTES: tl.constexpr,
 ):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [T]
     head = tl.program_id(1)
@@ -140,6 +154,7 @@ def _write_kv_quant_kernel(
         row_mask,
         QMAX,
         IS_INT8,
+        FP8_BYTES,
     )
     v = tl.load(
         v_ptr + tokens[:, None] * stride_v_token + head * stride_v_head + dims[None, :],
@@ -155,6 +170,7 @@ def _write_kv_quant_kernel(
         row_mask,
         QMAX,
         IS_INT8,
+        FP8_BYTES,
     )
 
 
@@ -165,8 +181,7 @@ def write_kv_cache(
     slot_mapping: torch.Tensor,  # [T] int64; negative slots are skipped
 ) -> None:
     """Write ``k``/``v`` at their slots of the (strided) per-layer cache view."""
-    num_tokens, num_kv_heads, head_dim = k.shape
-    if num_tokens == 0:
+    if k.shape[0] == 0:
         return
     if k.stride(-1) != 1:
         k = k.contiguous()
@@ -174,50 +189,22 @@ def write_kv_cache(
         v = v.contiguous()
     check_launchable(_write_kv_kernel, k)
     check_last_dim_contiguous(kv_cache=kv_cache)
-    # The interpreter pays per program, so it takes many tokens per program.
-    block_t = 128 if is_interpreted(_write_kv_kernel) else 4
-    if is_quantized_cache(kv_cache):
-        _write_quantized(kv_cache, k, v, slot_mapping, block_t)
-        return
-    _write_kv_kernel[(triton.cdiv(num_tokens, block_t),)](
-        k,
-        v,
-        kv_cache,
-        slot_mapping,
-        num_tokens,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_T=block_t,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim),
-    )
+    write_kv_launch(kv_cache, k, v, slot_mapping, kernel_target(k.device)).run()
 
 
-def _write_quantized(
-    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim + 2] 8-bit
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_t: int,
-) -> None:
+def write_kv_launch(
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim (+ 2 if 8-bit)]
+    k: torch.Tensor,  # [T, num_kv_heads, head_dim], contiguous in head_dim
+    v: torch.Tensor,  # [T, num_kv_heads, head_dim], contiguous in head_dim
+    slot_mapping: torch.Tensor,  # [T] int64
+    target: KernelTarget,
+) -> KernelLaunch:
+    """The launch :func:`write_kv_cache` runs on ``target``."""
     num_tokens, num_kv_heads, head_dim = k.shape
-    is_int8 = kv_cache.dtype == torch.int8
-    _write_kv_quant_kernel[(triton.cdiv(num_tokens, block_t), num_kv_heads)](
-        k,
-        v,
-        kv_cache,
-        scale_view(kv_cache),
-        slot_mapping,
-        num_tokens,
+    # The interpreter pays per program, so it takes many tokens per program.
+    block_t = 128 if target.interpreted else 4
+    cache = cache_operand(kv_cache, target)
+    strides = (
         k.stride(0),
         k.stride(1),
         v.stride(0),
@@ -226,10 +213,35 @@ def _write_quantized(
         kv_cache.stride(1),
         kv_cache.stride(2),
         kv_cache.stride(3),
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_T=block_t,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        QMAX=127.0 if is_int8 else 448.0,
-        IS_INT8=is_int8,
+    )
+    if is_quantized_cache(kv_cache):
+        is_int8 = kv_cache.dtype == torch.int8
+        return KernelLaunch(
+            _write_kv_quant_kernel,
+            (triton.cdiv(num_tokens, block_t), num_kv_heads),
+            (k, v, cache, scale_view(kv_cache), slot_mapping, num_tokens, *strides),
+            {
+                "HEAD_DIM": head_dim,
+                "BLOCK_SIZE": kv_cache.shape[2],
+                "BLOCK_T": block_t,
+                "BLOCK_D": triton.next_power_of_2(head_dim),
+                "QMAX": 127.0 if is_int8 else 448.0,
+                "IS_INT8": is_int8,
+                "FP8_BYTES": converts_fp8_bytes(kv_cache, target),
+            },
+            fp_fusion=EXACT_ROUNDING,  # the torch path's bytes
+        )
+    return KernelLaunch(
+        _write_kv_kernel,
+        (triton.cdiv(num_tokens, block_t),),
+        (k, v, cache, slot_mapping, num_tokens, *strides),
+        {
+            "NUM_KV_HEADS": num_kv_heads,
+            "HEAD_DIM": head_dim,
+            "BLOCK_SIZE": kv_cache.shape[2],
+            "BLOCK_T": block_t,
+            "BLOCK_H": triton.next_power_of_2(num_kv_heads),
+            "BLOCK_D": triton.next_power_of_2(head_dim),
+        },
+        fp_fusion=EXACT_ROUNDING,  # a copy: nothing to fuse
     )

@@ -3,7 +3,9 @@
 Split ``s`` of a (sequence, query head) leaves its attention output over its own token range,
 already normalised, and that range's log-sum-exp (base 2, ``-inf`` for an empty range). The full
 output is the softmax over the splits' log-sum-exps applied to their outputs — the same online
-softmax step the attention kernels use, with one tile whose "keys" are the splits.
+softmax step the attention kernels use, with one tile whose "keys" are the splits. The split
+count is a run-time value under a tile of :data:`~splits.MAX_SPLITS`: one compiled kernel serves
+every count.
 """
 
 from __future__ import annotations
@@ -13,29 +15,31 @@ import triton
 import triton.language as tl
 
 from engine.attention.triton_kernels.common import online_softmax_finish, online_softmax_step
+from engine.attention.triton_kernels.splits import MAX_SPLITS
+from engine.triton_launch import FUSED_MULTIPLY_ADD, KernelLaunch
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # a mask bound and an offset factor
 def _merge_splits_kernel(
     out_ptr,
     partial_out_ptr,  # [B, H, S, HEAD_DIM] float32
     partial_lse_ptr,  # [B, H, S] float32
     stride_out_token,
     stride_out_head,
-    NUM_SPLITS: tl.constexpr,
+    num_splits,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    first_row = (seq * tl.num_programs(1) + head) * NUM_SPLITS
+    first_row = (seq * tl.num_programs(1) + head) * num_splits
     splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, BLOCK_D)
     lse = tl.load(
-        partial_lse_ptr + first_row + splits, mask=splits < NUM_SPLITS, other=float("-inf")
+        partial_lse_ptr + first_row + splits, mask=splits < num_splits, other=float("-inf")
     )  # [S]
-    part_mask = (splits[:, None] < NUM_SPLITS) & (dims[None, :] < HEAD_DIM)
+    part_mask = (splits[:, None] < num_splits) & (dims[None, :] < HEAD_DIM)
     parts = tl.load(
         partial_out_ptr + (first_row + splits)[:, None] * HEAD_DIM + dims[None, :],
         mask=part_mask,
@@ -54,21 +58,24 @@ def _merge_splits_kernel(
     )
 
 
-def merge_decode_splits(
+def merge_splits_launch(
     out: torch.Tensor,  # [B, num_heads, head_dim]
     partial_out: torch.Tensor,  # [B, num_heads, num_splits, head_dim] float32, contiguous
     partial_lse: torch.Tensor,  # [B, num_heads, num_splits] float32, contiguous
-) -> None:
-    """Write into ``out`` the attention output the splits' partial results add up to."""
+) -> KernelLaunch:
+    """The launch that writes into ``out`` the attention output the splits' partial results add
+    up to."""
     num_seqs, num_heads, num_splits, head_dim = partial_out.shape
-    _merge_splits_kernel[(num_seqs, num_heads)](
-        out,
-        partial_out,
-        partial_lse,
-        out.stride(0),
-        out.stride(1),
-        NUM_SPLITS=num_splits,
-        HEAD_DIM=head_dim,
-        BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=triton.next_power_of_2(head_dim),
+    if num_splits > MAX_SPLITS:
+        raise ValueError(f"at most {MAX_SPLITS} splits merge, got {num_splits}")
+    return KernelLaunch(
+        _merge_splits_kernel,
+        (num_seqs, num_heads),
+        (out, partial_out, partial_lse, out.stride(0), out.stride(1), num_splits),
+        {
+            "HEAD_DIM": head_dim,
+            "BLOCK_S": triton.next_power_of_2(MAX_SPLITS),
+            "BLOCK_D": triton.next_power_of_2(head_dim),
+        },
+        fp_fusion=FUSED_MULTIPLY_ADD,  # checked within a tolerance
     )

@@ -9,6 +9,9 @@ One program per (sequence, tile of new tokens, kv head). Its rows are (token, qu
 row ``r`` is token ``r // GROUP`` of the tile and query head ``kv_head * GROUP + r % GROUP``, so
 each K/V tile is loaded once for the whole query group. Keys are walked in ``BLOCK_N`` tiles up to
 the tile's last causal position, with an fp32 online softmax.
+
+:func:`paged_prefill_launch` plans the launch from the tensors and a
+:class:`~engine.triton_launch.KernelTarget`; :func:`paged_prefill_attention` runs it.
 """
 
 from __future__ import annotations
@@ -20,18 +23,28 @@ import triton.language as tl
 from engine.attention.triton_kernels.common import (
     LOG2_E,
     MIN_DOT_SIZE,
+    cache_operand,
     check_last_dim_contiguous,
     check_launchable,
+    converts_fp8_bytes,
     is_quantized_cache,
     load_kv_tile,
+    load_row_scales,
     needs_fp32_dot,
     online_softmax_finish,
     online_softmax_step,
     scale_view,
 )
+from engine.triton_launch import FUSED_MULTIPLY_ADD, KernelLaunch, KernelTarget, kernel_target
+
+# (keys per K/V tile, warps) by whether the cache is 8-bit (``common.is_quantized_cache``: why
+# fewer keys). 64 keys with 4 warps spill at head_dim 128 on sm_80 (and ptxas 13 caps sm_100
+# at 168 registers for 4 warps); these fit on sm_80, sm_90 and sm_100.
+_TILING = {False: (32, 8), True: (16, 8)}
 
 
-@triton.jit
+# NOTE: not specialized on the window or the table width: see the decode kernel.
+@triton.jit(do_not_specialize=["window", "stride_table_seq"])
 def _paged_prefill_kernel(
     out_ptr,
     q_ptr,
@@ -60,6 +73,7 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
     QUANT: tl.constexpr,
+    FP8_BYTES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     tile = tl.program_id(1)
@@ -83,10 +97,11 @@ def _paged_prefill_kernel(
         + dims[None, :],
         mask=q_mask,
         other=0.0,
-    )  # [R, D]
-    if FP32_DOT or QUANT:
+    )  # [R, D] in the model's dtype; K and V tiles come in q's dtype
+    if FP32_DOT:
         q = q.to(tl.float32)
-    k_base = kv_ptr + kv_head * stride_cache_head
+    k_row = kv_head * stride_cache_head  # element offset of this head's K rows in a slot
+    k_base = kv_ptr + k_row
     v_base = k_base + stride_cache_kind
     table = block_tables_ptr + seq * stride_table_seq
     # Causal: nothing past this tile's last token; a tile past the sequence's end reads nothing.
@@ -104,36 +119,19 @@ def _paged_prefill_kernel(
         block_ids = tl.load(table + tokens // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
         token_offsets = block_ids * stride_cache_block + (tokens % BLOCK_SIZE) * stride_cache_slot
         kv_mask = in_range[:, None] & (dims[None, :] < HEAD_DIM)
-        k_row = kv_head * stride_cache_head
-        k = load_kv_tile(
-            k_base,
-            scale_ptr,
-            k_row,
-            token_offsets,
-            dims,
-            kv_mask,
-            in_range,
-            HEAD_DIM,
-            QUANT,
-            FP32_DOT,
-        )
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [R, N], log2 units
+        k = load_kv_tile(k_base, token_offsets, dims, kv_mask, FP8_BYTES, q.dtype)  # [N, D]
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [R, N]
+        if QUANT:  # the K rows' scales, on the scores (common: why)
+            k_rows = k_row + token_offsets
+            scores *= load_row_scales(scale_ptr, k_rows, in_range, HEAD_DIM, FP8_BYTES)[None, :]
         visible = in_range[None, :] & (tokens[None, :] <= row_positions[:, None])
         visible &= (window == 0) | (tokens[None, :] > row_positions[:, None] - window)
-        scores = tl.where(visible, scores, float("-inf"))
+        scores = tl.where(visible, scores * qk_scale, float("-inf"))  # log2 units
         probs, rescale, row_max, row_sum = online_softmax_step(row_max, row_sum, scores)
-        v = load_kv_tile(
-            v_base,
-            scale_ptr,
-            k_row + stride_cache_kind,
-            token_offsets,
-            dims,
-            kv_mask,
-            in_range,
-            HEAD_DIM,
-            QUANT,
-            FP32_DOT,
-        )
+        v = load_kv_tile(v_base, token_offsets, dims, kv_mask, FP8_BYTES, q.dtype)
+        if QUANT:  # the V rows' scales, on the probabilities
+            v_rows = k_row + stride_cache_kind + token_offsets
+            probs *= load_row_scales(scale_ptr, v_rows, in_range, HEAD_DIM, FP8_BYTES)[None, :]
         acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
     out = online_softmax_finish(acc, row_sum)
     tl.store(
@@ -156,50 +154,92 @@ def paged_prefill_attention(
     max_query_len: int,
     scale: float,
     block_rows: int = 64,
-    block_n: int = 64,
+    block_n: int | None = None,
     window: int | None = None,
 ) -> None:
     """Causal attention of every new token over its sequence's paged context (its last
-    ``window`` positions when given), into ``out``."""
-    num_heads, head_dim = q.shape[1:]
-    num_kv_heads = kv_cache.shape[3]
-    num_seqs = seq_lens.shape[0]
-    if num_seqs == 0 or max_query_len == 0:
+    ``window`` positions when given), into ``out``; ``block_n`` keys per tile (default: the
+    table's)."""
+    if seq_lens.shape[0] == 0 or max_query_len == 0:
         return
     if q.stride(-1) != 1:
         q = q.contiguous()
     check_launchable(_paged_prefill_kernel, q)
     check_last_dim_contiguous(out=out, kv_cache=kv_cache)
-    group = num_heads // num_kv_heads
-    block_r = triton.next_power_of_2(max(MIN_DOT_SIZE, block_rows, group))
-    tile_tokens = block_r // group
-    grid = (num_seqs, triton.cdiv(max_query_len, tile_tokens), num_kv_heads)
-    _paged_prefill_kernel[grid](
+    paged_prefill_launch(
         out,
         q,
         kv_cache,
-        scale_view(kv_cache),
         block_tables,
         seq_lens,
         query_start_loc,
-        scale * LOG2_E,
-        window or 0,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        block_tables.stride(0),
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=kv_cache.shape[2],
-        TILE_TOKENS=tile_tokens,
-        BLOCK_R=block_r,
-        BLOCK_D=max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim)),
-        BLOCK_N=triton.next_power_of_2(max(MIN_DOT_SIZE, block_n)),
-        FP32_DOT=needs_fp32_dot(_paged_prefill_kernel, kv_cache.dtype),
-        QUANT=is_quantized_cache(kv_cache),
+        max_query_len,
+        scale,
+        kernel_target(q.device),
+        block_rows=block_rows,
+        block_n=block_n,
+        window=window,
+    ).run()
+
+
+def paged_prefill_launch(
+    out: torch.Tensor,  # [T, num_heads, head_dim]
+    q: torch.Tensor,  # [T, num_heads, head_dim], contiguous in head_dim
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim (+ 2 if 8-bit)]
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    query_start_loc: torch.Tensor,  # [B + 1] int32
+    max_query_len: int,
+    scale: float,
+    target: KernelTarget,
+    *,
+    block_rows: int = 64,
+    block_n: int | None = None,
+    window: int | None = None,
+) -> KernelLaunch:
+    """The launch :func:`paged_prefill_attention` runs on ``target``."""
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    block_r = triton.next_power_of_2(max(MIN_DOT_SIZE, block_rows, group))
+    tile_tokens = block_r // group
+    keys_per_tile, num_warps = _TILING[is_quantized_cache(kv_cache)]
+    keys_per_tile = block_n or keys_per_tile
+    return KernelLaunch(
+        _paged_prefill_kernel,
+        (seq_lens.shape[0], triton.cdiv(max_query_len, tile_tokens), num_kv_heads),
+        (
+            out,
+            q,
+            cache_operand(kv_cache, target),
+            scale_view(kv_cache),
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale * LOG2_E,
+            window or 0,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+            block_tables.stride(0),
+        ),
+        {
+            "GROUP": group,
+            "HEAD_DIM": head_dim,
+            "BLOCK_SIZE": kv_cache.shape[2],
+            "TILE_TOKENS": tile_tokens,
+            "BLOCK_R": block_r,
+            "BLOCK_D": max(MIN_DOT_SIZE, triton.next_power_of_2(head_dim)),
+            "BLOCK_N": triton.next_power_of_2(max(MIN_DOT_SIZE, keys_per_tile)),
+            "FP32_DOT": needs_fp32_dot(target, q.dtype),
+            "QUANT": is_quantized_cache(kv_cache),
+            "FP8_BYTES": converts_fp8_bytes(kv_cache, target),
+        },
+        fp_fusion=FUSED_MULTIPLY_ADD,  # checked within a tolerance: fewer, exacter roundings
+        num_warps=num_warps,
     )

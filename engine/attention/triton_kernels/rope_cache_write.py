@@ -7,9 +7,9 @@ the same bytes :func:`~engine.attention.triton_kernels.cache_write.write_kv_cach
 
 The rotation rounds as ``apply_rope`` does: ``x * cos`` and ``roll(x, D/2) * sin`` (the signed
 sin) each rounded to the model dtype, then their sum rounded. In bfloat16 the rounding is bit
-arithmetic and the result bit-identical; in float16 and float32 the GPU compiler may keep a
-product unrounded or contract the multiply-add (seen on an H200: float16 off by a few ulps where
-the two products cancel), which stays within one rounding of each product.
+arithmetic and the result bit-identical. The kernel is compiled without FP fusion: with it, the
+GPU compiler contracted a product and the sum into one multiply-add (seen on an H200: float16 off
+by a few ulps where the two products cancel).
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ import triton.language as tl
 
 from engine.attention.triton_kernels.cache_write import quantize_store
 from engine.attention.triton_kernels.common import (
+    cache_operand,
     check_last_dim_contiguous,
     check_launchable,
-    is_interpreted,
+    converts_fp8_bytes,
     is_quantized_cache,
     scale_view,
 )
 from engine.attention.triton_kernels.rounding import round_to
+from engine.triton_launch import EXACT_ROUNDING, KernelLaunch, KernelTarget, kernel_target
 
 
 @triton.jit
@@ -48,7 +50,7 @@ def _rotate(
     return round_to(direct + swapped, DTYPE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # a mask bound: see cache_write
 def _rope_write_kv_kernel(
     q_ptr,
     k_ptr,
@@ -82,6 +84,7 @@ def _rope_write_kv_kernel(
     QUANT: tl.constexpr,
     QMAX: tl.constexpr,
     IS_INT8: tl.constexpr,
+    FP8_BYTES: tl.constexpr,
 ):
     # Grid: (token tiles, query heads + KV heads).
     tokens = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # [T]
@@ -141,6 +144,7 @@ def _rope_write_kv_kernel(
                 row_mask,
                 QMAX,
                 IS_INT8,
+                FP8_BYTES,
             )
             quantize_store(
                 tl.where(write_mask, v.to(tl.float32), 0.0),
@@ -150,6 +154,7 @@ def _rope_write_kv_kernel(
                 row_mask,
                 QMAX,
                 IS_INT8,
+                FP8_BYTES,
             )
         else:
             cache_dtype = kv_ptr.dtype.element_ty
@@ -168,48 +173,73 @@ def rope_and_write_kv_cache(
 ) -> torch.Tensor:  # [T, num_heads, head_dim] rotated q, contiguous
     """Rotate ``q`` and ``k``, write the rotated ``k`` and ``v`` at their slots; return q."""
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
     q_out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0:
         return q_out
     check_launchable(_rope_write_kv_kernel, q)
     check_last_dim_contiguous(q=q, k=k, v=v, cos=cos, sin=sin, kv_cache=kv_cache)
-    # The interpreter pays per program, so it takes many tokens per program.
-    block_t = 128 if is_interpreted(_rope_write_kv_kernel) else 4
-    is_int8 = kv_cache.dtype == torch.int8
-    grid = (triton.cdiv(num_tokens, block_t), num_heads + num_kv_heads)
-    _rope_write_kv_kernel[grid](
-        q,
-        k,
-        v,
-        cos,
-        sin,
-        q_out,
-        kv_cache,
-        scale_view(kv_cache),
-        slot_mapping,
-        num_tokens,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        cos.stride(0),
-        sin.stride(0),
-        q_out.stride(0),
-        q_out.stride(1),
-        kv_cache.stride(0),
-        kv_cache.stride(1),
-        kv_cache.stride(2),
-        kv_cache.stride(3),
-        NUM_Q_HEADS=num_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_T=block_t,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        QUANT=is_quantized_cache(kv_cache),
-        QMAX=127.0 if is_int8 else 448.0,
-        IS_INT8=is_int8,
-    )
+    target = kernel_target(q.device)
+    rope_write_kv_launch(kv_cache, q, k, v, cos, sin, slot_mapping, q_out, target).run()
     return q_out
+
+
+def rope_write_kv_launch(
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_dim (+ 2 if 8-bit)]
+    q: torch.Tensor,  # [T, num_heads, head_dim]
+    k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    cos: torch.Tensor,  # [T, 1, head_dim]
+    sin: torch.Tensor,  # [T, 1, head_dim]
+    slot_mapping: torch.Tensor,  # [T] int64
+    q_out: torch.Tensor,  # [T, num_heads, head_dim] contiguous
+    target: KernelTarget,
+) -> KernelLaunch:
+    """The launch :func:`rope_and_write_kv_cache` runs on ``target``."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    # The interpreter pays per program, so it takes many tokens per program.
+    block_t = 128 if target.interpreted else 4
+    is_int8 = kv_cache.dtype == torch.int8
+    return KernelLaunch(
+        _rope_write_kv_kernel,
+        (triton.cdiv(num_tokens, block_t), num_heads + num_kv_heads),
+        (
+            q,
+            k,
+            v,
+            cos,
+            sin,
+            q_out,
+            cache_operand(kv_cache, target),
+            scale_view(kv_cache),
+            slot_mapping,
+            num_tokens,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            cos.stride(0),
+            sin.stride(0),
+            q_out.stride(0),
+            q_out.stride(1),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            kv_cache.stride(2),
+            kv_cache.stride(3),
+        ),
+        {
+            "NUM_Q_HEADS": num_heads,
+            "HEAD_DIM": head_dim,
+            "BLOCK_SIZE": kv_cache.shape[2],
+            "BLOCK_T": block_t,
+            "BLOCK_D": triton.next_power_of_2(head_dim),
+            "QUANT": is_quantized_cache(kv_cache),
+            "QMAX": 127.0 if is_int8 else 448.0,
+            "IS_INT8": is_int8,
+            "FP8_BYTES": converts_fp8_bytes(kv_cache, target),
+        },
+        # apply_rope's roundings: each product rounded, then the sum (no fused multiply-add)
+        fp_fusion=EXACT_ROUNDING,
+    )

@@ -12,13 +12,12 @@ its sequence's length at run time and derives its own token range from it.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from engine.triton_launch import INTERPRETER, cuda_target
+
 MAX_SPLITS = 64  # bounds the merge kernel's tile and the scratch buffers
-# A small GPU's worth: the interpreter (CPU tensors) takes the split path as GPUs do at small batch.
-INTERPRETER_SM_COUNT = 16
+INTERPRETER_SM_COUNT = INTERPRETER.num_sms
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
@@ -36,14 +35,8 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
     return max(1, min(MAX_SPLITS, num_sms // programs))
 
 
-@functools.lru_cache(maxsize=16)
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``; :data:`INTERPRETER_SM_COUNT` off CUDA."""
     if device.type != "cuda":
         return INTERPRETER_SM_COUNT
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _cuda_sm_count(index)
+    return cuda_target(device).num_sms

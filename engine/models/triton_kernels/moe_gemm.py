@@ -10,23 +10,28 @@ from) and writes output row ``r``; padding rows (id N) read and write nothing, a
 Epilogue, in float32: times the expert's per-output-channel scale (int8 weights), rounded to the
 model dtype (as the torch path rounds each expert's output), then — for the down projection —
 times the row's routing weight, written as float32 for the float32 sum over the top-k.
+
+:func:`moe_gemm_launch` plans the launch from the tensors and a
+:class:`~engine.triton_launch.KernelTarget`; :func:`moe_gemm` runs it.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from engine.attention.triton_kernels.common import check_launchable, is_interpreted
+from engine.attention.triton_kernels.common import check_launchable
 from engine.attention.triton_kernels.rounding import round_to
 from engine.models.triton_kernels.moe_align import AlignedRows
 from engine.models.triton_kernels.moe_config import MoEGemmConfig
+from engine.triton_launch import FUSED_MULTIPLY_ADD, KernelLaunch, KernelTarget, kernel_target
 
 
-@triton.jit
+# NOTE: not specialized on the row count (a mask bound, as in the other kernels) nor on
+# rows_per_token (1 for the down projection): a division per row costs nothing next to the tile,
+# and the gate/up and expert-parallel down GEMMs then share one compiled kernel.
+@triton.jit(do_not_specialize=["num_rows", "rows_per_token"])
 def _moe_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -91,22 +96,14 @@ def _moe_gemm_kernel(
     tl.store(out_ptrs, out, mask=row_mask[:, None] & n_mask[None, :])
 
 
-@functools.cache
-def _max_shared_memory(index: int) -> int:
-    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
-
-
-def max_shared_memory(device: torch.device) -> int:
-    """Shared memory one program may take on ``device`` (a CUDA GPU), in bytes."""
-    return _max_shared_memory(device.index if device.index is not None else 0)
-
-
-def moe_gemm_interpreted() -> bool:
-    """True when the grouped GEMM runs in Triton's CPU interpreter."""
-    return is_interpreted(_moe_gemm_kernel)
-
-
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def check_moe_gemm_operands(*tensors: torch.Tensor) -> None:
+    """Refuse tensors the grouped GEMM cannot take: off CUDA (compiled), or with strided rows."""
+    check_launchable(_moe_gemm_kernel, tensors[0])
+    if any(tensor.stride(-1) != 1 for tensor in tensors):
+        raise ValueError("moe_gemm needs rows contiguous in their last dimension")
 
 
 def moe_gemm(
@@ -124,46 +121,68 @@ def moe_gemm(
     ``weight`` [E, n, K] (int8 with ``scale`` [E, n] float32, or ``x``'s dtype); with
     ``row_weights`` [N] float32, times that weight into a float32 ``out``. Rows not in
     ``aligned`` (unowned experts) are left as they were."""
-    check_launchable(_moe_gemm_kernel, x)
-    if x.stride(-1) != 1 or weight.stride(-1) != 1 or out.stride(-1) != 1:
-        raise ValueError("moe_gemm needs rows contiguous in their last dimension")
+    check_moe_gemm_operands(x, weight, out)
+    if out.shape[0] == 0 or aligned.block_expert_ids.numel() == 0:
+        return out
+    target = kernel_target(x.device)
+    moe_gemm_launch(
+        x, weight, scale, aligned, out, target, rows_per_token, config, row_weights
+    ).run()
+    return out
+
+
+def moe_gemm_launch(
+    x: torch.Tensor,  # [T, K]
+    weight: torch.Tensor,  # [E, n, K]
+    scale: torch.Tensor | None,  # [E, n] float32, for int8 weights
+    aligned: AlignedRows,
+    out: torch.Tensor,  # [N, n]
+    target: KernelTarget,
+    rows_per_token: int,
+    config: MoEGemmConfig,
+    row_weights: torch.Tensor | None = None,  # [N] float32
+) -> KernelLaunch:
+    """The launch :func:`moe_gemm` runs on ``target`` (for at least one row and one block)."""
     num_rows, n = out.shape
     k = x.shape[-1]
-    num_blocks = aligned.block_expert_ids.numel()
-    if num_rows == 0 or num_blocks == 0:
-        return out
-    interpreted = is_interpreted(_moe_gemm_kernel)
     block_n = min(config.block_n, max(16, triton.next_power_of_2(n)))
     block_k = min(config.block_k, max(16, triton.next_power_of_2(k)))
-    grid = (num_blocks, triton.cdiv(n, block_n))
-    _moe_gemm_kernel[grid](
-        x,
-        weight,
-        out,
-        scale if scale is not None else out,
-        row_weights if row_weights is not None else out,
-        aligned.sorted_row_ids,
-        aligned.block_expert_ids,
-        aligned.num_padded,
-        num_rows,
-        rows_per_token,
-        n,
-        k,
-        x.stride(0),
-        weight.stride(0),
-        weight.stride(1),
-        out.stride(0),
-        scale.stride(0) if scale is not None else 0,
-        MODEL_DTYPE=_TL_DTYPES[x.dtype],
-        HAS_SCALE=scale is not None,
-        MUL_ROW_WEIGHT=row_weights is not None,
-        FP32_DOT=interpreted and x.dtype != torch.float32,  # numpy: no bf16, slow fp16 dots
-        # float32 models multiply in full float32, not TF32 (torch's default for F.linear)
-        INPUT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        BLOCK_M=aligned.block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
+    return KernelLaunch(
+        _moe_gemm_kernel,
+        (aligned.block_expert_ids.numel(), triton.cdiv(n, block_n)),
+        (
+            x,
+            weight,
+            out,
+            scale if scale is not None else out,
+            row_weights if row_weights is not None else out,
+            aligned.sorted_row_ids,
+            aligned.block_expert_ids,
+            aligned.num_padded,
+            num_rows,
+            rows_per_token,
+            n,
+            k,
+            x.stride(0),
+            weight.stride(0),
+            weight.stride(1),
+            out.stride(0),
+            scale.stride(0) if scale is not None else 0,
+        ),
+        {
+            "MODEL_DTYPE": _TL_DTYPES[x.dtype],
+            "HAS_SCALE": scale is not None,
+            "MUL_ROW_WEIGHT": row_weights is not None,
+            # numpy: no bf16, slow fp16 dots
+            "FP32_DOT": target.interpreted and x.dtype != torch.float32,
+            # float32 models multiply in full float32, not TF32 (torch's default for F.linear)
+            "INPUT_PRECISION": "ieee" if x.dtype == torch.float32 else "tf32",
+            "BLOCK_M": aligned.block_m,
+            "BLOCK_N": block_n,
+            "BLOCK_K": block_k,
+        },
+        # the dots accumulate in float32 on tensor cores; the epilogue multiplies, never adds
+        fp_fusion=FUSED_MULTIPLY_ADD,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    return out

@@ -7,7 +7,8 @@ the model dtype, the norm runs in float32, the normalised value is rounded to th
 then multiplied by the weight (a product of two 16-bit floats is exact in float32, so rounding it
 once gives the half-precision product). The one difference is the order of the float32 sum of
 squares, which no two reductions share: a normalised value that lands within an ulp of a rounding
-boundary may round the other way.
+boundary may round the other way. The kernel is compiled without FP fusion (torch rounds each
+product before the sum).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.triton_kernels.common import check_launchable, is_interpreted
+from engine.attention.triton_kernels.common import check_launchable
 from engine.attention.triton_kernels.rounding import round_to
+from engine.triton_launch import EXACT_ROUNDING, KernelLaunch, KernelTarget, kernel_target
 
 
-@triton.jit
+# NOTE: the row count only bounds a mask; specialized on (== 1, multiple of 16) it would compile
+# once more per kind of batch size.
+@triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(
     x_ptr,
     residual_ptr,
@@ -90,30 +94,54 @@ def _launch(
         rows = rows.contiguous()
     check_launchable(_rms_norm_kernel, rows)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)  # [N, H]
-    residual_rows = out  # a placeholder the kernel never reads without a residual
+    residual_rows = None
     if residual is not None:
         residual_rows = residual.reshape(-1, hidden_size).contiguous()
-    num_rows = rows.shape[0]
-    if num_rows > 0:
-        # The interpreter pays per program, so it takes many rows per program.
-        block_rows = 16 if is_interpreted(_rms_norm_kernel) else 1
-        block_h = triton.next_power_of_2(hidden_size)
-        _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
+    if rows.shape[0] > 0:
+        summed_rows = None if summed is None else summed.view(rows.shape)
+        target = kernel_target(rows.device)
+        rms_norm_launch(rows, residual_rows, out, summed_rows, weight, eps, target).run()
+    return out.view(x.shape)
+
+
+def rms_norm_launch(
+    rows: torch.Tensor,  # [N, H], contiguous in H
+    residual_rows: torch.Tensor | None,  # [N, H] contiguous
+    out: torch.Tensor,  # [N, H] contiguous
+    summed_rows: torch.Tensor | None,  # [N, H] contiguous: rows + residual_rows go here
+    weight: torch.Tensor,  # [H]
+    eps: float,
+    target: KernelTarget,
+) -> KernelLaunch:
+    """The launch that writes RMSNorm(rows (+ residual_rows)) into ``out`` on ``target``."""
+    num_rows, hidden_size = rows.shape
+    # The interpreter pays per program, so it takes many rows per program.
+    block_rows = 16 if target.interpreted else 1
+    block_h = triton.next_power_of_2(hidden_size)
+    residual = out if residual_rows is None else residual_rows  # never read without a residual
+    summed = out if summed_rows is None else summed_rows
+    return KernelLaunch(
+        _rms_norm_kernel,
+        (triton.cdiv(num_rows, block_rows),),
+        (
             rows,
-            residual_rows,
+            residual,
             out,
-            out if summed is None else summed.view(rows.shape),
+            summed,
             weight,
             num_rows,
             rows.stride(0),
-            residual_rows.stride(0),
+            residual.stride(0),
             out.stride(0),
-            out.stride(0),
+            summed.stride(0),
             eps,
-            HIDDEN_SIZE=hidden_size,
-            HAS_RESIDUAL=residual is not None,
-            BLOCK_ROWS=block_rows,
-            BLOCK_H=block_h,
-            num_warps=min(max(block_h // 512, 1), 16),  # a row of 4096 takes 8 warps
-        )
-    return out.view(x.shape)
+        ),
+        {
+            "HIDDEN_SIZE": hidden_size,
+            "HAS_RESIDUAL": residual_rows is not None,
+            "BLOCK_ROWS": block_rows,
+            "BLOCK_H": block_h,
+        },
+        fp_fusion=EXACT_ROUNDING,  # torch's roundings, bit for bit
+        num_warps=min(max(block_h // 512, 1), 16),  # a row of 4096 takes 8 warps
+    )

@@ -5,7 +5,8 @@ it) and writes [T, I]: one pass where torch runs silu, a product and their tempo
 rounding is torch's: ``silu = x / (1 + exp(-x))`` in float32 rounded to the model dtype, then the
 product rounded. Compiled, ``exp`` is libdevice's ``expf`` (what torch's CUDA silu calls, where
 ``tl.exp`` would be the approximate ``ex2``); interpreted it is numpy's, which may differ from
-torch's CPU ``exp`` in the last float32 bit.
+torch's CPU ``exp`` in the last float32 bit. The kernel is compiled without FP fusion (torch's
+roundings).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from engine.attention.triton_kernels.common import check_launchable, is_interpreted
+from engine.attention.triton_kernels.common import check_launchable
 from engine.attention.triton_kernels.rounding import round_to
+from engine.triton_launch import EXACT_ROUNDING, KernelLaunch, KernelTarget, kernel_target
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])  # a mask bound: see rms_norm
 def _silu_mul_kernel(
     gate_up_ptr,
     out_ptr,
@@ -53,21 +55,29 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         rows = rows.contiguous()
     check_launchable(_silu_mul_kernel, rows)
     out = torch.empty((rows.shape[0], intermediate), dtype=gate_up.dtype, device=gate_up.device)
-    num_rows = rows.shape[0]
-    if num_rows > 0:
-        interpreted = is_interpreted(_silu_mul_kernel)
-        block_rows = 16 if interpreted else 1
-        block_i = min(triton.next_power_of_2(intermediate), 4096 if interpreted else 1024)
-        grid = (triton.cdiv(num_rows, block_rows), triton.cdiv(intermediate, block_i))
-        _silu_mul_kernel[grid](
-            rows,
-            out,
-            num_rows,
-            rows.stride(0),
-            out.stride(0),
-            INTERMEDIATE=intermediate,
-            BLOCK_ROWS=block_rows,
-            BLOCK_I=block_i,
-            LIBDEVICE_EXP=not interpreted,
-        )
+    if rows.shape[0] > 0:
+        silu_mul_launch(rows, out, kernel_target(rows.device)).run()
     return out.view(*gate_up.shape[:-1], intermediate)
+
+
+def silu_mul_launch(
+    rows: torch.Tensor,  # [N, 2I], contiguous in its last dim
+    out: torch.Tensor,  # [N, I] contiguous
+    target: KernelTarget,
+) -> KernelLaunch:
+    """The launch that writes ``silu(gate) * up`` of ``rows`` into ``out`` on ``target``."""
+    num_rows, intermediate = out.shape
+    block_rows = 16 if target.interpreted else 1
+    block_i = min(triton.next_power_of_2(intermediate), 4096 if target.interpreted else 1024)
+    return KernelLaunch(
+        _silu_mul_kernel,
+        (triton.cdiv(num_rows, block_rows), triton.cdiv(intermediate, block_i)),
+        (rows, out, num_rows, rows.stride(0), out.stride(0)),
+        {
+            "INTERMEDIATE": intermediate,
+            "BLOCK_ROWS": block_rows,
+            "BLOCK_I": block_i,
+            "LIBDEVICE_EXP": not target.interpreted,
+        },
+        fp_fusion=EXACT_ROUNDING,  # torch's roundings
+    )

@@ -10,6 +10,8 @@ Shapes are tiny: the interpreter pays per program and per loop trip.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -20,12 +22,16 @@ from engine.attention.triton_kernels import (
     interpreter_active,
     paged_decode_attention,
     paged_prefill_attention,
+    rope_and_write_kv_cache,
     write_kv_cache,
 )
+from engine.attention.triton_kernels.decode import paged_decode_launches
 from engine.cuda_graphs import DecodeBuffers, pad_decode
 from engine.cuda_graphs.block_table_rows import BlockTableRows
 from engine.cuda_graphs.buckets import PADDING_ROW
 from engine.kv.quant import pack_rows
+from engine.triton_launch import INTERPRETER, kernel_target
+from engine.triton_launch import target as launch_target
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 HEADS = [(4, 4), (8, 2), (16, 2), (8, 1)]  # GQA ratios 1, 4, 8 and MQA
@@ -322,3 +328,85 @@ def test_split_decode_8bit_cache_matches_the_torch_backend(paged_case, kv_dtype)
     )
     out = split_decode(case, 3, cache=triton_kv[:, 1])
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+# --- 8-bit caches under low-precision models; fp8 on a GPU without native e4m3 -----------------
+
+LOW_PRECISION = [torch.bfloat16, torch.float16]
+EIGHT_BIT_SHAPES = (  # decode-only; prefill over a prefix; a non-power-of-2 head_dim
+    ([1, 1, 1], [33, 8, 16], {}),
+    ([7, 1, 12], [7, 20, 30], {}),
+    ([5, 1], [21, 9], {"num_heads": 6, "num_kv_heads": 2, "head_dim": 24}),
+)
+
+
+def forward_on_8bit_cache(case, kv_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Triton out, torch out) of one forward over the case's history packed as 8-bit rows;
+    asserts both backends wrote the same bytes."""
+    packed = pack_rows(case.kv, kv_dtype)  # every slot, garbage included, as 8-bit rows
+    torch_kv, triton_kv = packed.clone(), packed.clone()
+    expected = TorchAttentionBackend().forward(
+        case.q, case.k, case.v, torch_kv[:, 1], case.meta, case.scale
+    )
+    out = TritonAttentionBackend().forward(
+        case.q, case.k, case.v, triton_kv[:, 1], case.meta, case.scale
+    )
+    assert torch.equal(triton_kv.view(torch.uint8), torch_kv.view(torch.uint8))
+    return out, expected
+
+
+@pytest.mark.parametrize("kv_dtype", QUANT_DTYPES, ids=["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=["bf16", "fp16"])
+def test_8bit_cache_under_a_low_precision_model(paged_case, kv_dtype, dtype) -> None:
+    # q stays in the model dtype, K/V tiles convert to it as they are, the row scales apply to
+    # scores and probabilities: one rounding fewer than the torch path's dequantize-then-attend
+    for query_lens, seq_lens, shape in EIGHT_BIT_SHAPES:
+        case = paged_case(query_lens, seq_lens, block_size=8, dtype=dtype, **shape)
+        out, expected = forward_on_8bit_cache(case, kv_dtype)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.fixture
+def simulated_sm80(monkeypatch) -> None:
+    """The interpreter standing in for an A100: compute capability 8.0, no native e4m3."""
+    monkeypatch.setattr(
+        launch_target, "INTERPRETER", dataclasses.replace(INTERPRETER, capability=(8, 0))
+    )
+    assert not kernel_target(torch.device("cpu")).native_fp8_e4m3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fp8_cache_on_a_simulated_sm80_goes_through_bytes(paged_case, simulated_sm80, dtype):
+    for query_lens, seq_lens, shape in EIGHT_BIT_SHAPES:
+        case = paged_case(query_lens, seq_lens, block_size=8, dtype=dtype, **shape)
+        out, expected = forward_on_8bit_cache(case, torch.float8_e4m3fn)
+        tolerance = 1e-4 if dtype == torch.float32 else TOLERANCE[dtype]
+        torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    # the launches read and write the cache as bytes
+    meta, cache = case.meta, pack_rows(case.kv, torch.float8_e4m3fn)[:, 1]
+    target = kernel_target(case.q.device)
+    decode = paged_decode_launches(
+        case.q, case.q, cache, meta.block_tables, meta.seq_lens, case.scale, target
+    )
+    assert decode[0].constexprs["FP8_BYTES"] and decode[0].args[4].dtype == torch.uint8
+
+
+def test_fused_rope_write_on_a_simulated_sm80_stores_the_native_bytes(
+    paged_case, monkeypatch
+) -> None:
+    case = paged_case([5, 1, 12], [21, 9, 12], block_size=8, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    cos = torch.rand(case.q.shape[0], 1, case.q.shape[2], generator=gen).to(torch.bfloat16)
+    sin = torch.rand(case.q.shape[0], 1, case.q.shape[2], generator=gen).to(torch.bfloat16)
+    packed = pack_rows(case.kv, torch.float8_e4m3fn)
+    native_kv, bytes_kv = packed.clone(), packed.clone()
+    args = (case.q, case.k, case.v, cos, sin, case.meta.slot_mapping)
+    native_q = rope_and_write_kv_cache(native_kv[:, 1], *args)
+    monkeypatch.setattr(
+        launch_target, "INTERPRETER", dataclasses.replace(INTERPRETER, capability=(8, 0))
+    )
+    bytes_q = rope_and_write_kv_cache(bytes_kv[:, 1], *args)
+    assert torch.equal(bytes_q, native_q)
+    assert torch.equal(bytes_kv.view(torch.uint8), native_kv.view(torch.uint8))
+    assert not torch.equal(bytes_kv.view(torch.uint8), packed.view(torch.uint8))  # it wrote

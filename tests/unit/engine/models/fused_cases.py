@@ -16,6 +16,7 @@ of elements.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -26,10 +27,13 @@ from engine.attention import AttentionMetadata, get_backend
 from engine.attention.opaque import OpaqueAttention, attention_step
 from engine.attention.torch_backend import write_kv_cache as torch_write_kv_cache
 from engine.attention.triton_kernels import interpreter_active, rope_and_write_kv_cache
+from engine.kv.quant import SCALE_BYTES
 from engine.models import CausalLM, ModelArchConfig
 from engine.models.kernels import TORCH_KERNELS
 from engine.models.rope import RotaryEmbedding, apply_rope
 from engine.models.triton_kernels import add_rms_norm, rms_norm, silu_and_mul
+from engine.triton_launch import INTERPRETER, kernel_target
+from engine.triton_launch import target as launch_target
 from tests.unit.engine.models.hf_checkpoints import MODEL_CLASSES, PRESETS, randomize_weights
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -225,14 +229,21 @@ Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]
 
 
 @torch.inference_mode()
-def prefill_then_decode(model: CausalLM, forward: Forward | None = None) -> torch.Tensor:
+def prefill_then_decode(
+    model: CausalLM, forward: Forward | None = None, kv_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Logits ([2 steps, 2 seqs, vocab] float32) of the last prompt token and of one decoded
     token per sequence, with the two sequences' blocks interleaved in the cache; ``forward``
-    runs the model (``model`` itself by default)."""
+    runs the model (``model`` itself by default); ``kv_dtype`` an 8-bit cache (rows of
+    ``head_dim`` values and a float16 scale), else the model dtype's."""
     run = forward or model
     config = model.config
     tables = [[5, 0], [3]]  # 31 and 8 positions at most
-    kv_cache = torch.zeros(config.kv_cache_shape(6, BLOCK_SIZE), dtype=model.dtype)
+    shape = config.kv_cache_shape(6, BLOCK_SIZE)
+    if kv_dtype is None:
+        kv_cache = torch.zeros(shape, dtype=model.dtype)
+    else:
+        kv_cache = torch.zeros((*shape[:-1], shape[-1] + SCALE_BYTES), dtype=kv_dtype)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen) for n in PROMPT_LENS]
     meta = AttentionMetadata.build(PROMPT_LENS, PROMPT_LENS, tables, BLOCK_SIZE)
@@ -259,6 +270,21 @@ def test_bf16_model_with_fused_kernels_matches_torch_path(preset: str) -> None:
     assert_bits_equal(logits, unfused)
     # and the torch attention backend: close (its softmax runs in another order)
     eager = prefill_then_decode(build_model(preset, dtype, "torch", fused=False))
+    torch.testing.assert_close(logits, eager, atol=5e-2, rtol=5e-2)
+
+
+def test_fp8_kv_model_on_a_simulated_sm80_matches_the_torch_backend(monkeypatch) -> None:
+    """An fp8_e4m3 KV cache on an A100 (simulated: the interpreter as compute capability 8.0,
+    without native e4m3): the fused RoPE write, prefill and decode kernels go through the
+    cache's bytes, and the model's logits stay those of the torch backend on the same cache."""
+    monkeypatch.setattr(
+        launch_target, "INTERPRETER", dataclasses.replace(INTERPRETER, capability=(8, 0))
+    )
+    assert not kernel_target(torch.device("cpu")).native_fp8_e4m3
+    fp8 = torch.float8_e4m3fn
+    fused = build_model("llama", torch.bfloat16, "triton", fused=True)
+    logits = prefill_then_decode(fused, kv_dtype=fp8)
+    eager = prefill_then_decode(build_model("llama", torch.bfloat16, "torch", False), kv_dtype=fp8)
     torch.testing.assert_close(logits, eager, atol=5e-2, rtol=5e-2)
 
 

@@ -1,0 +1,40 @@
+"""The compile gate (issue 46): every Triton kernel the engine launches, compiled for sm_80, sm_90
+(and sm_100 when the bundled ptxas has it) on this CPU-only machine, with the configurations the
+launchers choose for a Llama-1B-, a Llama-8B- and a Qwen3-MoE-shaped model, bf16/fp16, KV
+auto/int8/fp8_e4m3 (``engine.kernel_gate``). Each distinct build compiles once, in parallel;
+Triton's cache (``TRITON_CACHE_DIR``) keeps them for the next run.
+
+Prints one JSON object (``engine.kernel_gate.report.run_to_json``: every build's registers,
+spill stack and shared memory, the failed checks) or, with ``--markdown``, the table of
+``docs/benchmarks.md``. Exits 1 when a check fails: a compile error, shared memory over the
+target's limit, or a spill.
+
+Usage: ``python benchmarks/kernel_gate.py [--markdown] [--workers N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.kernel_gate.compiler import available_workers
+from engine.kernel_gate.gate import run_gate
+from engine.kernel_gate.report import markdown_table, run_to_json
+from engine.kernel_gate.targets import gate_targets
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", action="store_true", help="print the docs table")
+    parser.add_argument("--workers", type=int, default=available_workers())
+    args = parser.parse_args()
+    run = run_gate(gate_targets(), args.workers)
+    print(markdown_table(run) if args.markdown else json.dumps(run_to_json(run), indent=1))
+    for finding in run.findings:
+        print(finding, file=sys.stderr)
+    return 1 if run.findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
