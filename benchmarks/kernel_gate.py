@@ -4,7 +4,7 @@ launchers choose for a Llama-1B-, a Llama-8B- and a Qwen3-MoE-shaped model, bf16
 auto/int8/fp8_e4m3 (``engine.kernel_gate``). Each distinct build compiles once, in parallel;
 Triton's cache (``TRITON_CACHE_DIR``) keeps them for the next run.
 
-Prints one JSON object (``engine.kernel_gate.report.run_to_json``: every build's registers,
+Prints one JSON line (``engine.kernel_gate.report.run_to_json``: every build's registers,
 spill stack and shared memory, the failed checks) or, with ``--markdown``, the table of
 ``docs/benchmarks.md``. Exits 1 when a check fails: a compile error, shared memory over the
 target's limit, or a spill.
@@ -30,7 +30,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=available_workers())
     args = parser.parse_args()
     run = run_gate(gate_targets(), args.workers)
-    print(markdown_table(run) if args.markdown else json.dumps(run_to_json(run), indent=1))
+    print(markdown_table(run) if args.markdown else json.dumps(run_to_json(run)))
     for finding in run.findings:
         print(finding, file=sys.stderr)
     return 1 if run.findings else 0

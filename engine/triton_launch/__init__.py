@@ -1,6 +1,11 @@
 """Planned Triton launches and the targets they are planned for (a GPU, or the interpreter)."""
 
-from engine.triton_launch.launch import EXACT_ROUNDING, FUSED_MULTIPLY_ADD, KernelLaunch
+from engine.triton_launch.launch import (
+    EXACT_ROUNDING,
+    FUSED_MULTIPLY_ADD,
+    KernelLaunch,
+    register_share,
+)
 from engine.triton_launch.target import (
     A100,
     B200,
@@ -26,4 +31,5 @@ __all__ = [
     "interpreter_active",
     "is_interpreted",
     "kernel_target",
+    "register_share",
 ]

@@ -22,7 +22,12 @@ FUSED_MULTIPLY_ADD = True  # enable_fp_fusion for kernels compared within a tole
 
 _REGISTERS_PER_SM = 65536  # 32-bit registers of an SM on sm_80, sm_90 and sm_100
 _MAX_REGISTERS_PER_THREAD = 255
-_DEFAULT_WARPS = 4
+
+
+def register_share(num_warps: int) -> int:
+    """The registers a thread may use when one program of ``num_warps`` warps has the SM's
+    whole register file: a ``max_registers`` that only lifts the compiler's own cap."""
+    return min(_MAX_REGISTERS_PER_THREAD, _REGISTERS_PER_SM // (32 * num_warps))
 
 
 @dataclass(frozen=True)
@@ -30,11 +35,8 @@ class KernelLaunch:
     """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=..., enable_fp_fusion=...)``.
 
     ``num_warps``/``num_stages`` None take Triton's defaults (4 warps; 3 stages on NVIDIA).
-
-    NOTE: every launch sets its register ceiling (``maxnreg``) to what one program's warps may
-    have. Left to itself, the ptxas Triton runs for sm_90 and newer caps registers below that
-    for occupancy and spills instead (16 bytes a thread at 64 registers, seen by the compile
-    gate); the launchers choose tiles that fit without spilling.
+    ``max_registers`` (Triton's ``maxnreg``) None leaves a thread's register budget to ptxas,
+    which trades registers for occupancy; a launcher sets it where that trade spills.
     """
 
     kernel: Any  # a triton JITFunction (or the interpreter's stand-in for it)
@@ -44,19 +46,18 @@ class KernelLaunch:
     fp_fusion: bool
     num_warps: int | None = None
     num_stages: int | None = None
+    max_registers: int | None = None
 
     @property
     def options(self) -> dict[str, Any]:
         """The compile options this launch passes to Triton."""
-        warps = self.num_warps or _DEFAULT_WARPS
-        options: dict[str, Any] = {
-            "enable_fp_fusion": self.fp_fusion,
-            "maxnreg": min(_MAX_REGISTERS_PER_THREAD, _REGISTERS_PER_SM // (32 * warps)),
-        }
+        options: dict[str, Any] = {"enable_fp_fusion": self.fp_fusion}
         if self.num_warps is not None:
             options["num_warps"] = self.num_warps
         if self.num_stages is not None:
             options["num_stages"] = self.num_stages
+        if self.max_registers is not None:
+            options["maxnreg"] = self.max_registers
         return options
 
     def run(self) -> None:

@@ -69,11 +69,12 @@ def test_a_kernel_triton_cannot_build_for_the_gpu_fails_the_gate() -> None:
 
 
 @pytest.mark.parametrize("target", [A100, H100], ids=lambda t: t.name)
-def test_every_launch_sets_fp_fusion_and_a_register_ceiling(target) -> None:
+def test_every_launch_chooses_fp_fusion(target) -> None:
     for launch in plan_case(
         EngineCase("qwen3-30b-a3b", torch.float16, "int8", int8_weights=True),
         target,
         GATE_ENGINE_CONFIG,
     ):
         assert isinstance(launch.options["enable_fp_fusion"], bool)
-        assert 0 < launch.options["maxnreg"] * 32 * (launch.num_warps or 4) <= 65536
+        if launch.kernel.fn.__name__ == "_moe_gemm_kernel":  # its whole register share
+            assert launch.options["maxnreg"] * 32 * launch.num_warps <= 65536
