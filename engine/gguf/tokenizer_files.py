@@ -38,7 +38,7 @@ def write_tokenizer_files(file: GGUFFile, directory: Path) -> None:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(file.path.parent, gguf_file=file.path.name)
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+    except Exception as e:  # transformers and the Rust tokenizers raise plain Exceptions
         raise WeightLoadError(
             f"cannot build the tokenizer of GGUF file {str(file.path)!r}: {e}",
             param="tokenizer.ggml.model",
