@@ -127,7 +127,9 @@ def _moe_fields(file: GGUFFile, num_experts: int, num_layers: int) -> dict[str, 
         moe_intermediate_size=int(expert_width or 0),
         norm_topk_prob=_RENORMALIZES_TOP_K[file.architecture],
     )
-    shared = file.tensors.get("blk.0.ffn_gate_shexp.weight")
+    shared = next(
+        (t for n, t in file.tensors.items() if n.endswith(".ffn_gate_shexp.weight")), None
+    )
     if shared is not None:
         width = file.arch_field("expert_shared_feed_forward_length") or shared.shape[-1]
         fields["shared_expert_intermediate_size"] = int(width)

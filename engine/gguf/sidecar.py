@@ -14,9 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.errors import ConfigError
 from engine.gguf.file import GGUFFile
 from engine.gguf.hf_config import hf_config
 from engine.gguf.tokenizer_files import write_tokenizer_files
+from engine.models.config import ModelArchConfig
 
 MARKER_FILE = "pdserve_gguf.json"
 CONFIG_FILE = "config.json"
@@ -28,6 +30,10 @@ def write_sidecar(gguf_path: Path, directory: Path) -> None:
     """Check ``gguf_path`` and write its metadata files into the empty ``directory``."""
     file = GGUFFile(gguf_path)
     config = hf_config(file)
+    try:
+        ModelArchConfig.from_hf_dict(config)  # refuse what the engine cannot run, naming the file
+    except ConfigError as e:
+        raise type(e)(f"GGUF file {str(file.path)!r}: {e.message}", param=e.param) from e
     _write_json(directory / CONFIG_FILE, config)
     write_tokenizer_files(file, directory)
     # NOTE: the marker goes last; its presence means the other files are complete

