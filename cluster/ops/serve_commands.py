@@ -86,10 +86,12 @@ def up_command(
 ) -> None:
     """Start (or join) Ray, deploy the pools and the OpenAI endpoint, serve until Ctrl-C."""
     from cluster.ops import launcher
+    from cluster.ops.model_check import check_models
     from cluster.serve.config_file import load_cluster_config, resolve_config_path
 
     try:
         cfg = load_cluster_config(config)
+        check_models(cfg)
         if detach and cfg.cluster.is_local:
             state = launcher.start_detached(resolve_config_path(config).resolve(), cfg)
             console.print(f"pdserve is up at [bold]{state.endpoint}[/] (log: {state.log_path})")

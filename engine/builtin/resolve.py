@@ -1,41 +1,49 @@
-"""Turn a model name or path into a local HF-layout checkpoint directory.
+"""Turn a model name or path into a local checkpoint directory.
 
-``builtin:<name>`` checkpoints are written on first use into ``cache_dir()/models/<name>``:
-into a private temporary directory next to it, then renamed into place, so a reader never sees a
-half-written checkpoint and processes racing to write the same one are safe (the loser of the
-rename discards its copy). A cached copy from an older format version is replaced the same way.
+``builtin:<name>`` random-weight checkpoints are written on first use into
+``cache_dir()/models/<name>``; a packaged built-in (``builtin:smollm2-135m-instruct``) and any
+``.gguf`` path resolve to the GGUF file's metadata directory (``engine.gguf.sidecar``), written
+on first use — into ``cache_dir()/models/<name>`` for a built-in, ``cache_dir()/gguf/`` for a
+path — and rewritten when the file changes. Every directory is written atomically
+(``engine.atomic_dir``). Writing a GGUF file's directory checks the file, so a bad one is
+refused here, in one line, before any engine is built.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
-import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 from core.builtin_models import BUILTIN_PREFIX, builtin_name, models_dir
-from core.errors import ConfigError, ModelNotFoundError
+from core.env import cache_dir
+from core.errors import ModelNotFoundError
+from engine.atomic_dir import ensure_dir
+from engine.builtin.packaged import PACKAGED_MODELS, packaged_file
 from engine.builtin.specs import BUILTIN_SPECS, BuiltinSpec
 from engine.builtin.writer import MARKER_FILE, marker, write_checkpoint
+from engine.gguf import is_current, is_gguf_path, write_sidecar
 
-logger = logging.getLogger(__name__)
+GGUF_DIRS = "gguf"
 
 
 def builtin_model_names() -> tuple[str, ...]:
-    """The names accepted as ``model``, e.g. ``("builtin:tiny-llama", "builtin:tiny-moe")``."""
-    return tuple(BUILTIN_PREFIX + name for name in BUILTIN_SPECS)
+    """The names accepted as ``model``, e.g. ``("builtin:tiny-llama", "builtin:tiny-moe", ...)``."""
+    return tuple(BUILTIN_PREFIX + name for name in [*BUILTIN_SPECS, *PACKAGED_MODELS])
 
 
 def resolve_model(name_or_path: str) -> Path:
-    """The checkpoint directory for ``name_or_path`` (writing a built-in on first use).
+    """The checkpoint directory for ``name_or_path`` (writing a built-in or a GGUF file's
+    metadata directory on first use).
 
     Raises :class:`ModelNotFoundError` (``param="model"``) for an unknown built-in name, listing
-    the built-ins, or for a path that is not a directory.
+    the built-ins, for a missing packaged model's package, or for a path that is neither a
+    directory nor a ``.gguf`` file; a bad GGUF file raises the error that names its defect.
     """
     name = builtin_name(name_or_path)
     if name is not None:
+        if name in PACKAGED_MODELS:
+            return ensure_gguf_dir(packaged_file(PACKAGED_MODELS[name]), models_dir() / name)
         spec = BUILTIN_SPECS.get(name)
         if spec is None:
             known = ", ".join(builtin_model_names())
@@ -44,10 +52,12 @@ def resolve_model(name_or_path: str) -> Path:
             )
         return ensure_builtin(spec, models_dir())
     path = Path(name_or_path).expanduser()
+    if is_gguf_path(path) and path.is_file():
+        return ensure_gguf_dir(path, gguf_dir_for(path))
     if not path.is_dir():
         raise ModelNotFoundError(
             f"model {name_or_path!r} is neither a built-in ({', '.join(builtin_model_names())}) "
-            "nor an existing directory",
+            "nor an existing directory or .gguf file",
             param="model",
         )
     return path
@@ -55,40 +65,27 @@ def resolve_model(name_or_path: str) -> Path:
 
 def ensure_builtin(spec: BuiltinSpec, models_dir: Path) -> Path:
     """``models_dir/<spec.name>``, written there atomically unless a current copy exists."""
-    target = models_dir / spec.name
-    if _is_current(target, spec):
-        return target
-    try:
-        models_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}.tmp-", dir=models_dir))
-        try:
-            write_checkpoint(spec, staging)
-            _install(staging, target, spec)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    except OSError as e:
-        raise ConfigError(
-            f"cannot write built-in model {spec.name!r} into {str(models_dir)!r} ({e}); "
-            "set PDSERVE_CACHE_DIR to a writable directory",
-            param="PDSERVE_CACHE_DIR",
-        ) from e
-    return target
+    return ensure_dir(
+        models_dir / spec.name,
+        lambda target: _is_current(target, spec),
+        lambda staging: write_checkpoint(spec, staging),
+    )
 
 
-def _install(staging: Path, target: Path, spec: BuiltinSpec) -> None:
-    """Rename ``staging`` to ``target``; a current copy already there (a racer won) is kept."""
-    if target.exists() and not _is_current(target, spec):
-        stale = Path(tempfile.mkdtemp(prefix=f".{spec.name}.stale-", dir=target.parent))
-        with contextlib.suppress(OSError):  # another process may have moved it first
-            target.rename(stale / spec.name)
-            logger.info("replaced built-in checkpoint %s of an older format", target)
-        shutil.rmtree(stale, ignore_errors=True)
-    try:
-        staging.rename(target)
-        logger.info("wrote built-in checkpoint %s", target)
-    except OSError:
-        if not _is_current(target, spec):
-            raise
+def ensure_gguf_dir(gguf_path: Path, target: Path) -> Path:
+    """``target`` holding ``gguf_path``'s metadata files, unless a current copy exists."""
+    return ensure_dir(
+        target,
+        lambda directory: is_current(directory, gguf_path),
+        lambda staging: write_sidecar(gguf_path, staging),
+    )
+
+
+def gguf_dir_for(gguf_path: Path) -> Path:
+    """Where the metadata directory of the GGUF file at ``gguf_path`` is cached."""
+    resolved = str(gguf_path.expanduser().resolve())
+    digest = hashlib.blake2b(resolved.encode(), digest_size=6).hexdigest()
+    return cache_dir() / GGUF_DIRS / f"{gguf_path.stem}-{digest}"
 
 
 def _is_current(target: Path, spec: BuiltinSpec) -> bool:

@@ -129,12 +129,16 @@ class OverlappedStepResults(StepResults):
             request = self._queues.get(item.request_id)
             if request is None or request.is_finished:
                 continue
+            token_id = None
             if item.samples_token and request.num_output_placeholders:
                 token_id = sampled(sampled_token_ids, item)
                 request.resolve_placeholder(token_id)
-                updates.append(self.after_token(request, token_id))
+            # NOTE: before the stops: a request this token ends (a prefill) still offers its
+            # blocks to the prefix cache, as with plain steps
             if request.status is RequestStatus.RUNNING:
                 self._keep_blocks(request)
+            if token_id is not None:
+                updates.append(self.after_token(request, token_id))
         return updates
 
 

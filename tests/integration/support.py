@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import yaml
 
 from cluster.ops import process_tree
 from cluster.serve.config_file import REPO_CONFIGS
+from core.builtin_models import builtin_name
 
 T = TypeVar("T")
 
@@ -137,7 +139,19 @@ def repo_config_on_free_ports(
         edit(config)
     path = directory / name
     path.write_text(yaml.safe_dump(config))
-    return path, {**os.environ, "PDSERVE_CACHE_DIR": str(directory / "cache")}
+    cache = directory / "cache"
+    seed_model_cache(config["model"]["name"], cache)
+    return path, {**os.environ, "PDSERVE_CACHE_DIR": str(cache)}
+
+
+def seed_model_cache(model: str, cache: Path) -> None:
+    """Copy a built-in's directory from the shared cache into the private ``cache`` (a GGUF
+    built-in's metadata directory is a tokenizer conversion a run need not repeat)."""
+    from engine.builtin import resolve_model
+
+    name = builtin_name(model)
+    if name is not None:
+        shutil.copytree(resolve_model(model), cache / "models" / name)
 
 
 def pdserve_cli(

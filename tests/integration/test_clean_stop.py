@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from cluster.ops import process_tree
 from cluster.ops.process_tree import ProcessRef
@@ -75,7 +76,8 @@ def test_down_stops_an_unreaped_up_cleanly(tmp_path: Path) -> None:
     env = {**os.environ, "PDSERVE_CACHE_DIR": str(tmp_path / "cache")}
     state_file = tmp_path / "cache" / "run" / "pdserve.json"
     terminal = tmp_path / "up-terminal.txt"
-    command = [sys.executable, "-m", "cluster.ops.cli", "up", str(scaled_to_zero_config(tmp_path))]
+    config_path = scaled_to_zero_config(tmp_path)
+    command = [sys.executable, "-m", "cluster.ops.cli", "up", str(config_path)]
     with terminal.open("wb") as out:
         up = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     cluster: list[ProcessRef] = []
@@ -101,7 +103,8 @@ def test_down_stops_an_unreaped_up_cleanly(tmp_path: Path) -> None:
             "reason": alone,
         }  # fmt: skip
         prompt = "A prompt long enough to go to the prefill pool if it had a replica. " * 2
-        body = {"model": "tiny-moe", "prompt": prompt, "max_tokens": 4}
+        served = yaml.safe_load(config_path.read_text())["model"]["served_name"]
+        body = {"model": served, "prompt": prompt, "max_tokens": 4}
         completion = httpx.post(f"{endpoint}/v1/completions", json=body, timeout=120)
         assert completion.status_code == 200, completion.text
         assert local_prefill_count(endpoint) >= 1

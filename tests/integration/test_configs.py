@@ -216,8 +216,8 @@ def test_a_prefill_pool_of_zero_is_left_out_of_the_app() -> None:
     colocated = {**mapping, "prefill": {"num_replicas": 0}, "decode": {"num_replicas": 2}}
     app = build_app({"config": colocated})
     pools = app._bound_deployment.init_args[0]
-    assert list(pools) == ["tiny-moe"]
-    prefill_handle, decode_handle = pools["tiny-moe"]
+    assert list(pools) == ["smollm2"]
+    prefill_handle, decode_handle = pools["smollm2"]
     assert prefill_handle is None and decode_handle is not None
 
 

@@ -66,3 +66,17 @@ def test_handoffs_with_overlapped_steps_match_llm(
             assert got.token_ids == reference[name], name
 
     asyncio.run(main())
+
+
+def test_a_prefill_with_overlapped_steps_caches_its_prompt(overlapped_pair: Pair) -> None:
+    """The second time a prompt comes, the prefill serves its full blocks from the cache."""
+    pair, prompt = overlapped_pair, list(range(3, 73))  # a prompt no other test sends
+
+    async def main() -> list[int]:
+        results = [
+            await handoff(pair.prefill, pair.decode, new_request_id(), prompt, GREEDY)
+            for _ in range(2)
+        ]
+        return [r.prefill.num_cached_tokens for r in results]
+
+    assert asyncio.run(main()) == [0, 64]

@@ -42,6 +42,7 @@ def test_builtin_names() -> None:
         "builtin:mid-moe",
         "builtin:llama-1b",
         "builtin:gpu-moe",
+        "builtin:smollm2-135m-instruct",
     )
 
 

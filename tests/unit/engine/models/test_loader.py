@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import engine.loader
+import engine.checkpoint.safetensors_files
 from core.errors import ModelNotFoundError, UnsupportedArchitectureError, WeightLoadError
 from engine.attention.metadata import AttentionMetadata
 from engine.loader import load_model
@@ -110,7 +110,7 @@ def read_log(monkeypatch) -> list[tuple[str, Any]]:
         with safe_open(path, framework=framework) as f:
             yield _SpyFile(f, reads)
 
-    monkeypatch.setattr(engine.loader, "safe_open", spy_open)
+    monkeypatch.setattr(engine.checkpoint.safetensors_files, "safe_open", spy_open)
     return reads
 
 
