@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Sequence
 
 from triton.backends.nvidia.compiler import get_ptxas
 
@@ -13,9 +14,18 @@ from engine.triton_launch import A100, B200, H100, KernelTarget
 _BLACKWELL_CUDA = (12, 8)
 
 
-def gate_targets() -> tuple[KernelTarget, ...]:
-    """A100 and H100, plus B200 when the bundled toolchain can build for it."""
-    return (A100, H100, B200) if _ptxas_cuda_version(100) >= _BLACKWELL_CUDA else (A100, H100)
+def gate_targets(names: Sequence[str] = ()) -> tuple[KernelTarget, ...]:
+    """A100 and H100, plus B200 when the bundled toolchain can build for it; only those of
+    ``names`` (e.g. ``("sm_80", "sm_90")``) when given. ``ValueError`` for a name it cannot
+    build for."""
+    available = (A100, H100, B200) if _ptxas_cuda_version(100) >= _BLACKWELL_CUDA else (A100, H100)
+    if not names:
+        return available
+    known = {target.name: target for target in available}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"no gate target {unknown}: this toolchain builds for {sorted(known)}")
+    return tuple(known[name] for name in names)
 
 
 def _ptxas_cuda_version(capability: int) -> tuple[int, int]:

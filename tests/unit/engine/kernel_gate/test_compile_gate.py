@@ -1,6 +1,7 @@
-"""The compile gate (issue 46): every Triton kernel the engine launches compiles for sm_80, sm_90
-(and sm_100 where the bundled ptxas has it) with the configurations its launcher chooses, within
-the target's shared memory and without spilling — checked on this CPU-only machine.
+"""The compile gate (issue 46): every Triton kernel the engine launches compiles for sm_80 and
+sm_90 with the configurations its launcher chooses, within the target's shared memory and without
+spilling — checked on this CPU-only machine (sm_100, whose ptxas alone took most of a cold run,
+is the script's full run: ``benchmarks/kernel_gate.py``).
 
 The run (``benchmarks/kernel_gate.py``) is a subprocess without ``TRITON_INTERPRET``: kernels
 must be compiled ones whatever the rest of the session imported (``tests/interpreted.py`` says
@@ -43,7 +44,8 @@ RESERVED_SHARED_SLACK = 64  # bytes the MoE estimate may exceed the compiler's r
 def gate() -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
-        [sys.executable, "benchmarks/kernel_gate.py"],
+        # sm_100 (its ptxas is the slow one) is left to the script's full run
+        [sys.executable, "benchmarks/kernel_gate.py", "--targets", "sm_80,sm_90"],
         cwd=ROOT,
         env={**env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -58,7 +60,7 @@ def gate() -> dict[str, Any]:
 @pytest.mark.timeout(TIMEOUT_S + 30)
 def test_every_kernel_compiles_fits_and_does_not_spill(gate: dict[str, Any]) -> None:
     assert gate["findings"] == []
-    assert {"sm_80", "sm_90"} <= set(gate["targets"])
+    assert set(gate["targets"]) == {"sm_80", "sm_90"}
     for build in gate["builds"]:
         assert not build["error"] and build["stack_bytes"] == 0, build
         assert 0 < build["registers"] <= 255, build
