@@ -4,8 +4,9 @@ server (``local-completions``: token-id prompts, ``echo`` + ``logprobs``) and wi
 backend on the same GGUF file (transformers' ``from_pretrained(dir, gguf_file=...)``, fp32) —
 and print one JSON object with both accuracies and every item's chosen answer.
 
-Usage: ``lm_eval_quality_probe.py BASE_URL MODEL TOKENIZER_DIR GGUF_FILE TASK_DIR``; run with
-the task directory as the working directory (its data file path is relative).
+Usage: ``lm_eval_quality_probe.py BASE_URL MODEL TOKENIZER_DIR GGUF_FILE TASK_DIR [LIMIT]``; run
+with the task directory as the working directory (its data file path is relative). ``LIMIT``
+scores only the task's first items (the test's; the whole task is the benchmark's figure).
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ from lm_eval.tasks import TaskManager
 TASK = "pdserve_basics"
 
 
-def score(lm: Any, task_dir: str) -> dict[str, Any]:
-    """The task's accuracy and each document's chosen answer index under ``lm``."""
+def score(lm: Any, task_dir: str, limit: int | None) -> dict[str, Any]:
+    """The task's accuracy and each document's chosen answer index under ``lm`` (its first
+    ``limit`` documents; None: all)."""
     results = lm_eval.simple_evaluate(
         model=lm,
         tasks=[TASK],
         task_manager=TaskManager(include_path=task_dir),
         log_samples=True,
         bootstrap_iters=0,
+        limit=limit,
     )
     chosen = []
     for sample in sorted(results["samples"][TASK], key=lambda s: s["doc_id"]):
@@ -39,7 +42,9 @@ def score(lm: Any, task_dir: str) -> dict[str, Any]:
     return {"acc": results["results"][TASK]["acc,none"], "chosen": chosen}
 
 
-def main(base_url: str, model: str, tokenizer_dir: str, gguf_file: str, task_dir: str) -> None:
+def main(
+    base_url: str, model: str, tokenizer_dir: str, gguf_file: str, task_dir: str, limit: str = ""
+) -> None:
     served = LocalCompletionsAPI(
         base_url=f"{base_url}/v1/completions",
         model=model,
@@ -53,8 +58,9 @@ def main(base_url: str, model: str, tokenizer_dir: str, gguf_file: str, task_dir
     gguf = Path(gguf_file)
     hf = HFLM(pretrained=str(gguf.parent), gguf_file=gguf.name, dtype="float32", device="cpu",
               batch_size=32)  # fmt: skip
-    print(json.dumps({"served": score(served, task_dir), "hf": score(hf, task_dir)}))
+    items = int(limit) if limit else None
+    print(json.dumps({"served": score(served, task_dir, items), "hf": score(hf, task_dir, items)}))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])

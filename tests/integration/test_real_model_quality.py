@@ -1,5 +1,6 @@
 """Quality in numbers on real weights: lm-eval scores pdserve's shipped task
-(``benchmarks/lm_eval_tasks/pdserve_basics``, 244 four-way questions) against ``make serve``'s
+(``benchmarks/lm_eval_tasks/pdserve_basics``: its first 64 of 244 four-way questions here, all of
+them in the benchmark run) against ``make serve``'s
 configuration (SmolLM2-135M-Instruct through a prefill and a decode replica), and the accuracy
 equals what lm-eval's HF backend measures on the same GGUF file — item by item, the same chosen
 answers. The app runs next to the shared one (route ``/real``); lm-eval runs in its own venv
@@ -29,7 +30,7 @@ REAL_APP = "pdserve-real-test"
 ROUTE = "/real"
 TASK_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_eval_tasks"
 PROBE = Path(__file__).with_name("lm_eval_quality_probe.py")
-NUM_ITEMS = 244
+NUM_ITEMS = 64  # of the task's 244: the whole task is the benchmark's figure (docs/benchmarks.md)
 MIN_ACCURACY = 0.3  # four choices: chance is 0.25; the model must know some answers
 
 
@@ -56,7 +57,7 @@ def test_lm_eval_accuracy_served_equals_transformers(
     env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
            "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": ""}  # fmt: skip
     args = [str(EVAL_PYTHON), str(PROBE), endpoint, served_name, str(tokenizer_dir),
-            str(gguf_file), str(TASK_DIR)]  # fmt: skip
+            str(gguf_file), str(TASK_DIR), str(NUM_ITEMS)]  # fmt: skip
     run = subprocess.run(args, check=False, capture_output=True, text=True, env=env,
                          timeout=840, cwd=TASK_DIR)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
