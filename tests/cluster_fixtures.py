@@ -28,6 +28,7 @@ from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 from cluster.ops.deploy_schema import deploy_schema
 from cluster.ops.launcher import deploy
 from cluster.ops.rest import ServeRest
+from cluster.routing.kv_index.actor import kill_index_actor
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.pool_options import BOARD_DEPLOYMENT, INGRESS_DEPLOYMENT
 from core.config import ClusterConfig
@@ -203,10 +204,18 @@ def _at_baseline(app: ServingApp) -> bool:
     return len(live) == 2 and idle and ready
 
 
+def remove_app(serving_app: ServingApp, name: str, timeout_s: float = 120.0) -> None:
+    """Remove an app deployed next to the shared one, and its KV index (a detached actor that
+    would otherwise poll on for the rest of the session)."""
+    serving_app.rest.remove(name)
+    wait_until(lambda: serving_app.rest.app_details(name) is None, timeout_s, f"{name} removed")
+    kill_index_actor(name)
+
+
 @contextlib.contextmanager
 def side_app(serving_app: ServingApp, config: ClusterConfig, route: str) -> Iterator[str]:
     """Deploy ``config``'s app next to the shared one (same proxy, under ``route``), wait until
-    it answers ``/ready``, yield its endpoint; remove it afterwards."""
+    it answers ``/ready``, yield its endpoint; remove it (and its KV index) afterwards."""
     name = config.cluster.app_name
     rest = serving_app.rest
     others = {
@@ -230,5 +239,4 @@ def side_app(serving_app: ServingApp, config: ClusterConfig, route: str) -> Iter
         )
         yield endpoint
     finally:
-        rest.remove(name)
-        wait_until(lambda: rest.app_details(name) is None, 60, f"{name} removed")
+        remove_app(serving_app, name)

@@ -16,8 +16,12 @@ if TYPE_CHECKING:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The chaos suite's short form: ``chaos_full`` scenarios (replica kills, stalls, scaling)
-    run only under ``PDSERVE_CHAOS=full`` (``make chaos``); otherwise they are deselected."""
+    """Tests without a Ray cluster run first: the session's simulated cluster (its replicas,
+    controller and index shards keep a share of both cores busy while it lives) starts with
+    the first test that asks for it and is torn down at the end. The chaos suite's short form:
+    ``chaos_full`` scenarios (replica kills, stalls, scaling) run only under
+    ``PDSERVE_CHAOS=full`` (``make chaos``); otherwise they are deselected."""
+    items.sort(key=lambda item: bool(item.get_closest_marker("ray")))  # stable: files keep order
     if os.environ.get("PDSERVE_CHAOS") == "full":
         return
     dropped = [item for item in items if item.get_closest_marker("chaos_full")]

@@ -20,7 +20,7 @@ from cluster.ops.scaling import scale
 from cluster.serve.config_file import load_cluster_config
 from core.sampling import SamplingParams
 from engine import LLM
-from tests.cluster_fixtures import ServingApp, SimCluster
+from tests.cluster_fixtures import ServingApp, SimCluster, remove_app
 from tests.integration.support import engine_section
 from tests.waiting import wait_until
 
@@ -74,8 +74,7 @@ def endpoint(serving_app: ServingApp, sim_cluster: SimCluster) -> Iterator[str]:
     try:
         yield deploy(config, sim_cluster.dashboard_url, timeout_s=300)
     finally:
-        serving_app.rest.remove(APP)
-        wait_until(lambda: serving_app.rest.app_details(APP) is None, 120, "multi app removed")
+        remove_app(serving_app, APP)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from cluster.ops.launcher import deploy
 from cluster.ops.status_view import planner_log
 from cluster.planner.capacity_model import CapacityModel, DecodePoint, PrefillPoint
 from cluster.serve.config_file import load_cluster_config
-from tests.cluster_fixtures import ServingApp, SimCluster
+from tests.cluster_fixtures import ServingApp, SimCluster, remove_app
 from tests.integration.support import SERVED_NAME, app_config
 from tests.waiting import wait_until
 
@@ -127,5 +127,4 @@ def test_the_planner_grows_prefill_under_a_burst_and_shrinks_it_after(
             assert pending is not None and float(pending.group(1)) > 0, up
     finally:
         stop.set()
-        serving_app.rest.remove(APP)
-        wait_until(lambda: serving_app.rest.app_details(APP) is None, 120, "planner app removed")
+        remove_app(serving_app, APP)
