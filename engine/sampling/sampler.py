@@ -151,7 +151,9 @@ class Sampler:
             token_ids.index_copy_(0, index, drawn)
         return DeviceSample(
             token_ids=token_ids,
-            finite=torch.isfinite(logits).all(dim=-1),
+            # one reduction instead of a [B, V] mask and a second pass: a row's sum is NaN or
+            # infinite exactly when one of its logits is (logits never sum past float32's range)
+            finite=torch.isfinite(logits.sum(dim=-1)),
             logprobs=_logprobs(logits, token_ids, rows),
             num_logprobs=tuple(row.params.logprobs for row in rows),
         )
