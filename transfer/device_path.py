@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from core.errors import TransferError
 from core.kv_handle import TransferFailure
-from transfer.same_node import Locations
+from transfer.same_node import Locations, closing_iter
 
 logger = logging.getLogger(__name__)
 
@@ -118,13 +118,7 @@ class DeviceStream:
         self._cancel = cancel
 
     def __iter__(self) -> Iterator[Locations]:
-        locations = iter(self._locations)
-        try:
-            yield from locations
-        finally:
-            close = getattr(locations, "close", None)
-            if close is not None:
-                close()  # an in-process exporter's generator ends (and counts) now
+        return closing_iter(self._locations)
 
     def cancel(self) -> None:
         """Stop the location stream."""

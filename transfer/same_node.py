@@ -113,6 +113,18 @@ class SharedRegions:
             self._regions.pop(name, None)
 
 
+def closing_iter(locations: Iterable[Locations]) -> Iterator[Locations]:
+    """``locations`` in order; when iteration stops early, the source is closed at once (an
+    in-process exporter's generator then ends, and counts, now rather than when collected)."""
+    iterator = iter(locations)
+    try:
+        yield from iterator
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
 class SameNodeStream:
     """A :class:`~transfer.pull.ChunkStream` over a stream of :class:`Locations`: each a
     chunk whose payload is the views of its blocks in the exporter's region."""
@@ -125,20 +137,14 @@ class SameNodeStream:
         self._cancel = cancel
 
     def __iter__(self) -> Iterator[ChunkData]:
-        locations = iter(self._locations)
-        try:
-            for chunk in locations:
-                yield ChunkData(
-                    chunk.offset_bytes,
-                    chunk.total_bytes,
-                    chunk.checksum_algorithm,
-                    chunk.checksum,
-                    self._region.blocks(chunk.source_block_ids),
-                )
-        finally:
-            close = getattr(locations, "close", None)
-            if close is not None:
-                close()  # an in-process exporter's generator ends (and counts) now
+        for chunk in closing_iter(self._locations):
+            yield ChunkData(
+                chunk.offset_bytes,
+                chunk.total_bytes,
+                chunk.checksum_algorithm,
+                chunk.checksum,
+                self._region.blocks(chunk.source_block_ids),
+            )
 
     def cancel(self) -> None:
         """Stop the location stream."""
