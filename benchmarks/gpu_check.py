@@ -2,7 +2,7 @@
 
 1. pytest on ``tests/gpu`` (Triton kernels on fresh random inputs, engine parity with HF on CUDA,
    CUDA-graph replay, KV staging) plus the unit tests whose code paths change on CUDA
-   (``tests/unit/roles/test_host_staging.py``: prefill -> decode through the pinned host mirror);
+   (``tests/unit/decode/test_host_staging.py``: prefill -> decode through the pinned host mirror);
    JUnit XML goes to ``--out``.
 2. ``benchmarks/gpu_engine.py``; its JSON goes to ``--out``; with ``--moe`` also
    ``benchmarks/gpu_moe.py`` (writes the 10 GB ``builtin:gpu-moe`` on first use).
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_PATHS = ["tests/gpu", "tests/unit/roles/test_host_staging.py"]
+TEST_PATHS = ["tests/gpu", "tests/unit/decode/test_host_staging.py"]
 HEADLINES = [
     ("tpot_b1_ms", ""),
     ("tpot_b1_ratio", "<= 0.5"),

@@ -1,21 +1,19 @@
-"""Shared helpers of the GPU tests: HF references on CUDA and fresh random seeds.
+"""Shared helpers of the GPU tests: engines with the tests' KV budget, fresh random seeds and
+prompts, and HF greedy references on CUDA.
 
-Every module here carries the ``gpu`` marker and skips without CUDA; nothing in this file
-touches the device at import time, so collecting ``tests/`` on a CPU machine stays cheap.
+Nothing here touches the device at import time, so collecting ``tests/`` on a CPU machine stays
+cheap.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-import pytest
 import torch
 
 from engine import LLM
-from engine.builtin import resolve_model
 
 DEVICE = "cuda"
 # NOTE: without an explicit budget an engine takes 90% of the free GPU memory, and the next
@@ -56,20 +54,3 @@ def hf_greedy_cuda(hf_model: torch.nn.Module, prompt: Sequence[int], n: int) -> 
     stops = eos_ids(hf_model)
     cut = next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))
     return tokens[:cut]
-
-
-@pytest.fixture(scope="session")
-def hf_cuda() -> Callable[[str, torch.dtype], torch.nn.Module]:
-    """``hf_cuda(builtin_name, dtype)``: the HF transformers model of a built-in on CUDA."""
-    cache: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
-
-    def get(name: str, dtype: torch.dtype) -> torch.nn.Module:
-        if (name, dtype) not in cache:
-            from transformers import AutoModelForCausalLM
-
-            path: Path = resolve_model(name)
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-            cache[(name, dtype)] = model.to(DEVICE).eval()
-        return cache[(name, dtype)]
-
-    return get

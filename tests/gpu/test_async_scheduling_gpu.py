@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.gpu.conftest import fresh_seed, gpu_llm, random_prompts
+from tests.gpu.helpers import fresh_seed, gpu_llm, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,7 +9,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.cuda_graphs import PaddedDecode, default_batch_sizes
-from tests.gpu.conftest import fresh_seed, gpu_llm, random_prompts
+from tests.gpu.helpers import fresh_seed, gpu_llm, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,7 +13,7 @@ import torch
 from core.kv_layout import KVLayout
 from engine.kv.cuda_ipc import IpcRegion
 from engine.kv.storage import KVStorage
-from tests.gpu.conftest import fresh_seed
+from tests.gpu.helpers import fresh_seed
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.gpu.conftest import DEVICE, KV_BYTES, fresh_seed, hf_greedy_cuda, random_prompts
+from tests.gpu.helpers import DEVICE, KV_BYTES, fresh_seed, hf_greedy_cuda, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,

@@ -20,7 +20,7 @@ from engine.models import CausalLM, ModelArchConfig
 from engine.models.kernels import TORCH_KERNELS
 from engine.models.rope import RotaryEmbedding, apply_rope
 from engine.models.triton_kernels import add_rms_norm, rms_norm, silu_and_mul
-from tests.gpu.conftest import fresh_seed
+from tests.gpu.helpers import fresh_seed
 from tests.unit.engine.models.hf_checkpoints import MODEL_CLASSES, PRESETS, randomize_weights
 
 pytestmark = [

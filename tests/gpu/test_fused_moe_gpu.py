@@ -15,7 +15,7 @@ from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig
 from engine.models.kernels import TritonKernels
 from engine.models.moe import MoELayer
-from tests.gpu.conftest import fresh_seed, gpu_llm, random_prompts
+from tests.gpu.helpers import fresh_seed, gpu_llm, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,7 +13,7 @@ from engine import LLM
 from engine.engine import LLMEngine
 from engine.kv.storage import KVStorage
 from engine.setup import build_engine_parts
-from tests.gpu.conftest import KV_BYTES, fresh_seed, random_prompts
+from tests.gpu.helpers import KV_BYTES, fresh_seed, random_prompts
 
 pytestmark = [
     pytest.mark.gpu,

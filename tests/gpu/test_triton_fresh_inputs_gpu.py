@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from tests.gpu.conftest import fresh_seed
+from tests.gpu.helpers import fresh_seed
 from tests.gpu.paged_batches import compare
 
 pytestmark = [

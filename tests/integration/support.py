@@ -31,6 +31,9 @@ KV_BYTES = 16 * 1024 * 1024
 BATCHED_TOKENS = 256
 THRESHOLD_TOKENS = 24
 """Prompts shorter than this prefill locally on decode; longer ones go to the prefill pool."""
+EVAL_PYTHON = Path(__file__).resolve().parents[2] / ".venv-eval" / "bin" / "python"
+"""lm-evaluation-harness's venv (``make install-eval``): lm-eval brings pandas, which Ray Serve
+imports into every replica when it is installed, so the serving venv goes without it."""
 
 
 def descendant_pids(root_pid: int) -> list[int]:

@@ -19,7 +19,14 @@ from core.sampling import SamplingParams
 from engine import LLM
 from engine.builtin import resolve_model
 from tests.cluster_fixtures import ServingApp
-from tests.integration.support import BATCHED_TOKENS, KV_BYTES, MAX_MODEL_LEN, MODEL, SERVED_NAME
+from tests.integration.support import (
+    BATCHED_TOKENS,
+    EVAL_PYTHON,
+    KV_BYTES,
+    MAX_MODEL_LEN,
+    MODEL,
+    SERVED_NAME,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -35,9 +42,6 @@ GENERATE_DOCS = [
     {"question": "[lm-eval 6] Letters: a b c", "answer": " d"},
 ]
 MAX_GEN_TOKS = 6
-EVAL_PYTHON = Path(__file__).resolve().parents[2] / ".venv-eval" / "bin" / "python"
-"""lm-evaluation-harness's venv (``make install-eval``): lm-eval brings pandas, which Ray Serve
-imports into every replica when it is installed, so the serving venv goes without it."""
 PROBE = Path(__file__).with_name("lm_eval_probe.py")
 
 

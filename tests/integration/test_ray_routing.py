@@ -10,7 +10,7 @@ types); the real engines are wired by the serving deployments.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,45 +24,14 @@ from cluster.routing.kv_index.actor import (
 )
 from cluster.routing.pool_router_config import request_router_config
 from cluster.routing.routing_metrics import routing_metrics
-from core.codec import from_plain, to_plain
-from core.kv_events import BlockStored, KVEventBatch
-from core.messages import PrefillRequest, RoutingKeys
-from core.sampling import SamplingParams
-from core.stats import RoutingStats
 from tests.cluster_fixtures import SimCluster
+from tests.integration.routing_stand_ins import BLOCK_SIZE, FakePrefill, request, router_sees
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
 APP = "routing-it"
-BLOCK_SIZE = 4
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-class FakePrefill:
-    """Caches the blocks of every prompt it receives and says who it is."""
-
-    def __init__(self, factory: IndexPublisherFactory) -> None:
-        context = serve.get_replica_context()
-        self.replica_id = context.replica_id.unique_id
-        self.actor_name = str(ray.get_runtime_context().get_actor_name())
-        self.publisher = factory.start(self.replica_id, context.app_name)
-        self.seq = 0
-        self.cached: set[int] = set()
-
-    def __call__(self, request: dict[str, Any]) -> tuple[str, str]:
-        routing = from_plain(PrefillRequest, request).routing
-        hashes = [h for h in routing.block_hashes if h not in self.cached]
-        if hashes:
-            self.cached.update(hashes)
-            event = BlockStored(hashes, None, [0] * BLOCK_SIZE * len(hashes), BLOCK_SIZE)
-            self.publisher.callback(KVEventBatch(self.seq, [event]))
-            self.seq += 1
-        return self.replica_id, self.actor_name
-
-    def record_routing_stats(self) -> dict[str, Any]:
-        plain: dict[str, Any] = to_plain(RoutingStats(kv_blocks_free=100))
-        return plain
 
 
 @pytest.fixture(scope="module")
@@ -82,26 +51,6 @@ def handle(sim_cluster: SimCluster) -> Iterator[Any]:
     finally:
         serve.delete(APP)
         kill_index_actor(APP)
-
-
-def request(prefix: int, num_blocks: int) -> dict[str, Any]:
-    hashes = tuple(prefix * 100 + i for i in range(num_blocks))
-    prompt = [0] * BLOCK_SIZE * num_blocks
-    message = PrefillRequest(
-        f"r{prefix}", prompt, SamplingParams(), RoutingKeys(hashes, len(prompt))
-    )
-    plain: dict[str, Any] = to_plain(message)
-    return plain
-
-
-def router_sees(num_entries: int) -> Callable[[], bool]:
-    """The handle's router (in this process) synced an index of ``num_entries`` entries."""
-
-    def synced() -> bool:
-        index = routing_metrics().snapshot().index
-        return index is not None and index.num_entries == num_entries
-
-    return synced
 
 
 def index_replicas() -> set[str]:

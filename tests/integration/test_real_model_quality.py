@@ -22,7 +22,7 @@ from cluster.serve.config_file import REPO_CONFIGS, load_cluster_config
 from engine.builtin import resolve_model
 from engine.builtin.packaged import PACKAGED_MODELS, packaged_file
 from tests.cluster_fixtures import ServingApp, side_app
-from tests.integration.test_lm_eval import EVAL_PYTHON
+from tests.integration.support import EVAL_PYTHON
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 

@@ -24,7 +24,7 @@ from cluster.routing.kv_index.shards import shard_of
 from cluster.routing.pool_router_config import request_router_config
 from cluster.routing.routing_metrics import RoutingMetrics
 from tests.cluster_fixtures import SimCluster
-from tests.integration.test_ray_routing import BLOCK_SIZE, FakePrefill, request, router_sees
+from tests.integration.routing_stand_ins import BLOCK_SIZE, FakePrefill, request, router_sees
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]

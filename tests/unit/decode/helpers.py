@@ -1,4 +1,4 @@
-"""Small helpers shared by the role tests: waiting on conditions and running one handoff."""
+"""Small helpers shared by the P/D hand-off tests: waiting on conditions and running one handoff."""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ from core.kv_handle import KVHandle
 from core.messages import TokenChunk
 from core.sampling import SamplingParams
 from prefill.worker import PrefillWorker
-from tests.unit.roles.conftest import GREEDY, PROMPTS, Pair, reset_prefix_cache
-from tests.unit.roles.helpers import collect, decode_request, handoff, prefill
+from tests.unit.decode.helpers import collect, decode_request, handoff, prefill
+from tests.unit.decode.pd_pair import Pair
+from tests.unit.engine.async_engine.tiny_engine import GREEDY, PROMPTS, reset_prefix_cache
 from tests.waiting import async_wait_until
 from transfer import FaultInjection, KVTransport
 from transfer.leases import OnRelease

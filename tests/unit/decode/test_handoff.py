@@ -14,8 +14,14 @@ from core.ids import new_request_id
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.engine import LLMEngine
-from tests.unit.roles.conftest import BLOCK_SIZE, GREEDY, PROMPTS, Pair, reset_prefix_cache
-from tests.unit.roles.helpers import collect, decode_request, handoff, prefill
+from tests.unit.decode.helpers import collect, decode_request, handoff, prefill
+from tests.unit.decode.pd_pair import Pair
+from tests.unit.engine.async_engine.tiny_engine import (
+    BLOCK_SIZE,
+    GREEDY,
+    PROMPTS,
+    reset_prefix_cache,
+)
 from transfer import InMemoryTransferMetrics, TransferSide
 
 pytestmark = pytest.mark.timeout(60)

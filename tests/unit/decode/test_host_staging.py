@@ -19,8 +19,8 @@ from engine.kv.storage import KVStorage
 from engine.llm import LLM
 from engine.setup import build_engine_parts
 from prefill.worker import PrefillWorker
-from tests.unit.roles.conftest import GREEDY, MODEL, PROMPTS
-from tests.unit.roles.helpers import handoff
+from tests.unit.decode.helpers import handoff
+from tests.unit.engine.async_engine.tiny_engine import GREEDY, MODEL, PROMPTS
 from transfer import InProcKVHub, InProcKVTransport
 
 ENGINE = EngineConfig(max_model_len=512, kv_cache_memory_bytes=4 << 20)

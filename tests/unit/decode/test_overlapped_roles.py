@@ -12,17 +12,9 @@ import pytest
 from core.ids import new_request_id
 from decode.build import build_decode_worker
 from prefill.build import build_prefill_worker
-from tests.unit.roles.conftest import (
-    ENGINE,
-    GREEDY,
-    MODEL,
-    PROMPTS,
-    TRANSFER,
-    Pair,
-    assert_quiescent,
-    make_pair,
-)
-from tests.unit.roles.helpers import handoff
+from tests.unit.decode.helpers import handoff
+from tests.unit.decode.pd_pair import TRANSFER, Pair, assert_quiescent, make_pair
+from tests.unit.engine.async_engine.tiny_engine import ENGINE, GREEDY, MODEL, PROMPTS
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,15 +21,10 @@ from decode.worker import DecodeWorker
 from engine.llm import LLM
 from prefill.build import build_prefill_worker
 from prefill.worker import PrefillWorker
-from tests.unit.roles.conftest import (
-    MODEL,
-    TRANSFER,
-    Pair,
-    _prompt,
-    assert_quiescent,
-    reset_prefix_cache,
-)
-from tests.unit.roles.helpers import Handoff, collect
+from tests.unit.decode.helpers import Handoff, collect
+from tests.unit.decode.pd_pair import TRANSFER, Pair, assert_quiescent
+from tests.unit.engine.async_engine.tiny_engine import MODEL, reset_prefix_cache
+from tests.unit.engine.async_engine.tiny_engine import random_prompt as _prompt
 from tests.waiting import async_wait_until
 from transfer import FaultInjection, InProcKVHub, InProcKVTransport
 from transfer.streams import StreamPlan

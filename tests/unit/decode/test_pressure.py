@@ -13,8 +13,9 @@ from core.ids import new_request_id
 from decode.worker import DecodeWorker
 from engine.request_stream import RequestStream
 from prefill.worker import PrefillWorker
-from tests.unit.roles.conftest import GREEDY, PROMPTS, Pair, reset_prefix_cache
-from tests.unit.roles.helpers import collect, decode_request, prefill
+from tests.unit.decode.helpers import collect, decode_request, prefill
+from tests.unit.decode.pd_pair import Pair
+from tests.unit.engine.async_engine.tiny_engine import GREEDY, PROMPTS, reset_prefix_cache
 from tests.waiting import async_wait_until
 from transfer import FaultInjection, InProcKVTransport
 

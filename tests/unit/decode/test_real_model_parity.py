@@ -28,8 +28,8 @@ from decode.build import build_decode_worker
 from engine.builtin.packaged import PACKAGED_MODELS, packaged_file
 from engine.llm import LLM
 from prefill.build import build_prefill_worker
-from tests.unit.roles.conftest import TRANSFER, Pair, assert_quiescent, make_pair
-from tests.unit.roles.helpers import handoff
+from tests.unit.decode.helpers import handoff
+from tests.unit.decode.pd_pair import TRANSFER, Pair, assert_quiescent, make_pair
 
 pytestmark = pytest.mark.timeout(300)
 transformers.utils.logging.disable_progress_bar()

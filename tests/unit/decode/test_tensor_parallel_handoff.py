@@ -29,17 +29,9 @@ from engine.parallel.tp_gang import Gang
 from engine.parallel.tp_step import LeaderRunner
 from prefill.build import build_prefill_worker
 from prefill.worker import PrefillWorker
-from tests.unit.roles.conftest import (
-    ENGINE,
-    GREEDY,
-    MODEL,
-    PROMPTS,
-    TRANSFER,
-    Pair,
-    assert_quiescent,
-    make_pair,
-)
-from tests.unit.roles.helpers import collect, decode_request, handoff, prefill
+from tests.unit.decode.helpers import collect, decode_request, handoff, prefill
+from tests.unit.decode.pd_pair import TRANSFER, Pair, assert_quiescent, make_pair
+from tests.unit.engine.async_engine.tiny_engine import ENGINE, GREEDY, MODEL, PROMPTS
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)

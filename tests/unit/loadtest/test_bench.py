@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import FakeBehaviour  # type: ignore[import-not-found]
+from tests.unit.loadtest.fake_server import FakeBehaviour
 
 FIXED_10 = {"kind": "random", "input_len": {"tokens": 32}, "output_len": {"tokens": 10}}
 # Client-side overhead on a busy 2-core machine: connect, send, thread hops. The lower bounds

@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 from cluster.ops.cli import app
 from loadtest.sweep import find_knee, first_non_scaling_step
-
-from .conftest import FakeBehaviour  # type: ignore[import-not-found]
+from tests.unit.loadtest.fake_server import FakeBehaviour
 
 runner = CliRunner()
 VLLM_FIELDS = (

@@ -12,8 +12,7 @@ from typer.testing import CliRunner
 
 from cluster.ops.cli import app
 from loadtest.calibration import fit, probe_chunks
-
-from .conftest import FakeBehaviour  # type: ignore[import-not-found]
+from tests.unit.loadtest.fake_server import FakeBehaviour
 
 runner = CliRunner()
 

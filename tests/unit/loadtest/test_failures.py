@@ -6,8 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loadtest.types import FailureKind
-
-from .conftest import FakeBehaviour  # type: ignore[import-not-found]
+from tests.unit.loadtest.fake_server import FakeBehaviour
 
 EXPECTED_KIND = {
     "http_500": FailureKind.HTTP_STATUS,

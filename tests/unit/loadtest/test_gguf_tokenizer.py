@@ -12,8 +12,7 @@ import pytest
 from core.errors import ConfigError
 from loadtest.gguf_tokenizer import read_gguf_tokenizer
 from loadtest.tokens import HFTokenCounter, load_token_counter
-
-from .conftest import write_gguf_tokenizer  # type: ignore[import-not-found]
+from tests.unit.loadtest.gguf_tokenizer_files import write_gguf_tokenizer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,8 +16,7 @@ from loadtest.flags import validate
 from loadtest.interference import interference_summary, split_short_samples
 from loadtest.tokens import WordCounter
 from loadtest.types import RequestRecord
-
-from .conftest import FakeBehaviour  # type: ignore[import-not-found]
+from tests.unit.loadtest.fake_server import FakeBehaviour
 
 
 def rec(label: str, start_s: float, ttft_s: float, itl_s: tuple[float, ...] = ()) -> RequestRecord:

@@ -17,8 +17,7 @@ from loadtest.config import LoadTestTargetConfig
 from loadtest.failures import failure_reasons, reason_line
 from loadtest.gguf_tokenizer import read_gguf_tokenizer
 from loadtest.types import FailureKind, RequestRecord, StreamOutcome
-
-from .conftest import FakeBehaviour  # type: ignore[import-not-found]
+from tests.unit.loadtest.fake_server import FakeBehaviour
 
 runner = CliRunner()
 ENV = {"COLUMNS": "200"}

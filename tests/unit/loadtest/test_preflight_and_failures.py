@@ -12,8 +12,7 @@ from cluster.ops.cli import app
 from loadtest.failures import failure_reasons, reason_line
 from loadtest.preflight import request_sizes
 from loadtest.types import FailureKind, RequestRecord, Session, Turn
-
-from .conftest import FakeBehaviour  # type: ignore[import-not-found]
+from tests.unit.loadtest.fake_server import FakeBehaviour
 
 runner = CliRunner()
 ENV = {"COLUMNS": "200"}

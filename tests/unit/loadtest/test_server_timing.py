@@ -14,8 +14,7 @@ from loadtest.server_timing import (
     breakdown_summary,
     write_breakdown_plot,
 )
-
-from .conftest import FakeBehaviour  # type: ignore[import-not-found]
+from tests.unit.loadtest.fake_server import FakeBehaviour
 
 BREAKDOWN = {
     "path": "remote", "ttft_ms": 30.0, "dispatch_ms": 2.0, "queue_ms": 5.0, "prefill_ms": 20.0,

@@ -22,12 +22,11 @@ from cryptography.x509.oid import NameOID
 
 from core.config import TransferConfig
 from core.kv_layout import KVLayout
+from tests.unit.transfer.block_layout import LAYOUT
 from tests.waiting import wait_until
 from transfer import KVExportServer, KVImportClient, NumpyBlockStore
 from transfer.faults import FaultInjection
 
-# 2 layers x 2 kv heads x 32 dims x fp32 x 2 (K, V) x 16 tokens = 16 KiB per block.
-LAYOUT = KVLayout("test-model", "float32", 16, 2, 2, 32, 0)
 TOKEN = "unit-test-token"
 
 

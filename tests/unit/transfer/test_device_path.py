@@ -16,6 +16,7 @@ from core.config import TransferConfig
 from core.errors import TransferError
 from core.kv_handle import ExportDone, TransferFailure, TransferState
 from core.kv_layout import KVLayout
+from tests.unit.transfer.block_layout import LAYOUT
 from transfer import (
     InProcKVHub,
     InProcKVTransport,
@@ -26,8 +27,6 @@ from transfer import (
 )
 from transfer.device_path import NO_CHECKSUM, DeviceCopyWriter
 from transfer.same_node import Locations
-
-from .conftest import LAYOUT
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,6 +16,7 @@ from core.config import TransferConfig
 from core.kv_handle import ExportDone, TransferFailure, TransferState
 from core.kv_layout import KVLayout
 from core.shared_memory import SHM_DIR
+from tests.unit.transfer.block_layout import LAYOUT
 from tests.waiting import wait_until
 from transfer import (
     FaultInjection,
@@ -28,8 +29,6 @@ from transfer import (
 )
 from transfer.same_node import local_node_id
 from transfer.transfer_metrics import TransferSide
-
-from .conftest import LAYOUT
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,6 +12,7 @@ import pytest
 
 from core.config import TransferConfig
 from core.kv_handle import ExportDone, TransferFailure, TransferState
+from tests.unit.transfer.block_layout import LAYOUT
 from transfer import (
     InProcKVHub,
     InProcKVTransport,
@@ -21,8 +22,6 @@ from transfer import (
     ReleaseCause,
 )
 from transfer.streams import StreamPlan
-
-from .conftest import LAYOUT
 
 pytestmark = pytest.mark.timeout(60)
 BLOCK_BYTES = LAYOUT.block_bytes

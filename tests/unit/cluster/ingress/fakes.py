@@ -1,7 +1,9 @@
-"""Fixtures for the ingress tests: the built-in byte tokenizer and scripted fake pool clients.
+"""Scripted fakes for the ingress tests: prefill and decode pool clients that record what the
+ingress sent them and follow a script, the settings they run under, and the harness that binds
+an app over them to an in-process httpx client.
 
-The fakes stand in for the prefill and decode pools (the layer below the ingress); they record
-what the ingress sent them and follow a script, so protocol details can be checked exactly.
+The fakes stand in for the prefill and decode pools (the layer below the ingress), so protocol
+details can be checked exactly.
 """
 
 from __future__ import annotations
@@ -11,14 +13,11 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import pytest
 
-from cluster.ingress import IngressApp, IngressSettings, create_app
-from cluster.ingress.model_table import ModelEndpoint
+from cluster.ingress import IngressApp, IngressSettings
 from core.codec import from_plain, to_plain
 from core.config import DisaggregationConfig, RoutingConfig, ServerConfig
 from core.errors import ErrorReport, PdserveError, TransferError
@@ -32,9 +31,6 @@ from core.messages import (
     StageTimes,
     TokenChunk,
 )
-from engine.builtin.specs import BUILTIN_SPECS
-from engine.builtin.writer import write_tokenizer_files
-from engine.tokenizer import Tokenizer
 
 T = TypeVar("T")
 MODEL = "tiny"
@@ -208,13 +204,6 @@ class FakeDecode:
         return self.is_healthy
 
 
-@pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    directory: Path = tmp_path_factory.mktemp("tiny-llama-tokenizer")
-    write_tokenizer_files(BUILTIN_SPECS["tiny-llama"], directory)
-    return Tokenizer.from_dir(directory)
-
-
 PULL_FAILED = TransferError("pull failed", reason="exporter_error", param="kv_handle")
 """The error a ``FakeDecode(fail_after=n)`` stream ends with."""
 
@@ -255,23 +244,3 @@ class Harness:
     def client(self, **headers: str) -> httpx.AsyncClient:
         transport = httpx.ASGITransport(app=self.app.asgi)
         return httpx.AsyncClient(transport=transport, base_url="http://ingress", headers=headers)
-
-
-@pytest.fixture
-def make_harness(tokenizer: Tokenizer) -> Callable[..., Harness]:
-    def make(
-        prefill: FakePrefill | None = None,
-        decode: FakeDecode | None = None,
-        stats_provider: Any = None,
-        cached_blocks_fn: Any = None,
-        **settings: Any,
-    ) -> Harness:
-        prefill = prefill or FakePrefill()
-        decode = decode or FakeDecode()
-        endpoint = ModelEndpoint(
-            tokenizer, prefill, decode, settings_with(**settings), cached_blocks_fn
-        )
-        app = create_app([endpoint], stats_provider=stats_provider)
-        return Harness(app, prefill, decode)
-
-    return make

@@ -8,8 +8,7 @@ import pytest
 
 from cluster.ingress import RequestGate, authenticate
 from core.errors import AuthenticationError, OverloadedError, UnavailableError
-
-from .conftest import run
+from tests.unit.cluster.ingress.fakes import run
 
 
 def test_authenticate() -> None:

@@ -13,8 +13,7 @@ from cluster.ingress.openai.prompts import combined_salt
 from core.config import ServerConfig
 from core.hashing import hash_prompt_blocks
 from engine.tokenizer import Tokenizer
-
-from .conftest import Harness, run
+from tests.unit.cluster.ingress.fakes import Harness, run
 
 LONG = "hello world, this is a long prompt"  # over the local-prefill threshold: remote
 

@@ -9,8 +9,7 @@ from typing import Any
 import httpx
 
 from engine.tokenizer import Tokenizer
-
-from .conftest import MODEL, Harness, run
+from tests.unit.cluster.ingress.fakes import MODEL, Harness, run
 
 # max_model_len is 256 in the harness; the byte tokenizer gives one token per byte (+ BOS)
 LONG_TEXT = "x" * 300

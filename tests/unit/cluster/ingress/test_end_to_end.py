@@ -27,10 +27,9 @@ from engine.llm import LLM
 from engine.setup import build_engine_parts
 from engine.tokenizer import Tokenizer
 from prefill.worker import PrefillWorker
+from tests.unit.cluster.ingress.fakes import run, sse_payloads
 from tests.waiting import async_wait_until
 from transfer import InProcKVHub, InProcKVTransport
-
-from .conftest import run, sse_payloads
 
 MODEL = ModelConfig(name="builtin:tiny-llama")
 ENGINE = EngineConfig(max_model_len=512, kv_cache_memory_bytes=16 << 20)

@@ -14,9 +14,15 @@ from core.errors import (
     PromptTooLongError,
     UnavailableError,
 )
+from tests.unit.cluster.ingress.fakes import (
+    MODEL,
+    FakeDecode,
+    FakePrefill,
+    Harness,
+    run,
+    sse_payloads,
+)
 from tests.waiting import async_wait_until
-
-from .conftest import MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads
 
 LONG = "hello world, this is a long prompt"
 CHAT = [{"role": "user", "content": LONG}]

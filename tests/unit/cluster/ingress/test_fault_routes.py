@@ -10,9 +10,8 @@ from fastapi import FastAPI
 from cluster.ingress.http.fault_routes import FAULTS_ROUTE, add_fault_routes
 from cluster.serve.stats_board import StatsBoard
 from core.errors import UnavailableError
+from tests.unit.cluster.ingress.fakes import run
 from tests.waiting import wait_until
-
-from .conftest import run
 
 
 class FakeAdmin:

@@ -12,9 +12,15 @@ from starlette.requests import ClientDisconnect
 
 from core.errors import OverloadedError, TransferError
 from core.messages import DecodeRequest
+from tests.unit.cluster.ingress.fakes import (
+    MODEL,
+    FakeDecode,
+    FakePrefill,
+    Harness,
+    run,
+    sse_payloads,
+)
 from tests.waiting import async_wait_until
-
-from .conftest import MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads
 
 LONG = "hello world, this is a long prompt"
 

@@ -10,8 +10,15 @@ import pytest
 from core.hashing import hash_prompt_blocks
 from core.messages import StageTimes
 from engine.tokenizer import Tokenizer
-
-from .conftest import HANDLE, MODEL, FakeDecode, FakePrefill, Harness, run, sse_payloads
+from tests.unit.cluster.ingress.fakes import (
+    HANDLE,
+    MODEL,
+    FakeDecode,
+    FakePrefill,
+    Harness,
+    run,
+    sse_payloads,
+)
 
 LONG = "hello world, this is a long prompt"  # 35 tokens: over the threshold of 8 -> remote
 SHORT = "hi"  # 3 tokens -> local prefill on decode

@@ -10,8 +10,7 @@ import pytest
 
 from cluster.ingress.http.public_errors import for_client, scrub
 from core.errors import InvalidRequestError, TransferError, UnavailableError
-
-from .conftest import MODEL, Harness, run
+from tests.unit.cluster.ingress.fakes import MODEL, Harness, run
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -10,8 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.ingress.telemetry.worker_stats import WorkerStatsCollector
 from core.stats import KVTierStats, ReplicaStats, TransferStats
-
-from .conftest import MODEL, FakeDecode, Harness, run
+from tests.unit.cluster.ingress.fakes import MODEL, FakeDecode, Harness, run
 
 LONG = "hello world, this is a long prompt"
 

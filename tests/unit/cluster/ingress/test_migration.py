@@ -10,8 +10,7 @@ import httpx
 
 from core.messages import DecodeRequest
 from engine.tokenizer import Tokenizer
-
-from .conftest import MODEL, FakeDecode, Harness, run, sse_payloads
+from tests.unit.cluster.ingress.fakes import MODEL, FakeDecode, Harness, run, sse_payloads
 
 LONG = "hello world, this is a long prompt"  # over the local-prefill threshold: remote
 

@@ -18,8 +18,13 @@ from cluster.ingress.model_routing.router import (
 from cluster.ingress.model_table import ModelEndpoint
 from core.config import VirtualModelConfig
 from engine.tokenizer import Tokenizer
-
-from .conftest import FakeDecode, FakePrefill, run, settings_with, sse_payloads
+from tests.unit.cluster.ingress.fakes import (
+    FakeDecode,
+    FakePrefill,
+    run,
+    settings_with,
+    sse_payloads,
+)
 
 AUTO = VirtualModelConfig.model_validate(
     {

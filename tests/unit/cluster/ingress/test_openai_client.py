@@ -9,7 +9,7 @@ import httpx2
 import openai
 import pytest
 
-from .conftest import MODEL, Harness, run
+from tests.unit.cluster.ingress.fakes import MODEL, Harness, run
 
 LONG = "hello world, this is a long prompt"
 KEY = "sk-test"

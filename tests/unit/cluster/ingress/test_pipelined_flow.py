@@ -11,9 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from core.errors import TransferError
+from tests.unit.cluster.ingress.fakes import (
+    MODEL,
+    PULL_FAILED,
+    FakeDecode,
+    FakePrefill,
+    Harness,
+    run,
+)
 from tests.waiting import async_wait_until
-
-from .conftest import MODEL, PULL_FAILED, FakeDecode, FakePrefill, Harness, run
 
 LONG = "hello world, this is a long prompt"
 

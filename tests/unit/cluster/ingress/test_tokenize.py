@@ -7,8 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.tokenizer import Tokenizer
-
-from .conftest import MODEL, Harness, run
+from tests.unit.cluster.ingress.fakes import MODEL, Harness, run
 
 TEXT = "Hello, wörld! A prompt to count."
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.planner.capacity_model import CapacityModel, DecodePoint, PrefillPoint
+from cluster.planner.capacity_model import CapacityModel, PrefillPoint
 from cluster.planner.load_policy import Reason
 from cluster.planner.prediction import TrendPredictor
 from cluster.planner.slo_policy import (
@@ -22,25 +22,8 @@ from cluster.planner.slo_policy import (
 )
 from core.config import PlannerConfig
 from core.errors import ConfigError
+from tests.unit.cluster.planner.synthetic_capacity import MODEL
 
-# One prefill replica: 1000 tokens/s at any length (0.1 s per 100 tokens alone); decode ITL
-# 10 ms + 1 ms per running sequence at 100 tokens of context, twice that at 1000.
-MODEL = CapacityModel(
-    model="m",
-    device="cpu",
-    prefill=(
-        PrefillPoint(100, 1, 0.1),
-        PrefillPoint(1000, 1, 1.0),
-        PrefillPoint(100, 4, 0.4),
-        PrefillPoint(1000, 4, 4.0),
-    ),
-    decode=(
-        DecodePoint(1, 100, 0.011),
-        DecodePoint(32, 100, 0.042),
-        DecodePoint(1, 1000, 0.022),
-        DecodePoint(32, 1000, 0.084),
-    ),
-)
 CONFIG = PlannerConfig(
     mode="slo", profile="x.json", ttft_p90_ms=500, itl_p90_ms=30, decode_kv_usage_target=0.8,
     max_step=4,

@@ -22,7 +22,7 @@ from core.codec import to_plain
 from core.config import ClusterConfig
 from core.stats import ReplicaStats
 from replica.planner_signals import PlannerSignals
-from tests.unit.planner.test_slo_policy import MODEL
+from tests.unit.cluster.planner.synthetic_capacity import MODEL
 
 
 @dataclass

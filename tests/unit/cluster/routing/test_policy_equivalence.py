@@ -33,7 +33,7 @@ from cluster.routing.policy_types import (
     RoutingInputs,
     SessionPin,
 )
-from tests.unit.routing import policy_reference as reference
+from tests.unit.cluster.routing import policy_reference as reference
 
 NOW_S = 1000.0
 MAX_PROMPT_BLOCKS = 12

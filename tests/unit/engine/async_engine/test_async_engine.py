@@ -16,7 +16,7 @@ from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
 from engine.llm import LLM
 from engine.outputs import RequestOutput
-from tests.unit.roles.conftest import GREEDY, PROMPTS, check_integrity
+from tests.unit.engine.async_engine.tiny_engine import GREEDY, PROMPTS, check_integrity
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -22,7 +22,7 @@ from engine.loader import load_model
 from engine.models.config import ModelArchConfig
 from engine.models.weight_map import build_weight_map
 from engine.tokenizer import Tokenizer
-from tests.unit.engine.gguf_checkpoints.gguf_files import (
+from tests.unit.engine.gguf.gguf_files import (
     Q,
     QTypeOf,
     WrittenGGUF,

@@ -15,7 +15,7 @@ import torch
 from core.errors import PdserveError, UnsupportedArchitectureError, WeightLoadError
 from engine.builtin import resolve_model
 from engine.loader import load_model
-from tests.unit.engine.gguf_checkpoints.gguf_files import Q, quantized, write_gguf
+from tests.unit.engine.gguf.gguf_files import Q, quantized, write_gguf
 from tests.unit.engine.models.hf_checkpoints import torch_backend
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.eplb import skew_routing
 from core.config import EngineConfig, EPLBConfig, ModelConfig
 from core.errors import ConfigError
 from core.sampling import SamplingParams
@@ -16,6 +15,7 @@ from engine import LLMEngine
 from engine.parallel import EPStepper, ExpertPlacement, InProcCollective, build_ep_stepper
 from engine.parallel.reshard import transfer_plan
 from tests.unit.engine.parallel.ranks import run_ranks
+from tests.unit.engine.parallel.router_skew import skew_routing
 
 MODEL = ModelConfig(name="builtin:tiny-moe")
 ENGINE = EngineConfig(max_model_len=256, block_size=8, kv_cache_memory_bytes=4 << 20)

@@ -25,9 +25,8 @@ from tests.unit.engine.models.hf_checkpoints import (
     save_checkpoint,
     torch_backend,
 )
+from tests.unit.engine.parallel.tp_prompts import NEW_TOKENS, PROMPTS
 
-PROMPTS = [[3, 17, 29, 44, 5, 61, 7], [9, 2, 33, 14], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]]
-NEW_TOKENS = 6
 REPO_ROOT = Path(__file__).resolve().parents[4]
 
 

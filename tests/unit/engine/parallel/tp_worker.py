@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.unit.engine.parallel.tp_worker CHECKPOINT INIT_METHOD RANK SIZE OUT``
 from the repository root: joins the gang, loads its slices of the checkpoint, greedy-decodes
-the prompts of ``tests.unit.engine.parallel.test_tensor_parallel`` and writes the tokens to
+the prompts of ``tests.unit.engine.parallel.tp_prompts`` and writes the tokens to
 ``OUT`` as JSON.
 """
 
@@ -18,7 +18,7 @@ from engine.loader import load_model
 from engine.models.tensor_parallel import TPShard
 from engine.parallel import init_ep_process_group
 from tests.unit.engine.models.hf_checkpoints import greedy_generate, torch_backend
-from tests.unit.engine.parallel.test_tensor_parallel import NEW_TOKENS, PROMPTS
+from tests.unit.engine.parallel.tp_prompts import NEW_TOKENS, PROMPTS
 
 
 def main(checkpoint: str, init_method: str, rank: int, size: int, out: str) -> None:

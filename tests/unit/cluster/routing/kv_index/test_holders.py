@@ -9,7 +9,7 @@ import pytest
 
 from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.kv_index.ops import IndexOp
-from tests.unit.routing.kv_index.test_index import engine_walk
+from tests.unit.cluster.routing.kv_index.engine_walk import engine_walk
 
 MEDIA = ("device", "host", "disk")
 

@@ -10,6 +10,7 @@ from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import ApplyStatus, KVIndex
 from cluster.routing.kv_index.ops import compact_events
 from core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVMedium
+from tests.unit.cluster.routing.kv_index.engine_walk import engine_walk
 
 
 def stored(*hashes: int) -> BlockStored:
@@ -255,20 +256,3 @@ def test_match_tiers_agrees_with_the_engine_walk(seed: int) -> None:
         if sum(hit):
             expected[replica_id] = TierHit(*hit)
     assert index.match_tiers("decode", prompt) == expected
-
-
-def engine_walk(media: dict[str, set[int]], prompt: list[int]) -> tuple[int, int, int]:
-    """The engine's lookup over plain sets: a device run, then a host-or-disk run (host
-    preferred); ``(device, host, disk)`` blocks."""
-    num_device = 0
-    while num_device < len(prompt) and prompt[num_device] in media["device"]:
-        num_device += 1
-    host = disk = 0
-    for h in prompt[num_device:]:
-        if h in media["host"]:
-            host += 1
-        elif h in media["disk"]:
-            disk += 1
-        else:
-            break
-    return num_device, host, disk
