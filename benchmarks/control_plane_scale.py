@@ -179,7 +179,7 @@ class Fleet:
 def build_index(fleet: Fleet, pool: str, stride: int = 1) -> Any:
     """The KV index a router would follow for ``fleet`` (replica ``r{i}`` of ``pool``)."""
     from cluster.routing.kv_index.index import KVIndex
-    from cluster.routing.kv_index.ops import IndexOp
+    from core.kv_index_messages import IndexOp
 
     index = KVIndex(stride=stride)
     for r, blocks in enumerate(fleet.held):
@@ -346,7 +346,7 @@ def start_shards(app: str, num_shards: int, replicas: Sequence[str]) -> list[Any
     import ray
 
     from cluster.routing.kv_index.actor import get_or_create_index_actor, kill_index_actor
-    from cluster.routing.kv_index.shards import shard_of
+    from cluster.routing.kv_index.shard_assignment import shard_of
 
     kill_index_actor(app)
     shards = [
@@ -404,7 +404,7 @@ def measure_ingest(
     import ray
 
     from cluster.routing.kv_index.actor import kill_index_actor
-    from cluster.routing.kv_index.shards import shard_of
+    from cluster.routing.kv_index.shard_assignment import shard_of
 
     app = f"cps-ingest-{num_shards}"
     rng = random.Random(args.seed)
@@ -486,7 +486,7 @@ class PumpFleet:
         """Publish from every replica between ``start_at`` and ``stop_at``; returns each
         batch's ``(replica, seq, emitted)`` (``emitted``: when its oldest event was, on
         ``time.monotonic``, one clock per machine) and the events offered."""
-        from cluster.routing.kv_index.shards import shard_of
+        from cluster.routing.kv_index.shard_assignment import shard_of
         from cluster.routing.kv_index.stream import encode_batches
 
         emitted: list[tuple[str, int, float]] = []
@@ -524,7 +524,7 @@ class PumpFleet:
     ) -> tuple[int, float]:
         """Every replica sends ``num_calls`` frames of ``sizes[r]`` events back to back (one
         in flight each, all replicas at once); the events sent and the seconds it took."""
-        from cluster.routing.kv_index.shards import shard_of
+        from cluster.routing.kv_index.shard_assignment import shard_of
         from cluster.routing.kv_index.stream import encode_batches
 
         os.nice(19)  # it stands in for replicas on other machines: the shards come first

@@ -62,7 +62,8 @@ def from_plain(cls: type[T], data: Any) -> T:
         return typing.cast(T, _decoder(kind)(data))
     except _Malformed as e:
         where = "".join(reversed(e.path))
-        raise MessageError(f"{cls.__name__}{where}: {e.reason}") from None
+        name = getattr(cls, "__name__", str(cls))  # a union (``A | B``) has no name
+        raise MessageError(f"{name}{where}: {e.reason}") from None
 
 
 Decoder = Callable[[Any], Any]

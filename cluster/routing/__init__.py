@@ -6,10 +6,10 @@ parts are imported from their modules: ``cluster.routing.pool_router_config``
 ``cluster.routing.kv_index.actor`` (the index actor and ``IndexPublisherFactory``).
 """
 
+from cluster.routing.kv_index.compaction import compact_events
 from cluster.routing.kv_index.event_relay import IndexSink, KVEventPump, KVEventRelay
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import ApplyStatus, IndexStats, KVIndex
-from cluster.routing.kv_index.ops import compact_events
 from cluster.routing.kv_index.replication import KVIndexFollower, KVIndexServer
 from cluster.routing.load_tracker import LoadTracker
 from cluster.routing.policies import (

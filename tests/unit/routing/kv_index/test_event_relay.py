@@ -11,7 +11,7 @@ import pytest
 
 from cluster.routing.kv_index.event_relay import KVEventPump, KVEventRelay
 from cluster.routing.kv_index.holders import TierHit
-from cluster.routing.kv_index.ops import TierSnapshot
+from cluster.routing.kv_index.compaction import TierSnapshot
 from cluster.routing.kv_index.replication import KVIndexServer
 from core.hashing import hash_prompt_blocks
 from core.kv_events import BlockRemoved, BlockStored, KVEventBatch

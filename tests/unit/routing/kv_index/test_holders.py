@@ -8,7 +8,7 @@ import random
 import pytest
 
 from cluster.routing.kv_index.index import KVIndex
-from cluster.routing.kv_index.ops import IndexOp
+from core.kv_index_messages import IndexOp
 from tests.unit.routing.kv_index.test_index import engine_walk
 
 MEDIA = ("device", "host", "disk")

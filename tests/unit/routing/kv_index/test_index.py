@@ -8,7 +8,7 @@ import pytest
 
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import ApplyStatus, KVIndex
-from cluster.routing.kv_index.ops import compact_events
+from cluster.routing.kv_index.compaction import compact_events
 from core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVMedium
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from cluster.routing.kv_index.follower import ActorIndexSource
 from cluster.routing.kv_index.replication import KVIndexFollower, KVIndexServer
-from cluster.routing.kv_index.shards import shard_of
+from cluster.routing.kv_index.shard_assignment import shard_of
 from cluster.routing.routing_metrics import RoutingMetrics
 
 POOLS = ("prefill", "decode")
