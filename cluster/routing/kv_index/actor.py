@@ -82,7 +82,7 @@ class KVIndexShard:
 
     def updates(self, epoch: str | None, cursor: int) -> Any:
         """``KVIndexServer.updates`` as a plain ``UpdatesReply``."""
-        return to_plain(self.server.updates(epoch, cursor))
+        return self.server.updates_plain(epoch, cursor)
 
     def stats(self) -> Any:
         """``KVIndexServer.stats`` as a plain ``ShardStats``."""

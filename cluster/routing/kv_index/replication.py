@@ -25,11 +25,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from cluster.routing.kv_index.compaction import TierSnapshot
 from cluster.routing.kv_index.index import ApplyStatus, KVIndex
 from cluster.routing.kv_index.shard_assignment import shard_of
+from core.codec import to_plain
 from core.kv_index_messages import (
     CompactBatch,
     EntriesReply,
@@ -85,7 +86,7 @@ class KVIndexServer:
         self._max_log_entries = max_log_entries
         self._max_log_hashes = max_log_hashes
         self._clock = clock
-        self._log: deque[tuple[int, LogEntry]] = deque()  # (num hashes, entry)
+        self._log: deque[_Logged] = deque()
         self._first_cursor = 0  # cursor of self._log[0]
         self._num_log_hashes = 0
         self._last_seen_s: dict[str, float] = {}
@@ -154,8 +155,22 @@ class KVIndexServer:
         if epoch != self.epoch or not self._first_cursor <= cursor <= self.cursor:
             return SnapshotReply(self.epoch, self.cursor, export_index(self.index))
         start = cursor - self._first_cursor
-        entries = tuple(entry for _, entry in itertools.islice(self._log, start, None))
+        entries = tuple(logged.entry for logged in itertools.islice(self._log, start, None))
         return EntriesReply(self.epoch, self.cursor, entries)
+
+    @_locked
+    def updates_plain(self, epoch: str | None, cursor: int) -> Any:
+        """:meth:`updates` as plain data (``core.codec``), for the actor to answer with.
+
+        NOTE: every router polls the same tail of the log, so each entry is encoded once, on
+        the first poll that returns it, and kept beside it (the hashes lists share their ints).
+        """
+        reply = self.updates(epoch, cursor)
+        if isinstance(reply, SnapshotReply):
+            return to_plain(reply)
+        start = cursor - self._first_cursor
+        entries = [logged.plain() for logged in itertools.islice(self._log, start, None)]
+        return {**to_plain(EntriesReply(reply.epoch, reply.cursor)), "entries": entries}
 
     @_locked
     def stats(self) -> ShardStats:
@@ -183,14 +198,30 @@ class KVIndexServer:
                 self.remove_replica(replica_id)
 
     def _append(self, entry: LogEntry, num_hashes: int) -> None:
-        self._log.append((num_hashes, entry))
+        self._log.append(_Logged(num_hashes, entry))
         self._num_log_hashes += num_hashes
         while len(self._log) > 1 and (
             len(self._log) > self._max_log_entries or self._num_log_hashes > self._max_log_hashes
         ):
-            dropped, _ = self._log.popleft()
-            self._num_log_hashes -= dropped
+            self._num_log_hashes -= self._log.popleft().num_hashes
             self._first_cursor += 1
+
+
+class _Logged:
+    """One log entry, its size in hashes, and its plain form once a poll has asked for it."""
+
+    __slots__ = ("_plain", "entry", "num_hashes")
+
+    def __init__(self, num_hashes: int, entry: LogEntry) -> None:
+        self.num_hashes = num_hashes
+        self.entry = entry
+        self._plain: Any = None
+
+    def plain(self) -> Any:
+        """The entry through ``core.codec.to_plain``, encoded on the first call."""
+        if self._plain is None:
+            self._plain = to_plain(self.entry)
+        return self._plain
 
 
 class KVIndexFollower:

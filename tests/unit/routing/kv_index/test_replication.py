@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from core.kv_index_messages import (
     ReplicaSnapshot,
     SnapshotReply,
     UpdatesReply,
+    decode_updates_reply,
 )
 
 
@@ -174,3 +176,14 @@ def test_unknown_media_and_kinds_are_refused() -> None:
     with pytest.raises(MessageError, match="medium 'device'"):
         from_plain(ReplicaSnapshot, plain)
     assert server.index.cached_hashes("d") == set()
+
+
+def test_the_plain_updates_decode_to_the_typed_ones() -> None:
+    server = KVIndexServer()
+    server.resync("d", "decode", [1], 0, {"host": [2]})
+    server.publish("d", [compact(0, ("stored", [3]), ("removed", [1]))])
+    server.remove_replica("d")
+    for epoch, cursor in [(None, 0), (server.epoch, 0), (server.epoch, 2), (server.epoch, 3)]:
+        for _ in range(2):  # a second router's poll gets the entries encoded for the first
+            plain = json.loads(json.dumps(server.updates_plain(epoch, cursor)))
+            assert decode_updates_reply(plain) == server.updates(epoch, cursor)
