@@ -20,6 +20,13 @@ from cluster.routing.policies import (
     choose_prefix_aware,
     choose_round_robin,
 )
+from cluster.routing.policy_registry import (
+    BUILTIN_POLICY_NAMES,
+    RoutingPolicy,
+    make_policy,
+    policy_names,
+    register_policy,
+)
 from cluster.routing.policy_types import (
     CostWeights,
     HotSpotConfig,
@@ -29,13 +36,6 @@ from cluster.routing.policy_types import (
     RoutingInputs,
     RoutingReason,
     SessionPin,
-)
-from cluster.routing.registry import (
-    BUILTIN_POLICY_NAMES,
-    RoutingPolicy,
-    make_policy,
-    policy_names,
-    register_policy,
 )
 from cluster.routing.request_features import read_routing_keys
 from cluster.routing.router_kwargs import RouterSettings
