@@ -61,6 +61,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.codec import to_plain
+from core.kv_index_messages import CompactBatch, IndexOp, ReplicaSnapshot
+
 BLOCK_SIZE = 16
 SYSTEM_PROMPTS = 8
 SYSTEM_PROMPT_BLOCKS = 64  # 1K tokens
@@ -179,7 +182,6 @@ class Fleet:
 def build_index(fleet: Fleet, pool: str, stride: int = 1) -> Any:
     """The KV index a router would follow for ``fleet`` (replica ``r{i}`` of ``pool``)."""
     from cluster.routing.kv_index.index import KVIndex
-    from cluster.routing.kv_index.ops import IndexOp
 
     index = KVIndex(stride=stride)
     for r, blocks in enumerate(fleet.held):
@@ -219,7 +221,6 @@ def measure_routing(
     from cluster.routing.kv_index.follower import StaticIndexSource
     from cluster.routing.routing_metrics import RoutingMetrics
     from cluster.routing.serve_router import PrefixAwareRequestRouter
-    from core.codec import to_plain
     from core.messages import PrefillRequest, RoutingKeys
     from core.sampling import SamplingParams
     from core.stats import RoutingStats
@@ -304,7 +305,7 @@ def measure_replay(args: argparse.Namespace) -> dict[str, float]:
     for _ in range(40):
         for replica in replicas:
             batch = streams[replica].batch(250)
-            num_events += sum(len(op[1]) for op in batch["ops"])
+            num_events += sum(len(op.hashes) for op in batch.ops)
             server.publish(replica, [batch])
     update = server.updates(follower.epoch, follower.cursor)
     started = time.perf_counter()
@@ -327,16 +328,16 @@ class _ReplicaStream:
         self.held: deque[int] = deque()
         self.seq = 0
 
-    def batch(self, num_events: int) -> dict[str, Any]:
+    def batch(self, num_events: int) -> CompactBatch:
         """The next compact batch of about ``num_events`` events (the pump's wire form)."""
         num_stores = max(1, num_events // 2)
         stores = [self.rng.getrandbits(58) * self.stride for _ in range(num_stores)]
         self.held.extend(stores)
         evicted = [self.held.popleft() for _ in range(max(0, len(self.held) - self.capacity))]
-        ops: list[list[Any]] = [["stored", stores, "device"]]
+        ops = [IndexOp("stored", stores, "device")]
         if evicted:
-            ops.append(["removed", evicted, "device"])
-        batch = {"replica_seq": self.seq, "ops": ops}
+            ops.append(IndexOp("removed", evicted, "device"))
+        batch = CompactBatch(self.seq, tuple(ops))
         self.seq += 1
         return batch
 
@@ -346,14 +347,21 @@ def start_shards(app: str, num_shards: int, replicas: Sequence[str]) -> list[Any
     import ray
 
     from cluster.routing.kv_index.actor import get_or_create_index_actor, kill_index_actor
-    from cluster.routing.kv_index.shards import shard_of
+    from cluster.routing.kv_index.shard_assignment import shard_of
 
     kill_index_actor(app)
     shards = [
         get_or_create_index_actor(app, shard=k, num_shards=num_shards, replica_ttl_s=600.0)
         for k in range(num_shards)
     ]
-    ray.get([shards[shard_of(r, num_shards)].resync.remote(r, "prefill", [], 0) for r in replicas])
+    ray.get(
+        [
+            shards[shard_of(r, num_shards)].resync.remote(
+                to_plain(ReplicaSnapshot(r, "prefill", [], 0))
+            )
+            for r in replicas
+        ]
+    )
     return shards
 
 
@@ -404,7 +412,7 @@ def measure_ingest(
     import ray
 
     from cluster.routing.kv_index.actor import kill_index_actor
-    from cluster.routing.kv_index.shards import shard_of
+    from cluster.routing.kv_index.shard_assignment import shard_of
 
     app = f"cps-ingest-{num_shards}"
     rng = random.Random(args.seed)
@@ -417,8 +425,8 @@ def measure_ingest(
         calls = []
         for _ in range(args.ingest_calls):
             batch = stream.batch(size)
-            num_events += sum(len(op[1]) for op in batch["ops"])
-            calls.append([batch])  # inline, as a pump sends it (not through the object store)
+            num_events += sum(len(op.hashes) for op in batch.ops)
+            calls.append([to_plain(batch)])  # inline (not through the object store)
         payloads[replica] = calls
     started = time.perf_counter()
     refs = [
@@ -428,7 +436,7 @@ def measure_ingest(
     ]
     replies = ray.get(refs)
     elapsed = time.perf_counter() - started
-    if any(reply.get("resync") for reply in replies):
+    if any(reply["resync"] for reply in replies):
         raise RuntimeError("a shard asked for a resync: the ingest stream has a gap")
     kill_index_actor(app)
     return {
@@ -486,7 +494,7 @@ class PumpFleet:
         """Publish from every replica between ``start_at`` and ``stop_at``; returns each
         batch's ``(replica, seq, emitted)`` (``emitted``: when its oldest event was, on
         ``time.monotonic``, one clock per machine) and the events offered."""
-        from cluster.routing.kv_index.shards import shard_of
+        from cluster.routing.kv_index.shard_assignment import shard_of
         from cluster.routing.kv_index.stream import encode_batches
 
         emitted: list[tuple[str, int, float]] = []
@@ -503,7 +511,7 @@ class PumpFleet:
                 now = time.monotonic()
                 num_events = max(1, round(rate * (now - last)))
                 batch = events.batch(num_events)
-                emitted.append((name, batch["replica_seq"], last))
+                emitted.append((name, batch.replica_seq, last))
                 offered[0] += num_events
                 last = now
                 await stream.send(encode_batches([batch]))
@@ -524,7 +532,7 @@ class PumpFleet:
     ) -> tuple[int, float]:
         """Every replica sends ``num_calls`` frames of ``sizes[r]`` events back to back (one
         in flight each, all replicas at once); the events sent and the seconds it took."""
-        from cluster.routing.kv_index.shards import shard_of
+        from cluster.routing.kv_index.shard_assignment import shard_of
         from cluster.routing.kv_index.stream import encode_batches
 
         os.nice(19)  # it stands in for replicas on other machines: the shards come first
@@ -534,7 +542,7 @@ class PumpFleet:
         for name, size in zip(replicas, sizes, strict=True):
             events = _ReplicaStream(rng, 4 * size)
             batches = [events.batch(size) for _ in range(num_calls)]
-            num_events += sum(len(op[1]) for b in batches for op in b["ops"])
+            num_events += sum(len(op.hashes) for b in batches for op in b.ops)
             frames[name] = [encode_batches([b]) for b in batches]
         streams = {
             name: await _AsyncStream.open(endpoints[shard_of(name, len(endpoints))], name)
@@ -678,7 +686,6 @@ def sweep_capacity(
 def measure_stats_board(num_replicas: int) -> dict[str, float]:
     """CPU per ``report`` and per ``snapshot`` of the board holding ``num_replicas`` reports."""
     from cluster.serve.stats_board import StatsBoard, decode_reports
-    from core.codec import to_plain
     from core.stats import ReplicaReport, ReplicaStats
 
     board = StatsBoard(stale_after_s=60.0)

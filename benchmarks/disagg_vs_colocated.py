@@ -33,9 +33,9 @@ from ray import serve
 from cluster.serve.app_builder import build_app_from_config
 from cluster.serve.config_file import load_cluster_config
 from engine.builtin import resolve_model
-from loadtest.client import OpenAIStreamClient
 from loadtest.config import ArrivalConfig, LoadTestTargetConfig, RandomWorkloadConfig, SloConfig
-from loadtest.runner import run_sessions
+from loadtest.http_client import OpenAIStreamClient
+from loadtest.session_driver import run_sessions
 from loadtest.summary import summarize
 from loadtest.text import TextSynthesizer
 from loadtest.tokens import load_token_counter

@@ -37,11 +37,11 @@ from cluster.serve.config_file import REPO_CONFIGS, load_cluster_config
 from core.config.files import read_yaml_mapping
 from engine.builtin import resolve_model
 from loadtest.bench import prepare_sessions
-from loadtest.client import OpenAIStreamClient
 from loadtest.config import ArrivalConfig, LoadTestTargetConfig, SloConfig
 from loadtest.flags import validate
+from loadtest.http_client import OpenAIStreamClient
 from loadtest.interference import interference_summary
-from loadtest.runner import RunResult, run_sessions
+from loadtest.session_driver import RunResult, run_sessions
 from loadtest.summary import summarize
 from loadtest.tokens import TokenCounter, load_token_counter
 from loadtest.types import Session

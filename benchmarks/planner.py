@@ -45,9 +45,9 @@ from cluster.planner.profiler import ProfileGrid, profile
 from cluster.serve.config_file import load_cluster_config
 from core.config import RayClusterConfig
 from engine.builtin import resolve_model
-from loadtest.client import OpenAIStreamClient
 from loadtest.config import ArrivalConfig, LoadTestTargetConfig, RandomWorkloadConfig
-from loadtest.runner import run_sessions
+from loadtest.http_client import OpenAIStreamClient
+from loadtest.session_driver import run_sessions
 from loadtest.text import TextSynthesizer
 from loadtest.tokens import load_token_counter
 from loadtest.types import RequestRecord

@@ -39,6 +39,8 @@ _ITEM_TYPES: dict[type, frozenset[type]] = {
 
 def to_plain(value: Any) -> Any:
     """``value`` as plain data (dataclasses become dicts, tuples lists, enums their values)."""
+    if value is None or type(value) in _SCALARS:  # NOTE: most leaves; skips the checks below
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {name: to_plain(getattr(value, name)) for name in _field_names(type(value))}
     if isinstance(value, enum.Enum):
@@ -62,7 +64,8 @@ def from_plain(cls: type[T], data: Any) -> T:
         return typing.cast(T, _decoder(kind)(data))
     except _Malformed as e:
         where = "".join(reversed(e.path))
-        raise MessageError(f"{cls.__name__}{where}: {e.reason}") from None
+        name = getattr(cls, "__name__", str(cls))  # a union (``A | B``) has no name
+        raise MessageError(f"{name}{where}: {e.reason}") from None
 
 
 Decoder = Callable[[Any], Any]
@@ -142,7 +145,7 @@ def _sequence_decoder(kind: Any, origin: type) -> Decoder:
         reason = f"every item must be a {item_kind.__name__}"
 
         def decode_scalars(data: Any) -> Any:
-            if not isinstance(data, list | tuple) or not all(type(x) in allowed for x in data):
+            if not isinstance(data, list | tuple) or not allowed.issuperset(map(type, data)):
                 raise _Malformed(reason)
             return origin(data)
 
@@ -180,7 +183,7 @@ def _dataclass_decoder(kind: type) -> Decoder:
     fields = {name: _decoder(hint) for name, hint in _field_types(kind).items()}
 
     def decode(data: Any) -> Any:
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):
             raise _Malformed(f"expected a {kind.__name__} mapping, got {type(data).__name__}")
         if not fields.keys() >= data.keys():
             unknown = sorted(map(str, data.keys() - fields.keys()))

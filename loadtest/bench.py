@@ -13,16 +13,16 @@ from typing import Any
 
 import httpx
 
-from loadtest.client import OpenAIStreamClient, first_model
 from loadtest.clock import now_s
 from loadtest.config import LoadTestConfig
-from loadtest.counters import counting_report
 from loadtest.fault_report import fault_report
 from loadtest.fault_schedule import FaultSchedule
-from loadtest.runner import OnDone, run_sessions
+from loadtest.http_client import OpenAIStreamClient, first_model
 from loadtest.server_timing import breakdown_summary
+from loadtest.session_driver import OnDone, run_sessions
 from loadtest.summary import DEFAULT_PERCENTILE_METRICS, summarize
 from loadtest.text import TextSynthesizer
+from loadtest.token_counter_choice import counting_report
 from loadtest.tokens import TokenCounter
 from loadtest.types import RequestRecord, Session
 from loadtest.workloads import build_sessions, requests_per_session

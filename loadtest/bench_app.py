@@ -164,7 +164,7 @@ def compare(
 ) -> None:
     """Print two benchmark results side by side."""
     from loadtest.compare import compare_results, load_result
-    from loadtest.console import compare_table
+    from loadtest.terminal_view import compare_table
 
     try:
         rows = compare_results(load_result(a), load_result(b))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loadtest.client import OpenAIStreamClient, Prompt, new_request_id
+from loadtest.http_client import OpenAIStreamClient, Prompt, new_request_id
 from loadtest.text import WORD_UNITS
 
 _MAX_CHUNK_WORDS = 256

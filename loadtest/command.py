@@ -20,17 +20,9 @@ from loadtest.bench import (
     run_benchmark,
 )
 from loadtest.config import LoadTestConfig
-from loadtest.console import (
-    BenchProgress,
-    failure_lines,
-    interference_table,
-    summary_table,
-    sweep_table,
-)
-from loadtest.counters import choose_counter
 from loadtest.flags import BenchFlags, build_config
 from loadtest.preflight import ServedModel, check_fits, list_models, pick_model
-from loadtest.report import (
+from loadtest.result_files import (
     detailed_fields,
     render_markdown,
     result_path,
@@ -42,6 +34,14 @@ from loadtest.report import (
 from loadtest.server_tokens import ServerTokenCounter
 from loadtest.summary import METRIC_NAMES
 from loadtest.sweep import SweepResult, run_sweep
+from loadtest.terminal_view import (
+    BenchProgress,
+    failure_lines,
+    interference_table,
+    summary_table,
+    sweep_table,
+)
+from loadtest.token_counter_choice import choose_counter
 from loadtest.tokens import TokenCounter
 from loadtest.types import Session
 

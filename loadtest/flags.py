@@ -17,7 +17,7 @@ from typing import Any
 from core.config.files import REPO_CONFIGS, read_yaml_mapping, resolve_yaml, validate_mapping
 from core.errors import ConfigError
 from loadtest.config import LoadTestConfig
-from loadtest.presets import preset_workload
+from loadtest.workload_presets import preset_workload
 
 _SLO_NAMES = ("ttft", "tpot", "e2el")
 

@@ -1,6 +1,6 @@
 """Streamed chat requests that also read where a virtual model routed them.
 
-:class:`loadtest.client.OpenAIStreamClient` times streams but never returns response
+:class:`loadtest.http_client.OpenAIStreamClient` times streams but never returns response
 headers; a request to a virtual model (``auto``) says in its headers which served model
 answered, why, and (after a cascade escalation) what the first attempt spent. :func:`send_routed`
 sends one streamed chat completion and returns a :class:`RoutedOutcome` with the answering model
@@ -20,9 +20,9 @@ import httpx
 import numpy as np
 
 from loadtest.arrivals import arrival_times
-from loadtest.client import new_request_id
 from loadtest.clock import now_s
 from loadtest.config import ArrivalConfig
+from loadtest.http_client import new_request_id
 from loadtest.sse import SSEParser
 from loadtest.tiered_cost import RoutedOutcome, parse_cascade_usage
 

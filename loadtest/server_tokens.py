@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from core.errors import UnavailableError
-from loadtest.client import http_error_message
+from loadtest.http_client import http_error_message
 
 _PROBE_TEXT = "x"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from loadtest.bench import BenchOutput, ReportOptions, run_benchmark
 from loadtest.config import LoadTestConfig, SweepConfig
-from loadtest.runner import OnDone
+from loadtest.session_driver import OnDone
 from loadtest.tokens import TokenCounter
 from loadtest.types import Session
 

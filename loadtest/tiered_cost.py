@@ -4,7 +4,7 @@ Cost is counted the way an operator pays for compute: every prefilled and every 
 costs the answering model's active parameters per token (a dense model's parameters, a MoE's
 shared plus top-k experts). An escalated cascade answer also pays for the cheap first attempt,
 which the ingress reports in ``x-pdserve-cascade-usage``. :func:`pass_summary` folds one pass's
-:class:`RoutedOutcome` s into the numbers ``benchmarks/tiered_routing.py`` prints.
+:class:`RoutedOutcome` s into the numbers ``benchmarks/model_tier_routing.py`` prints.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from sizer.gpus import GPUS, GpuSpec, get_gpu
 from sizer.kv_capacity import CapacityPlan, CapacityRow, SizingInputs, plan_capacity
 from sizer.model_dir import load_model_shape, shape_from_config
-from sizer.presets import PRESETS, get_preset, preset_names
+from sizer.model_presets import PRESETS, get_preset, preset_names
 from sizer.shape import ModelShape
 from sizer.sizing import SizingRequest, SizingResult, size_model
 from sizer.split import PDSplit, suggest_split

@@ -18,8 +18,8 @@ from typing import Any
 
 from core.builtin_models import builtin_dir, builtin_name
 from core.errors import ConfigError, ModelNotFoundError
+from sizer.model_presets import find_preset, preset_names
 from sizer.param_estimate import estimate_params
-from sizer.presets import find_preset, preset_names
 from sizer.shape import WEIGHT_DTYPES, ModelShape, canonical_dtype
 
 _HEADER_LEN_BYTES = 8

@@ -6,10 +6,10 @@ parts are imported from their modules: ``cluster.routing.pool_router_config``
 ``cluster.routing.kv_index.actor`` (the index actor and ``IndexPublisherFactory``).
 """
 
+from cluster.routing.kv_index.compaction import compact_events
 from cluster.routing.kv_index.event_relay import IndexSink, KVEventPump, KVEventRelay
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import ApplyStatus, IndexStats, KVIndex
-from cluster.routing.kv_index.ops import compact_events
 from cluster.routing.kv_index.replication import KVIndexFollower, KVIndexServer
 from cluster.routing.load_tracker import LoadTracker
 from cluster.routing.policies import (
@@ -20,6 +20,13 @@ from cluster.routing.policies import (
     choose_prefix_aware,
     choose_round_robin,
 )
+from cluster.routing.policy_registry import (
+    BUILTIN_POLICY_NAMES,
+    RoutingPolicy,
+    make_policy,
+    policy_names,
+    register_policy,
+)
 from cluster.routing.policy_types import (
     CostWeights,
     HotSpotConfig,
@@ -29,13 +36,6 @@ from cluster.routing.policy_types import (
     RoutingInputs,
     RoutingReason,
     SessionPin,
-)
-from cluster.routing.registry import (
-    BUILTIN_POLICY_NAMES,
-    RoutingPolicy,
-    make_policy,
-    policy_names,
-    register_policy,
 )
 from cluster.routing.request_features import read_routing_keys
 from cluster.routing.router_kwargs import RouterSettings

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.routing.policy_registry import RoutingPolicy, make_policy
 from cluster.routing.policy_types import CostWeights, HotSpotConfig, PoolRole
-from cluster.routing.registry import RoutingPolicy, make_policy
 from core.errors import ConfigError
 
 

@@ -20,7 +20,7 @@ from cluster.routing.kv_index.actor import (
     kill_index_actor,
 )
 from cluster.routing.kv_index.follower import ActorIndexSource
-from cluster.routing.kv_index.shards import shard_of
+from cluster.routing.kv_index.shard_assignment import shard_of
 from cluster.routing.pool_router_config import request_router_config
 from cluster.routing.routing_metrics import RoutingMetrics
 from tests.cluster_fixtures import SimCluster

@@ -2,11 +2,13 @@
 
 One actor per Serve application (name ``pdserve-kv-index-<app>`` in namespace ``pdserve``), or
 with ``routing.kv_index_shards: S`` one per shard (``pdserve-kv-index-<app>-shard<k>of<S>``, each
-following the replicas ``shards.shard_of`` gives it), created on first use by whichever side
-needs it first (``get_if_exists``), with 0 CPUs.
+following the replicas ``shard_assignment.shard_of`` gives it), created on first use by
+whichever side needs it first (``get_if_exists``), with 0 CPUs.
 Each shard also listens for its replicas' KV event streams (``stream``: one TCP connection per
 replica, batches as packed frames), which is how batches reach it; registrations, snapshots,
-removals and the routers' polls are actor calls. Detached so that it does not share the fate
+removals and the routers' polls are actor calls, whose messages (``core.kv_index_messages``)
+cross as plain data through ``core.codec``: the actor decodes what it is sent and encodes what it
+answers, and its callers do the same on their side. Detached so that it does not share the fate
 of the replica that happened to create it; a
 restart gives it a new epoch, after which routers reload and workers resync by themselves.
 ``pdserve down`` removes it with :func:`kill_index_actor`.
@@ -31,27 +33,29 @@ from typing import Any
 
 import ray
 
+from cluster.routing.kv_index.compaction import TierSnapshot
 from cluster.routing.kv_index.event_relay import KVEventPump, KVEventRelay
-from cluster.routing.kv_index.ops import TierSnapshot
 from cluster.routing.kv_index.replication import KVIndexServer
-from cluster.routing.kv_index.shards import shard_of
+from cluster.routing.kv_index.shard_assignment import shard_of
 from cluster.routing.kv_index.stream import StreamClient, StreamServer
+from core.codec import from_plain, to_plain
 from core.kv_events import KVEventBatch
+from core.kv_index_messages import CompactBatch, PublishReply, ReplicaSnapshot
 
 logger = logging.getLogger(__name__)
 
 INDEX_NAMESPACE = "pdserve"
 
 
-class KVIndexShard(KVIndexServer):
-    """The server as the actor runs it: it also serves its replicas' KV event streams
-    (``stream``), which publish on a thread of their own (the server's methods take its
-    lock)."""
+class KVIndexShard:
+    """A :class:`KVIndexServer` as the actor runs it: its methods take and answer plain data
+    (``core.codec``), and it serves its replicas' KV event streams (``stream``), which publish
+    on a thread of their own (the server's methods take its lock)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        self.server = KVIndexServer(**kwargs)
         host = ray.util.get_node_ip_address()
-        self._stream = StreamServer(self.publish, host=host, advertise=host)
+        self._stream = StreamServer(self.server.publish, host=host, advertise=host)
         # what the worker process loaded so far lives as long as it does: keep it out of the
         # collector's full passes, which otherwise stall the stream for tens of milliseconds
         gc.collect()
@@ -60,6 +64,29 @@ class KVIndexShard(KVIndexServer):
     def stream_endpoint(self) -> tuple[str, int, bytes]:
         """Where replicas send their batches, and the token they present."""
         return self._stream.endpoint()
+
+    def publish(self, replica_id: str, batches: list[Any]) -> Any:
+        """``KVIndexServer.publish`` of plain :class:`CompactBatch` es (the stream is how
+        replicas publish; this call serves tools and tests); a plain :class:`PublishReply`."""
+        decoded = [from_plain(CompactBatch, batch) for batch in batches]
+        return to_plain(self.server.publish(replica_id, decoded))
+
+    def resync(self, snapshot: Any) -> None:
+        """``KVIndexServer.resync`` of a plain :class:`ReplicaSnapshot`."""
+        s = from_plain(ReplicaSnapshot, snapshot)
+        self.server.resync(s.replica_id, s.pool, s.hashes, s.seq, s.tiers)
+
+    def remove_replica(self, replica_id: str) -> bool:
+        """``KVIndexServer.remove_replica``."""
+        return self.server.remove_replica(replica_id)
+
+    def updates(self, epoch: str | None, cursor: int) -> Any:
+        """``KVIndexServer.updates`` as a plain ``UpdatesReply``."""
+        return self.server.updates_plain(epoch, cursor)
+
+    def stats(self) -> Any:
+        """``KVIndexServer.stats`` as a plain ``ShardStats``."""
+        return to_plain(self.server.stats())
 
 
 KVIndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(KVIndexShard)
@@ -126,7 +153,7 @@ class ActorIndexSink:
         self._actor: Any = None
         self._stream: StreamClient | None = None
 
-    def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def publish(self, replica_id: str, batches: Sequence[CompactBatch]) -> PublishReply:
         """See ``IndexSink.publish``: over the shard's KV event stream (connected on first
         use, reconnected after a failure)."""
         try:
@@ -155,7 +182,8 @@ class ActorIndexSink:
     ) -> None:
         """See ``IndexSink.resync``."""
         lower = {medium: list(h) for medium, h in (tiers or {}).items()}
-        self._call("resync", replica_id, pool, list(hashes), seq, lower)
+        snapshot = ReplicaSnapshot(replica_id, pool, list(hashes), seq, lower)
+        self._call("resync", to_plain(snapshot))
 
     def remove_replica(self, replica_id: str) -> bool:
         """See ``IndexSink.remove_replica`` (the replica drains: its stream closes too)."""

@@ -16,9 +16,9 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from cluster.routing.kv_index.ops import (
+from cluster.routing.kv_index.compaction import (
     OP_CLEARED,
     OP_REMOVED,
     OP_STORED,
@@ -27,6 +27,7 @@ from cluster.routing.kv_index.ops import (
 )
 from core.hashing import BlockHash
 from core.kv_events import MEDIA, KVEventBatch
+from core.kv_index_messages import CompactBatch, PublishReply
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +35,9 @@ logger = logging.getLogger(__name__)
 class IndexSink(Protocol):
     """Where a replica's KV index updates go (the index actor's methods, synchronously)."""
 
-    def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """Apply compact batches in order; an empty list is a heartbeat. Returns
-        ``{"resync": bool}``."""
+    def publish(self, replica_id: str, batches: Sequence[CompactBatch]) -> PublishReply:
+        """Apply compact batches in order; an empty list is a heartbeat. The reply's ``resync``
+        asks for a snapshot."""
         ...
 
     def resync(
@@ -62,7 +63,7 @@ class Outgoing:
 
     snapshot_hashes: list[BlockHash] | None
     snapshot_seq: int
-    batches: list[dict[str, Any]]
+    batches: list[CompactBatch]
     snapshot_tiers: dict[str, list[BlockHash]] = field(default_factory=dict)
     """Lower tiers in the snapshot (``host``, ``disk``): hashes each holds."""
 
@@ -78,7 +79,7 @@ class KVEventRelay:
         self._lock = threading.Lock()
         self._cached: dict[str, set[BlockHash]] = {m: set() for m in MEDIA}
         self._next_seq = 0
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[CompactBatch] = []
         self._needs_snapshot = True  # the first message registers the replica
         self.wakeup = threading.Event()
 
@@ -99,7 +100,7 @@ class KVEventRelay:
                 elif op.kind == OP_CLEARED:
                     self._cached["device"].clear()
             if not self._needs_snapshot:
-                self._pending.append({"replica_seq": batch.replica_seq, "ops": ops})
+                self._pending.append(CompactBatch(batch.replica_seq, tuple(ops)))
                 if len(self._pending) > self.max_pending_batches:
                     self._request_snapshot_locked()
         self.wakeup.set()
@@ -169,7 +170,7 @@ class KVEventPump:
             logger.warning("KV index unreachable from replica %s: %s", self.replica_id, e)
             self.relay.request_snapshot()
             return False
-        if reply.get("resync"):
+        if reply.resync:
             self.relay.request_snapshot()
         return True
 

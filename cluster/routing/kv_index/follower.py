@@ -34,8 +34,9 @@ import ray
 from cluster.routing.kv_index.actor import get_or_create_index_actor
 from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.kv_index.replication import KVIndexFollower
-from cluster.routing.kv_index.shards import shard_of
+from cluster.routing.kv_index.shard_assignment import shard_of
 from cluster.routing.routing_metrics import RoutingMetrics
+from core.kv_index_messages import UpdatesReply, decode_updates_reply
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ class ActorIndexSource:
         if failure is not None:
             raise failure
 
-    async def _poll(self, shard: int) -> dict[str, Any]:
+    async def _poll(self, shard: int) -> UpdatesReply:
         if self._actors[shard] is None:
             self._actors[shard] = await asyncio.to_thread(
                 get_or_create_index_actor,
@@ -185,8 +186,7 @@ class ActorIndexSource:
             )
         epoch, cursor = self.follower.epochs[shard], self.follower.cursors[shard]
         ref = self._actors[shard].updates.remote(epoch, cursor)
-        update: dict[str, Any] = await asyncio.wait_for(ref, self.call_timeout_s)
-        return update
+        return decode_updates_reply(await asyncio.wait_for(ref, self.call_timeout_s))
 
     def _check_stale(self, shard: int, now_s: float) -> None:
         """Give up on a shard unreachable for longer than ``max_staleness_s`` (once)."""

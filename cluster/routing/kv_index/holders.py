@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cluster.routing.kv_index.ops import DEVICE_BIT, HOST_BIT, MEDIUM_BITS
+from cluster.routing.kv_index.compaction import DEVICE_BIT, HOST_BIT, MEDIUM_BITS
 from core.hashing import BlockHash
 
 _HOST_BIT = HOST_BIT

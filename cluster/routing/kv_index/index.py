@@ -2,8 +2,8 @@
 
 Pure Python (no Ray): the index actor holds the authoritative copy, every router holds a
 follower copy, and unit tests drive it directly. It is fed by the engines' KV events in their
-compact form (``cluster.routing.kv_index.ops``), so every entry reflects what a prefix cache (or a
-host or disk tier under it) really holds.
+compact form (``cluster.routing.kv_index.compaction``), so every entry reflects what a prefix
+cache (or a host or disk tier under it) really holds.
 
 Consistency: each replica's batches carry ``replica_seq`` 0, 1, 2, ...; a batch with the next
 seq is applied, an older one is ignored (already covered by a snapshot), and a jump marks the
@@ -19,12 +19,13 @@ many blocks come from each medium; a block in both host and disk counts as host,
 The walk is O(len(hashes)) bit operations over every replica of the pool at once.
 
 Sampled hashes (``stride`` > 1, ``routing.kv_index_stride``): replicas publish only the hashes
-:func:`~cluster.routing.kv_index.ops.is_sampled` keeps, and a lookup walks the prompt's sampled
-hashes alone. A replica's hit then ends at the last sampled block of its run (the blocks after
-it, up to the next sampled one, are not known to be cached and count as uncached), so a hit is
-low by about ``stride`` blocks at most on average, while events, memory and the walk shrink
-``stride``-fold. A block evicted between two sampled ones is missed the other way (the hit
-runs on to the next sampled block); the engine then recomputes it, as after any stale hit.
+:func:`~cluster.routing.kv_index.compaction.is_sampled` keeps, and a lookup walks the prompt's
+sampled hashes alone. A replica's hit then ends at the last sampled block of its run (the
+blocks after it, up to the next sampled one, are not known to be cached and count as uncached),
+so a hit is low by about ``stride`` blocks at most on average, while events, memory and the
+walk shrink ``stride``-fold. A block evicted between two sampled ones is missed the other way
+(the hit runs on to the next sampled block); the engine then recomputes it, as after any stale
+hit.
 
 Memory: each replica gets a slot; per pool and medium a dict maps hash -> its holders (one
 replica's slot, or a bitmask only where a block is shared; see ``holders``) and each replica
@@ -40,20 +41,20 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cluster.routing.kv_index.holders import Holders, ReplicaEntries, TierHit
-from cluster.routing.kv_index.ops import (
+from cluster.routing.kv_index.compaction import (
     DEVICE_BIT,
     HOST_BIT,
     MEDIUM_BITS,
     OP_CLEARED,
     OP_REMOVED,
     OP_STORED,
-    IndexOp,
     TierSnapshot,
     compact_events,
 )
+from cluster.routing.kv_index.holders import Holders, ReplicaEntries, TierHit
 from core.hashing import BlockHash
 from core.kv_events import KVEventBatch
+from core.kv_index_messages import IndexOp
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,10 @@ deterministic, a :class:`KVIndexFollower` replaying the same log holds the same 
 
 Routers poll :meth:`~KVIndexServer.updates` with ``(epoch, cursor)`` and get the new log
 entries, or a full export when they are new, fell behind the trimmed log, or the server
-restarted (a new ``epoch``). Everything crossing the actor boundary is JSON-shaped. The
-server's methods hold one lock: inside the actor, replicas' KV event streams publish from a
-thread of their own beside the actor's calls.
+restarted (a new ``epoch``). Every message is a typed one of ``core.kv_index_messages`` (the
+actor turns them into plain data through ``core.codec``). The server's methods hold one lock:
+inside the actor, replicas' KV event streams publish from a thread of their own beside the
+actor's calls.
 """
 
 from __future__ import annotations
@@ -26,13 +27,27 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from cluster.routing.kv_index.index import ApplyStatus, IndexStats, KVIndex
-from cluster.routing.kv_index.ops import IndexOp, TierSnapshot, parse_op, parse_tiers
-from cluster.routing.kv_index.shards import shard_of
+from cluster.routing.kv_index.compaction import TierSnapshot
+from cluster.routing.kv_index.index import ApplyStatus, KVIndex
+from cluster.routing.kv_index.shard_assignment import shard_of
+from core.codec import to_plain
+from core.kv_index_messages import (
+    CompactBatch,
+    EntriesReply,
+    ExportedReplica,
+    IndexSnapshot,
+    LogEntry,
+    PublishReply,
+    ReplicaBatch,
+    ReplicaRemoved,
+    ReplicaSnapshot,
+    ShardStats,
+    SnapshotReply,
+    UpdatesReply,
+)
 
 logger = logging.getLogger(__name__)
 
-LogEntry = dict[str, Any]
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -54,11 +69,6 @@ def _locked(
 _CHANGED = (ApplyStatus.APPLIED, ApplyStatus.GAP)
 
 
-def batch_ops(batch: dict[str, Any]) -> list[IndexOp]:
-    """The ``ops`` of a compact batch dict (``[kind, hashes, medium]`` lists or tuples)."""
-    return [parse_op(op) for op in batch["ops"]]
-
-
 class KVIndexServer:
     """The authoritative index plus its change log (see the module docstring)."""
 
@@ -76,7 +86,7 @@ class KVIndexServer:
         self._max_log_entries = max_log_entries
         self._max_log_hashes = max_log_hashes
         self._clock = clock
-        self._log: deque[tuple[int, LogEntry]] = deque()  # (num hashes, entry)
+        self._log: deque[_Logged] = deque()
         self._first_cursor = 0  # cursor of self._log[0]
         self._num_log_hashes = 0
         self._last_seen_s: dict[str, float] = {}
@@ -89,26 +99,19 @@ class KVIndexServer:
         return self._first_cursor + len(self._log)
 
     @_locked
-    def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """Apply a replica's batches in order (an empty list is a heartbeat).
-
-        Returns ``{"resync": bool}``: True asks the worker for a snapshot (unknown replica,
-        a gap, or still degraded).
-        """
+    def publish(self, replica_id: str, batches: Sequence[CompactBatch]) -> PublishReply:
+        """Apply a replica's batches in order (an empty list is a heartbeat); the reply's
+        ``resync`` asks the worker for a snapshot (unknown replica, a gap, or still degraded)."""
         self._expire_silent()
         self._last_seen_s[replica_id] = self._clock()
         for batch in batches:
-            seq = int(batch["replica_seq"])
-            ops = batch_ops(batch)
+            seq, ops = batch.replica_seq, batch.ops
             status = self.index.apply_ops(replica_id, seq, ops)
             if status in _CHANGED:
-                self._append(
-                    {"kind": "batch", "replica_id": replica_id, "seq": seq, "ops": ops},
-                    sum(len(op.hashes) for op in ops),
-                )
+                self._append(ReplicaBatch(replica_id, seq, ops), sum(len(op.hashes) for op in ops))
             if status in (ApplyStatus.GAP, ApplyStatus.NEEDS_RESYNC):
                 break
-        return {"resync": self.index.needs_resync(replica_id)}
+        return PublishReply(resync=self.index.needs_resync(replica_id))
 
     @_locked
     def resync(
@@ -121,13 +124,12 @@ class KVIndexServer:
     ) -> None:
         """Install a snapshot of a replica's cache, device ``hashes`` and lower ``tiers``
         (also how a replica registers)."""
+        lower = {medium: list(h) for medium, h in (tiers or {}).items()}
+        snapshot = ReplicaSnapshot(replica_id, pool, list(hashes), seq, lower)
         self._last_seen_s[replica_id] = self._clock()
-        hashes = [int(h) for h in hashes]
-        lower = parse_tiers(tiers)
-        self.index.resync(replica_id, hashes, seq, pool=pool, tiers=lower)
-        entry = {"kind": "resync", "replica_id": replica_id, "pool": pool, "tiers": lower}
+        self.index.resync(replica_id, snapshot.hashes, seq, pool=pool, tiers=lower)
         num_lower = sum(len(h) for h in lower.values())
-        self._append({**entry, "hashes": hashes, "seq": seq}, len(hashes) + num_lower)
+        self._append(snapshot, len(snapshot.hashes) + num_lower)
         logger.info(
             "KV index: replica %s (%s) resynced, %d device and %d host/disk blocks",
             replica_id,
@@ -142,27 +144,45 @@ class KVIndexServer:
         self._last_seen_s.pop(replica_id, None)
         if not self.index.remove_replica(replica_id):
             return False
-        self._append({"kind": "remove", "replica_id": replica_id}, 0)
+        self._append(ReplicaRemoved(replica_id), 0)
         logger.info("KV index: replica %s removed", replica_id)
         return True
 
     @_locked
-    def updates(self, epoch: str | None, cursor: int) -> dict[str, Any]:
-        """Log entries after ``cursor``, or ``{"snapshot": ...}`` when that is not possible."""
+    def updates(self, epoch: str | None, cursor: int) -> UpdatesReply:
+        """Log entries after ``cursor``, or a snapshot when that is not possible."""
         self._expire_silent()
-        reply: dict[str, Any] = {"epoch": self.epoch, "cursor": self.cursor}
         if epoch != self.epoch or not self._first_cursor <= cursor <= self.cursor:
-            reply["snapshot"] = export_index(self.index)
-        else:
-            start = cursor - self._first_cursor
-            reply["entries"] = [entry for _, entry in itertools.islice(self._log, start, None)]
-        return reply
+            return SnapshotReply(self.epoch, self.cursor, export_index(self.index))
+        start = cursor - self._first_cursor
+        entries = tuple(logged.entry for logged in itertools.islice(self._log, start, None))
+        return EntriesReply(self.epoch, self.cursor, entries)
 
     @_locked
-    def stats(self) -> dict[str, int]:
+    def updates_plain(self, epoch: str | None, cursor: int) -> Any:
+        """:meth:`updates` as plain data (``core.codec``), for the actor to answer with.
+
+        NOTE: every router polls the same tail of the log, so each entry is encoded once, on
+        the first poll that returns it, and kept beside it (the hashes lists share their ints).
+        """
+        reply = self.updates(epoch, cursor)
+        if isinstance(reply, SnapshotReply):
+            return to_plain(reply)
+        start = cursor - self._first_cursor
+        entries = [logged.plain() for logged in itertools.islice(self._log, start, None)]
+        return {**to_plain(EntriesReply(reply.epoch, reply.cursor)), "entries": entries}
+
+    @_locked
+    def stats(self) -> ShardStats:
         """Index size and degraded replicas, plus the log length."""
         stats = self.index.stats()
-        return {**_stats_dict(stats), "num_log_entries": len(self._log)}
+        return ShardStats(
+            num_replicas=stats.num_replicas,
+            num_degraded_replicas=stats.num_degraded_replicas,
+            num_entries=stats.num_entries,
+            num_hashes=stats.num_hashes,
+            num_log_entries=len(self._log),
+        )
 
     def _expire_silent(self) -> None:
         """Remove replicas silent for ``replica_ttl_s``; looks at most once a second (or a
@@ -178,14 +198,30 @@ class KVIndexServer:
                 self.remove_replica(replica_id)
 
     def _append(self, entry: LogEntry, num_hashes: int) -> None:
-        self._log.append((num_hashes, entry))
+        self._log.append(_Logged(num_hashes, entry))
         self._num_log_hashes += num_hashes
         while len(self._log) > 1 and (
             len(self._log) > self._max_log_entries or self._num_log_hashes > self._max_log_hashes
         ):
-            dropped, _ = self._log.popleft()
-            self._num_log_hashes -= dropped
+            self._num_log_hashes -= self._log.popleft().num_hashes
             self._first_cursor += 1
+
+
+class _Logged:
+    """One log entry, its size in hashes, and its plain form once a poll has asked for it."""
+
+    __slots__ = ("_plain", "entry", "num_hashes")
+
+    def __init__(self, num_hashes: int, entry: LogEntry) -> None:
+        self.num_hashes = num_hashes
+        self.entry = entry
+        self._plain: Any = None
+
+    def plain(self) -> Any:
+        """The entry through ``core.codec.to_plain``, encoded on the first call."""
+        if self._plain is None:
+            self._plain = to_plain(self.entry)
+        return self._plain
 
 
 class KVIndexFollower:
@@ -209,20 +245,20 @@ class KVIndexFollower:
         """The first shard's cursor (the only one when unsharded)."""
         return self.cursors[0]
 
-    def apply_update(self, update: dict[str, Any], shard: int = 0) -> bool:
+    def apply_update(self, update: UpdatesReply, shard: int = 0) -> bool:
         """Apply one :meth:`KVIndexServer.updates` reply of ``shard``'s server; True when it
         showed the server restarted (a new epoch after a known one)."""
         previous = self.epochs[shard]
-        if "snapshot" in update:
+        if isinstance(update, SnapshotReply):
             for replica_id in self._replicas_of(shard):
                 self.index.remove_replica(replica_id)
-            load_index(update["snapshot"], into=self.index)
+            load_index(update.snapshot, into=self.index)
         else:
-            for entry in update["entries"]:
+            for entry in update.entries:
                 self._replay(entry)
-        self.epochs[shard] = update["epoch"]
-        self.cursors[shard] = int(update["cursor"])
-        return previous is not None and previous != update["epoch"]
+        self.epochs[shard] = update.epoch
+        self.cursors[shard] = update.cursor
+        return previous is not None and previous != update.epoch
 
     def forget_shard(self, shard: int) -> int:
         """``shard`` is unreachable: stop trusting its replicas (their hits count as none until
@@ -237,61 +273,42 @@ class KVIndexFollower:
         return [r for r in self.index.replica_ids() if shard_of(r, self.num_shards) == shard]
 
     def _replay(self, entry: LogEntry) -> None:
-        kind, replica_id = entry["kind"], entry["replica_id"]
-        if kind == "batch":
-            self.index.apply_ops(replica_id, int(entry["seq"]), batch_ops(entry))
-        elif kind == "resync":
+        if isinstance(entry, ReplicaBatch):
+            self.index.apply_ops(entry.replica_id, entry.seq, entry.ops)
+        elif isinstance(entry, ReplicaSnapshot):
             self.index.resync(
-                replica_id,
-                entry["hashes"],
-                int(entry["seq"]),
-                pool=entry["pool"],
-                tiers=parse_tiers(entry.get("tiers")),
+                entry.replica_id, entry.hashes, entry.seq, pool=entry.pool, tiers=entry.tiers
             )
-        elif kind == "remove":
-            self.index.remove_replica(replica_id)
         else:
-            raise ValueError(f"unknown KV index log entry kind {kind!r}")
+            self.index.remove_replica(entry.replica_id)
 
 
-def export_index(index: KVIndex) -> dict[str, Any]:
-    """A JSON-shaped snapshot of a whole index (for followers that fell behind)."""
-    return {
-        "replicas": [
-            {
-                "replica_id": replica_id,
-                "pool": index.pool_of(replica_id),
-                "last_seq": index.last_seq(replica_id),
-                "degraded": index.is_degraded(replica_id),
-                "hashes": sorted(index.cached_hashes(replica_id)),
-                "tiers": {m: sorted(index.cached_hashes(replica_id, m)) for m in ("host", "disk")},
-            }
-            for replica_id in index.replica_ids()
-        ]
-    }
+def export_index(index: KVIndex) -> IndexSnapshot:
+    """A snapshot of a whole index (for followers that fell behind)."""
+    replicas = []
+    for replica_id in index.replica_ids():
+        pool, last_seq = index.pool_of(replica_id), index.last_seq(replica_id)
+        assert pool is not None and last_seq is not None  # NOTE: listed replicas are known
+        replicas.append(
+            ExportedReplica(
+                replica_id=replica_id,
+                pool=pool,
+                last_seq=last_seq,
+                degraded=index.is_degraded(replica_id),
+                hashes=sorted(index.cached_hashes(replica_id)),
+                tiers={m: sorted(index.cached_hashes(replica_id, m)) for m in ("host", "disk")},
+            )
+        )
+    return IndexSnapshot(tuple(replicas))
 
 
-def load_index(data: dict[str, Any], into: KVIndex | None = None) -> KVIndex:
+def load_index(snapshot: IndexSnapshot, into: KVIndex | None = None) -> KVIndex:
     """Rebuild an index from :func:`export_index` (adding its replicas to ``into`` if given)."""
     index = KVIndex() if into is None else into
-    for item in data["replicas"]:
-        replica_id = str(item["replica_id"])
+    for item in snapshot.replicas:
         index.resync(
-            replica_id,
-            item["hashes"],
-            int(item["last_seq"]) + 1,
-            pool=item["pool"],
-            tiers=parse_tiers(item.get("tiers")),
+            item.replica_id, item.hashes, item.last_seq + 1, pool=item.pool, tiers=item.tiers
         )
-        if item["degraded"]:
-            index.mark_degraded(replica_id)
+        if item.degraded:
+            index.mark_degraded(item.replica_id)
     return index
-
-
-def _stats_dict(stats: IndexStats) -> dict[str, int]:
-    return {
-        "num_replicas": stats.num_replicas,
-        "num_degraded_replicas": stats.num_degraded_replicas,
-        "num_entries": stats.num_entries,
-        "num_hashes": stats.num_hashes,
-    }

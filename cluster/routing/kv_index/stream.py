@@ -9,7 +9,12 @@ tens of microseconds. Registration, snapshots and removals stay Ray calls: they 
 The shard (:class:`StreamServer`, one thread inside the index actor) listens on its node's
 address; :meth:`StreamServer.endpoint` (an actor method) hands out ``(host, port, token)``, so
 only a process that can call the actor through Ray learns the token a connection must present.
-No pickle: frames are length-prefixed and packed with ``struct``, hashes as little-endian u64.
+No pickle: frames are length-prefixed and packed with ``struct``, hashes as little-endian u64;
+a frame is the wire form of ``core.kv_index_messages``' :class:`~core.kv_index_messages.
+CompactBatch` es and the answer byte that of a :class:`~core.kv_index_messages.PublishReply`
+(packed by hand rather than through ``core.codec``: this channel carries every cache event, and
+its cost per event is what the stream exists for). An unreadable frame is refused with a
+:class:`StreamError`, a :class:`~core.errors.MessageError`.
 
     hello   u32 len | u8 0 | 16-byte token | replica id (utf-8)
     batches u32 len | u8 1 | u16 n | n x (u64 seq | u16 n_ops | n_ops x op)
@@ -28,9 +33,11 @@ import struct
 import threading
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from cluster.routing.kv_index.ops import MEDIUM_BITS, OP_CLEARED, OP_REMOVED, OP_STORED
+from cluster.routing.kv_index.compaction import OP_CLEARED, OP_REMOVED, OP_STORED
+from core.errors import MessageError
+from core.kv_events import MEDIA
+from core.kv_index_messages import CompactBatch, IndexOp, OpKind, PublishReply
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +45,17 @@ TOKEN_BYTES = 16
 HELLO, BATCHES = 0, 1
 APPLIED, RESYNC, REFUSED = 0, 1, 2
 MAX_FRAME_BYTES = 256 << 20
-_KINDS = (OP_STORED, OP_REMOVED, OP_CLEARED)
-_MEDIA = tuple(MEDIUM_BITS)
+_KINDS: tuple[OpKind, ...] = (OP_STORED, OP_REMOVED, OP_CLEARED)
+_MEDIA = MEDIA
 _LEN = struct.Struct("<I")
 _BATCH = struct.Struct("<QH")
 _OP = struct.Struct("<BBI")
 
-Publish = Callable[[str, list[dict[str, Any]]], dict[str, Any]]
-"""``KVIndexServer.publish``: (replica id, compact batches) -> ``{"resync": bool}``."""
+Publish = Callable[[str, list[CompactBatch]], PublishReply]
+"""``KVIndexServer.publish``: (replica id, compact batches) -> its reply."""
 
 
-class StreamError(Exception):
+class StreamError(MessageError):
     """A frame that cannot be read (truncated, an unknown kind or medium, a bad token)."""
 
 
@@ -58,22 +65,19 @@ def encode_hello(token: bytes, replica_id: str) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
-def encode_batches(batches: Sequence[dict[str, Any]]) -> bytes:
-    """A frame of compact batches (``{"replica_seq": n, "ops": [[kind, hashes, medium]]}``)."""
+def encode_batches(batches: Sequence[CompactBatch]) -> bytes:
+    """A frame of compact batches."""
     parts = [bytes([BATCHES]), struct.pack("<H", len(batches))]
     for batch in batches:
-        ops = batch["ops"]
-        parts.append(_BATCH.pack(int(batch["replica_seq"]), len(ops)))
-        for op in ops:
-            kind, hashes = op[0], op[1]
-            medium = op[2] if len(op) > 2 else "device"
-            parts.append(_OP.pack(_KINDS.index(kind), _MEDIA.index(medium), len(hashes)))
-            parts.append(array("Q", hashes).tobytes())
+        parts.append(_BATCH.pack(batch.replica_seq, len(batch.ops)))
+        for op in batch.ops:
+            parts.append(_OP.pack(_KINDS.index(op.kind), _MEDIA.index(op.medium), len(op.hashes)))
+            parts.append(array("Q", op.hashes).tobytes())
     body = b"".join(parts)
     return _LEN.pack(len(body)) + body
 
 
-def decode_batches(body: bytes | memoryview) -> list[dict[str, Any]]:
+def decode_batches(body: bytes | memoryview) -> list[CompactBatch]:
     """The batches of a ``BATCHES`` frame body (after its kind byte)."""
     view = memoryview(body)
     try:
@@ -82,7 +86,7 @@ def decode_batches(body: bytes | memoryview) -> list[dict[str, Any]]:
         for _ in range(count):
             seq, num_ops = _BATCH.unpack_from(view, offset)
             offset += _BATCH.size
-            ops: list[list[Any]] = []
+            ops: list[IndexOp] = []
             for _ in range(num_ops):
                 kind, medium, num_hashes = _OP.unpack_from(view, offset)
                 offset += _OP.size
@@ -92,8 +96,8 @@ def decode_batches(body: bytes | memoryview) -> list[dict[str, Any]]:
                 hashes = array("Q")
                 hashes.frombytes(view[offset:end])
                 offset = end
-                ops.append([_KINDS[kind], hashes.tolist(), _MEDIA[medium]])
-            batches.append({"replica_seq": seq, "ops": ops})
+                ops.append(IndexOp(_KINDS[kind], hashes.tolist(), _MEDIA[medium]))
+            batches.append(CompactBatch(seq, tuple(ops)))
     except (struct.error, IndexError) as e:
         raise StreamError(f"unreadable batch frame: {e}") from e
     if offset != len(view):
@@ -195,7 +199,7 @@ class StreamServer:
         if body[0] != BATCHES:
             raise StreamError(f"frame kind {body[0]} after the hello")
         reply = self._publish(state.replica_id, decode_batches(memoryview(body)[1:]))
-        return RESYNC if reply.get("resync") else APPLIED
+        return RESYNC if reply.resync else APPLIED
 
     def _drop(self, conn: socket.socket) -> None:
         self._selector.unregister(conn)
@@ -235,12 +239,12 @@ class StreamClient:
         self._sock.sendall(encode_hello(token, replica_id))
         self._check(_read_exact(self._sock, 1)[0])
 
-    def publish(self, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """Send compact batches; ``{"resync": bool}`` as ``KVIndexServer.publish`` answers."""
+    def publish(self, batches: Sequence[CompactBatch]) -> PublishReply:
+        """Send compact batches; the reply as ``KVIndexServer.publish`` answers it."""
         self._sock.sendall(encode_batches(batches))
         reply = _read_exact(self._sock, 1)[0]
         self._check(reply)
-        return {"resync": reply == RESYNC}
+        return PublishReply(resync=reply == RESYNC)
 
     def close(self) -> None:
         """Close the connection."""

@@ -12,10 +12,10 @@ import httpx
 from typer.testing import CliRunner
 
 from cluster.ops.cli import app
-from loadtest.client import OpenAIStreamClient
 from loadtest.config import LoadTestTargetConfig
 from loadtest.failures import failure_reasons, reason_line
 from loadtest.gguf_tokenizer import read_gguf_tokenizer
+from loadtest.http_client import OpenAIStreamClient
 from loadtest.types import FailureKind, RequestRecord, StreamOutcome
 from tests.unit.loadtest.fake_server import FakeBehaviour
 

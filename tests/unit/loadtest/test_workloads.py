@@ -14,10 +14,10 @@ from loadtest.bench import prepare_sessions
 from loadtest.config import LengthConfig, LoadTestConfig
 from loadtest.flags import validate
 from loadtest.lengths import sample_length
-from loadtest.presets import PRESET_WORKLOADS, preset_workload
 from loadtest.text import TextSynthesizer
 from loadtest.tokens import HFTokenCounter, TokenCounter, WordCounter, load_token_counter
 from loadtest.trace import read_trace
+from loadtest.workload_presets import PRESET_WORKLOADS, preset_workload
 from loadtest.workloads import build_sessions
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from sizer.kv_capacity import SizingInputs, plan_capacity
-from sizer.presets import get_preset
+from sizer.model_presets import get_preset
 from sizer.shape import ModelShape
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from cluster.ops.cli import app
 from core.errors import ConfigError, KVCacheError
 from sizer.kv_capacity import SizingInputs, plan_capacity
-from sizer.presets import get_preset
+from sizer.model_presets import get_preset
 from sizer.sizing import SizingRequest, size_model
 
 H100 = 80 * 10**9

@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import ModelNotFoundError
 from sizer.model_dir import load_model_shape, shape_from_config
-from sizer.presets import find_preset, get_preset, preset_names
+from sizer.model_presets import find_preset, get_preset, preset_names
 
 QWEN25_7B = {
     "architectures": ["Qwen2ForCausalLM"],

@@ -16,6 +16,12 @@ from cluster.routing.policies import (
     RoundRobinPolicy,
     choose_prefix_aware,
 )
+from cluster.routing.policy_registry import (
+    BUILTIN_POLICY_NAMES,
+    make_policy,
+    policy_names,
+    register_policy,
+)
 from cluster.routing.policy_types import (
     CostWeights,
     HotSpotConfig,
@@ -25,12 +31,6 @@ from cluster.routing.policy_types import (
     RoutingInputs,
     RoutingReason,
     SessionPin,
-)
-from cluster.routing.registry import (
-    BUILTIN_POLICY_NAMES,
-    make_policy,
-    policy_names,
-    register_policy,
 )
 from core.errors import ConfigError
 

@@ -25,6 +25,7 @@ from cluster.routing.serve_router import (
     RoundRobinRequestRouter,
 )
 from core.codec import to_plain
+from core.kv_index_messages import CompactBatch, IndexOp
 from core.messages import PrefillRequest, RoutingKeys
 from core.sampling import SamplingParams
 
@@ -206,7 +207,8 @@ def test_policy_from_kwargs_overrides_the_class_default() -> None:
 
 
 class FakeIndexActor:
-    """An index actor whose method handles answer like Ray's ``.remote`` (awaitables)."""
+    """An index actor whose method handles answer like Ray's ``.remote`` (awaitables of plain
+    data, as the actor's ``core.codec`` boundary answers)."""
 
     def __init__(self, server: KVIndexServer) -> None:
         self.server = server
@@ -219,7 +221,7 @@ class FakeIndexActor:
             @staticmethod
             def remote(*args: Any) -> Any:
                 future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                future.set_result(fn(*args))
+                future.set_result(to_plain(fn(*args)))
                 return future
 
         return Handle()
@@ -244,7 +246,7 @@ def test_actor_index_source_follows_the_server_and_goes_stale() -> None:
         await source.sync_once()
         view = source.view()
         assert view is not None and view.match("prefill", [1, 2]) == {"b": 2}
-        server.publish("b", [{"replica_seq": 0, "ops": [["removed", [2]]]}])
+        server.publish("b", [CompactBatch(0, (IndexOp("removed", [2]),))])
         await source.sync_once()
         assert source.follower.index.match("prefill", [1, 2]) == {"b": 1}
         assert source.best_match("prefill", [1, 2]) == 1

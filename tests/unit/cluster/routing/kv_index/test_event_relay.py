@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import pytest
 
+from cluster.routing.kv_index.compaction import TierSnapshot
 from cluster.routing.kv_index.event_relay import KVEventPump, KVEventRelay
 from cluster.routing.kv_index.holders import TierHit
-from cluster.routing.kv_index.ops import TierSnapshot
 from cluster.routing.kv_index.replication import KVIndexServer
 from core.hashing import hash_prompt_blocks
 from core.kv_events import BlockRemoved, BlockStored, KVEventBatch
+from core.kv_index_messages import CompactBatch, PublishReply
 from core.sampling import SamplingParams
 from engine.kv.event_publisher import KVEventPublisher
 from engine.kv.kv_cache_manager import KVCacheManager
@@ -93,7 +93,7 @@ class FlakySink:
             self.failures -= 1
             raise ConnectionError("index unreachable")
 
-    def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def publish(self, replica_id: str, batches: Sequence[CompactBatch]) -> PublishReply:
         self._maybe_fail()
         return self.server.publish(replica_id, batches)
 
@@ -161,7 +161,7 @@ def test_pump_thread_delivers_events_and_deregisters_on_close() -> None:
     lock = threading.Lock()
 
     class LockedSink:
-        def publish(self, replica_id: str, batches: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        def publish(self, replica_id: str, batches: Sequence[CompactBatch]) -> PublishReply:
             with lock:
                 return server.publish(replica_id, batches)
 

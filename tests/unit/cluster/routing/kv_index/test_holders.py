@@ -8,7 +8,7 @@ import random
 import pytest
 
 from cluster.routing.kv_index.index import KVIndex
-from cluster.routing.kv_index.ops import IndexOp
+from core.kv_index_messages import IndexOp
 from tests.unit.cluster.routing.kv_index.engine_walk import engine_walk
 
 MEDIA = ("device", "host", "disk")

@@ -6,10 +6,11 @@ import random
 
 import pytest
 
+from cluster.routing.kv_index.compaction import compact_events
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import ApplyStatus, KVIndex
-from cluster.routing.kv_index.ops import compact_events
 from core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KVMedium
+from core.kv_index_messages import IndexOp
 from tests.unit.cluster.routing.kv_index.engine_walk import engine_walk
 
 
@@ -148,11 +149,11 @@ def test_compact_events_drop_token_ids() -> None:
         BlockRemoved(block_hashes=[3], medium="host"),
     ]
     assert compact_events(events) == [
-        ("stored", [1, 2], "device"),
-        ("removed", [2], "device"),
-        ("cleared", [], "device"),
-        ("stored", [3], "disk"),
-        ("removed", [3], "host"),
+        IndexOp("stored", [1, 2], "device"),
+        IndexOp("removed", [2], "device"),
+        IndexOp("cleared", [], "device"),
+        IndexOp("stored", [3], "disk"),
+        IndexOp("removed", [3], "host"),
     ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -14,10 +15,23 @@ from cluster.routing.kv_index.replication import (
     export_index,
     load_index,
 )
+from core.codec import from_plain
+from core.errors import MessageError
+from core.kv_index_messages import (
+    CompactBatch,
+    EntriesReply,
+    IndexOp,
+    PublishReply,
+    ReplicaRemoved,
+    ReplicaSnapshot,
+    SnapshotReply,
+    UpdatesReply,
+    decode_updates_reply,
+)
 
 
-def compact(seq: int, *ops: tuple[Any, ...]) -> dict[str, Any]:
-    return {"replica_seq": seq, "ops": [list(op) for op in ops]}
+def compact(seq: int, *ops: tuple[Any, ...]) -> CompactBatch:
+    return CompactBatch(seq, tuple(IndexOp(*op) for op in ops))
 
 
 class FakeClock:
@@ -28,7 +42,7 @@ class FakeClock:
         return self.now_s
 
 
-def sync(server: KVIndexServer, follower: KVIndexFollower) -> dict[str, Any]:
+def sync(server: KVIndexServer, follower: KVIndexFollower) -> UpdatesReply:
     update = server.updates(follower.epoch, follower.cursor)
     follower.apply_update(update)
     return update
@@ -40,17 +54,17 @@ def same_view(a: KVIndex, b: KVIndex) -> bool:
 
 def test_follower_replays_the_log_to_the_same_index() -> None:
     server, follower = KVIndexServer(), KVIndexFollower()
-    assert "snapshot" in sync(server, follower)  # a new follower starts from a snapshot
+    assert isinstance(sync(server, follower), SnapshotReply)  # a new follower starts from one
     server.resync("a", "prefill", [], 0)
     server.resync("d", "decode", [7], 0)
-    assert server.publish("a", [compact(0, ("stored", [1, 2, 3]))]) == {"resync": False}
+    assert server.publish("a", [compact(0, ("stored", [1, 2, 3]))]) == PublishReply(resync=False)
     server.publish("a", [compact(1, ("removed", [3])), compact(2, ("stored", [4]))])
     update = sync(server, follower)
-    assert "entries" in update and len(update["entries"]) == 5
+    assert isinstance(update, EntriesReply) and len(update.entries) == 5
     assert same_view(server.index, follower.index)
     assert follower.index.match("prefill", [1, 2, 3]) == {"a": 2}
     assert follower.index.match("decode", [7]) == {"d": 1}
-    assert sync(server, follower)["entries"] == []  # nothing new
+    assert sync(server, follower) == EntriesReply(server.epoch, server.cursor)  # nothing new
 
 
 def test_gap_reported_to_the_worker_and_replayed_by_followers() -> None:
@@ -59,7 +73,7 @@ def test_gap_reported_to_the_worker_and_replayed_by_followers() -> None:
     server.publish("a", [compact(0, ("stored", [1]))])
     sync(server, follower)
     reply = server.publish("a", [compact(2, ("stored", [5])), compact(3, ("stored", [6]))])
-    assert reply == {"resync": True}
+    assert reply == PublishReply(resync=True)
     sync(server, follower)
     assert follower.index.is_degraded("a") and follower.index.match("prefill", [1]) == {}
     server.resync("a", "prefill", [1, 5, 6], 4)
@@ -71,18 +85,18 @@ def test_gap_reported_to_the_worker_and_replayed_by_followers() -> None:
 def test_unknown_replica_is_asked_to_resync_and_heartbeats_keep_it() -> None:
     clock = FakeClock()
     server = KVIndexServer(replica_ttl_s=10.0, clock=clock)
-    assert server.publish("a", [compact(3, ("stored", [1]))]) == {"resync": True}
+    assert server.publish("a", [compact(3, ("stored", [1]))]) == PublishReply(resync=True)
     assert server.index.replica_ids() == []
     server.resync("a", "prefill", [1], 4)
     clock.now_s += 8
-    assert server.publish("a", []) == {"resync": False}  # heartbeat
+    assert server.publish("a", []) == PublishReply(resync=False)  # heartbeat
     clock.now_s += 8
     server.updates(None, 0)
     assert server.index.replica_ids() == ["a"]
     clock.now_s += 11  # silent past the TTL: a crashed replica is removed
     update = server.updates(server.epoch, server.cursor)
     assert server.index.replica_ids() == []
-    assert update["entries"] == [{"kind": "remove", "replica_id": "a"}]
+    assert isinstance(update, EntriesReply) and update.entries == (ReplicaRemoved("a"),)
 
 
 def test_followers_behind_the_trimmed_log_or_of_another_epoch_get_a_snapshot() -> None:
@@ -93,12 +107,12 @@ def test_followers_behind_the_trimmed_log_or_of_another_epoch_get_a_snapshot() -
     for seq in range(6):
         server.publish("a", [compact(seq, ("stored", [seq]))])
     update = sync(server, follower)
-    assert "snapshot" in update
+    assert isinstance(update, SnapshotReply)
     assert follower.index.match("prefill", [0, 1, 2, 3, 4, 5]) == {"a": 6}
     assert same_view(server.index, follower.index)
     restarted = KVIndexServer()  # a restarted actor: new epoch, empty index
     update = restarted.updates(follower.epoch, follower.cursor)
-    assert "snapshot" in update
+    assert isinstance(update, SnapshotReply)
     follower.apply_update(update)
     assert follower.index.replica_ids() == []
 
@@ -108,8 +122,8 @@ def test_log_is_bounded_by_hashes_too() -> None:
     server.resync("a", "prefill", [], 0)
     server.publish("a", [compact(0, ("stored", list(range(8))))])
     server.publish("a", [compact(1, ("stored", list(range(8, 16))))])
-    assert server.stats()["num_log_entries"] == 1
-    assert server.stats()["num_entries"] == 16
+    assert server.stats().num_log_entries == 1
+    assert server.stats().num_entries == 16
 
 
 def test_remove_replica_is_logged_once() -> None:
@@ -148,9 +162,28 @@ def test_followers_replay_tier_moves_and_tier_snapshots() -> None:
 def test_unknown_media_and_kinds_are_refused() -> None:
     server = KVIndexServer()
     server.resync("d", "decode", [], 0)
-    with pytest.raises(ValueError, match="medium 'tape'"):
-        server.publish("d", [compact(0, ("stored", [1], "tape"))])
-    with pytest.raises(ValueError, match="kind 'moved'"):
-        server.publish("d", [compact(0, ("moved", [1]))])
-    with pytest.raises(ValueError, match="expected host, disk"):
+
+    def batch(op: dict[str, Any]) -> dict[str, Any]:
+        return {"replica_seq": 0, "ops": [{"hashes": [1], **op}]}
+
+    with pytest.raises(MessageError, match=r"ops\[0\]\.medium: 'tape'"):
+        from_plain(CompactBatch, batch({"kind": "stored", "medium": "tape"}))
+    with pytest.raises(MessageError, match=r"ops\[0\]\.kind: 'moved'"):
+        from_plain(CompactBatch, batch({"kind": "moved"}))
+    with pytest.raises(MessageError, match="expected host, disk"):
         server.resync("d", "decode", [], 0, {"device": [1]})
+    plain = {"replica_id": "d", "pool": "decode", "hashes": [], "seq": 0, "tiers": {"device": []}}
+    with pytest.raises(MessageError, match="medium 'device'"):
+        from_plain(ReplicaSnapshot, plain)
+    assert server.index.cached_hashes("d") == set()
+
+
+def test_the_plain_updates_decode_to_the_typed_ones() -> None:
+    server = KVIndexServer()
+    server.resync("d", "decode", [1], 0, {"host": [2]})
+    server.publish("d", [compact(0, ("stored", [3]), ("removed", [1]))])
+    server.remove_replica("d")
+    for epoch, cursor in [(None, 0), (server.epoch, 0), (server.epoch, 2), (server.epoch, 3)]:
+        for _ in range(2):  # a second router's poll gets the entries encoded for the first
+            plain = json.loads(json.dumps(server.updates_plain(epoch, cursor)))
+            assert decode_updates_reply(plain) == server.updates(epoch, cursor)

@@ -13,8 +13,10 @@ import pytest
 
 from cluster.routing.kv_index.follower import ActorIndexSource
 from cluster.routing.kv_index.replication import KVIndexFollower, KVIndexServer
-from cluster.routing.kv_index.shards import shard_of
+from cluster.routing.kv_index.shard_assignment import shard_of
 from cluster.routing.routing_metrics import RoutingMetrics
+from core.codec import to_plain
+from core.kv_index_messages import CompactBatch, IndexOp, SnapshotReply
 
 POOLS = ("prefill", "decode")
 PREFIXES = [[1000 * p + i for i in range(8)] for p in range(3)]  # shared system prompts
@@ -53,15 +55,15 @@ def event_stream(seed: int, num_replicas: int) -> list[tuple[str, str, Any]]:
             continue
         prefix = rng.choice(PREFIXES)[: rng.randrange(1, 9)]
         session = [rng.getrandbits(40) for _ in range(rng.randrange(0, 6))]
-        ops: list[list[Any]] = [["stored", prefix + session, "device"]]
+        ops: list[IndexOp] = [IndexOp("stored", prefix + session, "device")]
         if held[replica] and rng.random() < 0.4:
             evicted = rng.sample(held[replica], k=min(3, len(held[replica])))
-            ops.append(["removed", evicted, "device"])
-            ops.append(["stored", evicted, rng.choice(["host", "disk"])])
+            ops.append(IndexOp("removed", evicted, "device"))
+            ops.append(IndexOp("stored", evicted, rng.choice(["host", "disk"])))
         if rng.random() < 0.03:
-            ops.append(["cleared", [], "device"])
+            ops.append(IndexOp("cleared", [], "device"))
         held[replica] = list(dict.fromkeys(held[replica] + prefix + session))[-40:]
-        stream.append(("publish", replica, [{"replica_seq": seqs[replica], "ops": ops}]))
+        stream.append(("publish", replica, [CompactBatch(seqs[replica], tuple(ops))]))
         seqs[replica] += 1
     return stream
 
@@ -128,13 +130,14 @@ def test_a_forgotten_shard_reloads_from_a_snapshot() -> None:
     assert merged.index.match("prefill", [1, 2]) == {replicas[0]: 2}
     assert merged.index.is_degraded(replicas[1])
     update = shards[1].updates(merged.epochs[1], merged.cursors[1])
-    assert "snapshot" in update  # a forgotten shard is reloaded whole
+    assert isinstance(update, SnapshotReply)  # a forgotten shard is reloaded whole
     merged.apply_update(update, 1)
     assert merged.index.match("prefill", [1, 2]) == {replicas[0]: 2, replicas[1]: 2}
 
 
 class ShardActor:
-    """A shard actor whose ``.remote`` calls answer (awaitables) or fail while ``down``."""
+    """A shard actor whose ``.remote`` calls answer plain data (awaitables, as the actor's
+    ``core.codec`` boundary does) or fail while ``down``."""
 
     def __init__(self, server: KVIndexServer) -> None:
         self.server = server
@@ -152,7 +155,7 @@ class ShardActor:
                 if actor.down:
                     future.set_exception(ConnectionError("shard actor died"))
                 else:
-                    future.set_result(getattr(actor.server, name)(*args))
+                    future.set_result(to_plain(getattr(actor.server, name)(*args)))
                 return future
 
         return Handle()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any
 
 import pytest
 
@@ -17,11 +16,15 @@ from cluster.routing.kv_index.stream import (
     decode_batches,
     encode_batches,
 )
+from core.errors import MessageError
+from core.kv_index_messages import CompactBatch, IndexOp, PublishReply
 
-BATCHES: list[dict[str, Any]] = [
-    {"replica_seq": 0, "ops": [["stored", [1, 2, 2**64 - 1], "device"], ["removed", [2], "host"]]},
-    {"replica_seq": 1, "ops": [["cleared", [], "device"], ["stored", [7], "disk"]]},
-    {"replica_seq": 2, "ops": []},
+BATCHES: list[CompactBatch] = [
+    CompactBatch(
+        0, (IndexOp("stored", [1, 2, 2**64 - 1], "device"), IndexOp("removed", [2], "host"))
+    ),
+    CompactBatch(1, (IndexOp("cleared", [], "device"), IndexOp("stored", [7], "disk"))),
+    CompactBatch(2),
 ]
 
 
@@ -37,6 +40,10 @@ def test_frames_round_trip_and_bad_frames_are_named() -> None:
         decode_batches(frame[5:] + b"\x00")
     with pytest.raises(StreamError, match="unreadable"):
         decode_batches(b"\x01")
+    bad_medium = bytearray(single[5:])
+    bad_medium[2 + 10 + 1] = 7  # the first op's medium byte: no such medium
+    with pytest.raises(MessageError, match="unreadable"):  # a StreamError is a MessageError
+        decode_batches(bytes(bad_medium))
 
 
 class LockedServer:
@@ -46,7 +53,7 @@ class LockedServer:
         self.server = KVIndexServer()
         self.lock = threading.Lock()
 
-    def publish(self, replica_id: str, batches: list[dict[str, Any]]) -> dict[str, Any]:
+    def publish(self, replica_id: str, batches: list[CompactBatch]) -> PublishReply:
         with self.lock:
             return self.server.publish(replica_id, batches)
 
@@ -57,13 +64,13 @@ def test_a_stream_applies_batches_in_order_and_asks_for_resyncs() -> None:
     try:
         shard.server.resync("a", "prefill", [], 0)
         client = StreamClient(stream.endpoint(), "a", timeout_s=5.0)
-        assert client.publish(BATCHES[:1]) == {"resync": False}
-        assert client.publish(BATCHES[1:]) == {"resync": False}
+        assert client.publish(BATCHES[:1]) == PublishReply(resync=False)
+        assert client.publish(BATCHES[1:]) == PublishReply(resync=False)
         assert shard.server.index.match_tiers("prefill", [7]) != {}
         assert shard.server.index.last_seq("a") == 2
-        assert client.publish([{"replica_seq": 9, "ops": []}]) == {"resync": True}  # a gap
+        assert client.publish([CompactBatch(9)]) == PublishReply(resync=True)  # a gap
         unknown = StreamClient(stream.endpoint(), "b", timeout_s=5.0)
-        assert unknown.publish(BATCHES[:1]) == {"resync": True}  # never registered
+        assert unknown.publish(BATCHES[:1]) == PublishReply(resync=True)  # never registered
         client.close()
         unknown.close()
     finally:

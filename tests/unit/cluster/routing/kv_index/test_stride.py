@@ -7,11 +7,12 @@ import random
 
 import pytest
 
+from cluster.routing.kv_index.compaction import compact_events
 from cluster.routing.kv_index.event_relay import KVEventRelay
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import KVIndex
-from cluster.routing.kv_index.ops import IndexOp, compact_events
 from core.kv_events import BlockRemoved, BlockStored, KVEventBatch
+from core.kv_index_messages import IndexOp
 
 
 def stored(*hashes: int, medium: str = "device") -> BlockStored:

@@ -1,4 +1,5 @@
-"""Tiered routing: a mixed workload served all-to-large against ``model: auto``, one run.
+"""Model tiers (cheap-model routing): a mixed workload served all-to-large against
+``model: auto``, one run.
 
 One Ray, one Serve app serving two models: ``small`` (builtin:tiny-llama, dense, colocated) and
 ``large`` (builtin:mid-moe, a MoE with one prefill and one decode replica). The virtual model
@@ -17,7 +18,7 @@ The last stdout line is one JSON object with ``cost_ratio`` (routed / all-to-lar
 ``hard_to_large_share`` (hard requests that ``large`` answered in pass B), the share of requests
 and TTFT p50/p99 per model and pass, the total costs and the failures.
 
-    .venv/bin/python benchmarks/tiered_routing.py --output /tmp/tiered.json
+    .venv/bin/python benchmarks/model_tier_routing.py --output /tmp/model_tier_routing.json
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ def report(
     summaries = {name: pass_summary(outcomes, active_params) for name, outcomes in passes.items()}
     base, routed = summaries["all_to_large"]["total_cost"], summaries["routed"]["total_cost"]
     return {
-        "benchmark": "tiered_routing",
+        "benchmark": "model_tier_routing",
         "settings": {k: v for k, v in vars(args).items() if k not in ("port", "output")},
         "models": CHECKPOINTS,
         "active_params": active_params,

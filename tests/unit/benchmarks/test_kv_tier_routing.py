@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.tier_routing import MODEL, serve_chat
+from benchmarks.kv_tier_routing import MODEL, serve_chat
 from core.config import EngineConfig, ModelConfig
 from engine.setup import build_engine_parts
 

@@ -22,8 +22,8 @@ import httpx
 import numpy as np
 
 from loadtest.calibration import CalibratedCounter, Calibration, calibrate
-from loadtest.client import OpenAIStreamClient
 from loadtest.config import LoadTestConfig
+from loadtest.http_client import OpenAIStreamClient
 from loadtest.server_tokens import server_counter
 from loadtest.tokens import TokenCounter, WordCounter, load_token_counter
 from loadtest.types import RequestRecord

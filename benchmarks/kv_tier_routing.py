@@ -1,4 +1,5 @@
-"""Routing with a tier-aware cluster index against a device-only index and round robin.
+"""KV memory tiers: routing with a tier-aware cluster index against a device-only index and
+round robin.
 
 Two replicas of the tiny Llama, each with a small device pool and a host tier, serve a
 multi-turn chat: sessions take turns round-robin, so a session's KV has left its replica's
@@ -14,7 +15,7 @@ placement is the index's alone. Requests run one at a time, so TTFT is the engin
 Prints a table and one JSON object last with ``tier_index_hit_rate``,
 ``device_index_hit_rate``, ``round_robin_hit_rate``, ``hit_rate_ratio`` (tier / device-only)
 and ``ttft_p50_ratio`` (tier / device-only, turns 2+).
-Usage: ``python benchmarks/tier_routing.py``.
+Usage: ``python benchmarks/kv_tier_routing.py``.
 """
 
 from __future__ import annotations

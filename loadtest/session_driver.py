@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from loadtest.arrivals import arrival_times
-from loadtest.client import OpenAIStreamClient, Prompt, new_request_id
 from loadtest.clock import now_s
 from loadtest.config import ArrivalConfig
+from loadtest.http_client import OpenAIStreamClient, Prompt, new_request_id
 from loadtest.tokens import TokenCounter
 from loadtest.types import RequestRecord, Session, StreamOutcome
 
