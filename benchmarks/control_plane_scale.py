@@ -482,6 +482,10 @@ class PumpFleet:
     event stream, coalescing ``FLUSH_S``), run in a Ray actor of their own so that the router's
     view (the driver) and the shards do not share its interpreter."""
 
+    def ready(self) -> bool:
+        """Answers once the actor's process is up (the run's clock starts after it)."""
+        return True
+
     async def run(
         self,
         endpoints: list[tuple[str, int, bytes]],
@@ -597,6 +601,7 @@ def lag_run(
     replicas = [f"lag-{r}" for r in range(num_replicas)]
     shards = start_shards(app, num_shards, replicas)
     fleet: Any = ray.remote(num_cpus=0)(PumpFleet).remote()
+    ray.get(fleet.ready.remote())  # NOTE: a worker process can take seconds to start on 2 cores
     source = ActorIndexSource(
         app, namespace="pdserve", metrics=RoutingMetrics(), num_shards=num_shards, actors=shards
     )
