@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.decode_attention_timing import decode_attention_us
 from engine.attention import AttentionMetadata, TorchAttentionBackend
 from engine.attention.triton_kernels import write_kv_cache
 from engine.attention.triton_kernels.decode import paged_decode_attention
@@ -138,9 +137,3 @@ def test_graph_replays_follow_the_lengths() -> None:
             msg=lambda m, lens=lens: f"{m} (seed={seed} lens={lens})",
         )
 
-
-def test_split_kv_is_faster_at_batch_1() -> None:
-    # llama-1b's layer at batch 1 and 640 tokens: a handful of programs without splits
-    single = decode_attention_us(DEVICE, num_splits=1)
-    split = decode_attention_us(DEVICE)
-    assert split < single, f"split-KV {split:.1f} us, single pass {single:.1f} us"
