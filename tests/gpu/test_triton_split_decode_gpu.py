@@ -136,4 +136,3 @@ def test_graph_replays_follow_the_lengths() -> None:
             rtol=2e-2,
             msg=lambda m, lens=lens: f"{m} (seed={seed} lens={lens})",
         )
-
