@@ -22,7 +22,6 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 
 from cluster.ingress.dispatch.breaker import PrefillBreaker
-from cluster.ingress.dispatch.clients import DecodeClient, PrefillClient
 from cluster.ingress.dispatch.disagg import DisaggDecision, DisaggPolicy
 from cluster.ingress.dispatch.migration import (
     DetokenizerFactory,
@@ -30,9 +29,10 @@ from cluster.ingress.dispatch.migration import (
     can_migrate,
     migrated_request,
 )
+from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient
+from cluster.ingress.dispatch.prepared_prompt import PreparedPrompt
 from cluster.ingress.dispatch.ttft_breakdown import TtftBreakdown, with_import, with_prefill
 from cluster.ingress.http.error_responses import rejection_reason
-from cluster.ingress.openai.prompts import PreparedPrompt
 from cluster.ingress.settings import IngressSettings
 from cluster.ingress.telemetry.request_metrics import IngressMetrics
 from core.errors import InvalidRequestError, OverloadedError, PdserveError, UnavailableError
