@@ -8,7 +8,8 @@ from cluster.ingress.dispatch.disagg import (
     DisaggReason,
 )
 from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient, StatsProvider
-from cluster.ingress.http.request_gate import RequestGate, authenticate
+from cluster.ingress.http.api_keys import authenticate
+from cluster.ingress.http.request_gate import RequestGate
 from cluster.ingress.prompt_tokenizer import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
 

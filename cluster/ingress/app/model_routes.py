@@ -8,8 +8,8 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from cluster.ingress.http.api_keys import authenticate
 from cluster.ingress.http.error_responses import error_response
-from cluster.ingress.http.request_gate import authenticate
 from cluster.ingress.model_table import ModelTable
 from cluster.ingress.settings import IngressSettings
 from cluster.ingress.telemetry.request_metrics import IngressMetrics

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cluster.ingress.app.openapi import json_body
+from cluster.ingress.http.api_keys import authenticate
 from cluster.ingress.http.error_responses import (
     error_response,
     from_validation_error,
@@ -29,7 +30,6 @@ from cluster.ingress.http.error_responses import (
     too_large_response,
 )
 from cluster.ingress.http.json_body import parse_json_object
-from cluster.ingress.http.request_gate import authenticate
 from cluster.ingress.model_table import ModelTable
 from cluster.ingress.prompt_tokenizer import PromptTokenizer
 from cluster.ingress.telemetry.request_metrics import IngressMetrics

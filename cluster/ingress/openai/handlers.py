@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from cluster.ingress.dispatch.flow import RequestRun
 from cluster.ingress.dispatch.prepared_prompt import PreparedPrompt
+from cluster.ingress.http.api_keys import authenticate, tenant_salt
 from cluster.ingress.http.error_responses import (
     error_response,
     from_validation_error,
@@ -29,7 +30,7 @@ from cluster.ingress.http.error_responses import (
 from cluster.ingress.http.event_stream import EventStreamResponse
 from cluster.ingress.http.json_body import parse_json_object
 from cluster.ingress.http.public_errors import for_client
-from cluster.ingress.http.request_gate import Admission, RequestGate, authenticate, tenant_salt
+from cluster.ingress.http.request_gate import Admission, RequestGate
 from cluster.ingress.model_routing.cascade_run import CascadeRunner, Job
 from cluster.ingress.model_routing.router import ModelPick, ModelRouter
 from cluster.ingress.model_table import ModelTable, ServedRoute
