@@ -1,15 +1,16 @@
 """The OpenAI-compatible HTTP ingress: validation, tokenization, disaggregation, SSE, metrics."""
 
-from cluster.ingress.dispatch.clients import DecodeClient, PrefillClient, StatsProvider
+from cluster.ingress.app.fastapi_app import IngressApp, create_app
 from cluster.ingress.dispatch.disagg import (
     CachedBlocksFn,
     DisaggDecision,
     DisaggPolicy,
     DisaggReason,
 )
-from cluster.ingress.http.admission import RequestGate, authenticate
-from cluster.ingress.http.fastapi_app import IngressApp, create_app
-from cluster.ingress.openai.prompts import PromptTokenizer
+from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient, StatsProvider
+from cluster.ingress.http.api_keys import authenticate
+from cluster.ingress.http.request_gate import RequestGate
+from cluster.ingress.prompt_tokenizer import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
 
 __all__ = [

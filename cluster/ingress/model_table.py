@@ -1,11 +1,12 @@
-"""The models one ingress serves: each one's prompt builder, flow and metrics, found by name.
+"""The models one ingress serves: each one's tokenizer, flow and metrics, found by name.
 
 ``create_app`` gets a :class:`ModelEndpoint` per served model (its tokenizer, its two pool
-clients, its settings) and builds a :class:`ServedRoute` for each: the prompt builder, the
-disaggregation policy and the :class:`GenerationFlow` over that model's pools, and the ingress
-metrics labelled with its name. :class:`ModelTable` finds the route a request's ``model`` names
-(the first model when it names none), knows the virtual names (``auto``) the YAML declares, and
-answers a name it does not know with the OpenAI 404 that lists what it serves.
+clients, its settings) and builds a :class:`ServedRoute` for each: the tokenizer (the protocol
+handlers build their prompts with it), the disaggregation policy and the
+:class:`GenerationFlow` over that model's pools, and the ingress metrics labelled with its name.
+:class:`ModelTable` finds the route a request's ``model`` names (the first model when it names
+none), knows the virtual names (``auto``) the YAML declares, and answers a name it does not
+know with the OpenAI 404 that lists what it serves.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cluster.ingress.dispatch.clients import DecodeClient, PrefillClient
 from cluster.ingress.dispatch.disagg import CachedBlocksFn, DisaggPolicy
 from cluster.ingress.dispatch.flow import GenerationFlow
-from cluster.ingress.openai.prompts import PromptBuilder, PromptTokenizer
+from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient
+from cluster.ingress.prompt_tokenizer import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
 from cluster.ingress.telemetry.request_metrics import IngressMetrics
 from core.config import VirtualModelConfig
@@ -58,7 +59,6 @@ class ServedRoute:
 
     settings: IngressSettings
     tokenizer: PromptTokenizer
-    builder: PromptBuilder
     flow: GenerationFlow
     metrics: IngressMetrics
     """The app's metrics, labelled ``model_name`` = this model."""
@@ -105,7 +105,7 @@ def build_route(endpoint: ModelEndpoint, metrics: IngressMetrics) -> ServedRoute
     flow = GenerationFlow(
         endpoint.prefill, endpoint.decode, policy, settings, labelled, detokenizer
     )
-    return ServedRoute(settings, tokenizer, PromptBuilder(tokenizer, settings), flow, labelled)
+    return ServedRoute(settings, tokenizer, flow, labelled)
 
 
 class ModelTable:

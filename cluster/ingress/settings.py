@@ -4,7 +4,7 @@ Built by the Serve application from the one ``ClusterConfig`` (``cluster.serve.i
 the ``server``, ``routing`` and ``disaggregation`` sections are the validated config models
 themselves, so no range
 or default is repeated here. Plain values only, no runtime state: draining and the in-flight
-count live on :class:`cluster.ingress.http.admission.RequestGate`, which the app owns.
+count live on :class:`cluster.ingress.http.request_gate.RequestGate`, which the app owns.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cluster side of ``/admin/faults`` (``cluster.ingress.http.fault_routes``): kill a replica
+"""The cluster side of ``/admin/faults`` (``cluster.ingress.app.fault_routes``): kill a replica
 with Ray, or post transfer faults to the stats board, which hands them to every prefill
 replica with its next report answer (``cluster.serve.stats_board``)."""
 

@@ -29,7 +29,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.ingress import RequestGate, create_app
-from cluster.ingress.dispatch.clients import PrefillClient
+from cluster.ingress.dispatch.pool_clients import PrefillClient
 from cluster.ingress.model_table import ModelEndpoint
 from cluster.routing.kv_index.actor import INDEX_NAMESPACE
 from cluster.routing.kv_index.follower import ActorIndexSource

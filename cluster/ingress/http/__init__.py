@@ -1,2 +1,2 @@
-"""The HTTP surface of the ingress: the FastAPI app, its guards and admission, route groups,
-error bodies and SSE framing."""
+"""The bottom floor of the ingress: shared HTTP helpers (OpenAI error bodies, SSE framing,
+JSON bodies, the outer guard, admission); nothing here imports a floor above."""

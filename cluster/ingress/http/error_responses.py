@@ -2,7 +2,8 @@
 
 Typed ``core.errors`` exceptions render through their ``to_openai()``; pydantic validation
 errors become a 400 naming the field path (``messages[0].role``); a 429 carries
-``Retry-After``. Mid-stream failures render as an SSE error event (see ``streaming``).
+``Retry-After``. Mid-stream failures render as an SSE error event (see
+``cluster.ingress.openai.sse_body``).
 """
 
 from __future__ import annotations

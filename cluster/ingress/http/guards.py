@@ -17,7 +17,7 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cluster.ingress.http.admission import authenticate
+from cluster.ingress.http.api_keys import authenticate
 from cluster.ingress.http.error_responses import error_body
 from cluster.ingress.telemetry.request_metrics import IngressMetrics
 from core.errors import AuthenticationError

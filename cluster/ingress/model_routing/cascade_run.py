@@ -19,8 +19,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
-from cluster.ingress.http.admission import Admission
-from cluster.ingress.http.sse import SSE_DONE, EventStreamResponse, sse_event
+from cluster.ingress.http.event_stream import SSE_DONE, EventStreamResponse, sse_event
+from cluster.ingress.http.request_gate import Admission
 from cluster.ingress.model_routing.cascade import (
     escalation_reason,
     needs_logprobs,

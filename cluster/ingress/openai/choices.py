@@ -15,7 +15,8 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from cluster.ingress.dispatch.flow import Delta, RequestRun, RequestUsage
+from cluster.ingress.dispatch.deltas import Delta, RequestUsage
+from cluster.ingress.dispatch.flow import RequestRun
 from cluster.ingress.openai.schemas import GenerationRequest
 from core.errors import SamplingParamsError
 from core.messages import TokenLogprobs

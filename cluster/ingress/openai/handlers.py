@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from cluster.ingress.dispatch.flow import RequestRun
-from cluster.ingress.http.admission import Admission, RequestGate, authenticate, tenant_salt
+from cluster.ingress.dispatch.prepared_prompt import PreparedPrompt
+from cluster.ingress.http.api_keys import authenticate, tenant_salt
 from cluster.ingress.http.error_responses import (
     error_response,
     from_validation_error,
@@ -26,9 +27,10 @@ from cluster.ingress.http.error_responses import (
     timeout_response,
     too_large_response,
 )
+from cluster.ingress.http.event_stream import EventStreamResponse
 from cluster.ingress.http.json_body import parse_json_object
 from cluster.ingress.http.public_errors import for_client
-from cluster.ingress.http.sse import EventStreamResponse
+from cluster.ingress.http.request_gate import Admission, RequestGate
 from cluster.ingress.model_routing.cascade_run import CascadeRunner, Job
 from cluster.ingress.model_routing.router import ModelPick, ModelRouter
 from cluster.ingress.model_table import ModelTable, ServedRoute
@@ -39,7 +41,7 @@ from cluster.ingress.openai.choices import (
     interleaved,
     total_usage,
 )
-from cluster.ingress.openai.prompts import PreparedPrompt
+from cluster.ingress.openai.prompts import PromptBuilder
 from cluster.ingress.openai.responses import Choice, Echo, ResponseRenderer
 from cluster.ingress.openai.schemas import (
     ChatCompletionRequest,
@@ -145,12 +147,13 @@ class GenerationHandlers:
         salt = None
         if self._settings.server.cache_salt_per_api_key:
             salt = tenant_salt(headers.get("authorization"))
+        builder = PromptBuilder(route.tokenizer, route.settings)
         try:
             if chat:
                 chat_body = ChatCompletionRequest.model_validate(data)
-                return chat_body, [route.builder.chat(chat_body, session_id, salt)]
+                return chat_body, [builder.chat(chat_body, session_id, salt)]
             body = CompletionRequest.model_validate(data)
-            return body, route.builder.completion_batch(body, session_id, salt)
+            return body, builder.completion_batch(body, session_id, salt)
         except ValidationError as e:
             raise from_validation_error(e) from e
 

@@ -8,88 +8,23 @@ hits) and the session id. Every error names the offending field.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
+from cluster.ingress.dispatch.prepared_prompt import PreparedPrompt
 from cluster.ingress.openai.request_sampling import sampling_params
 from cluster.ingress.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerationRequest,
 )
+from cluster.ingress.prompt_tokenizer import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
 from core.errors import InvalidRequestError, PromptTooLongError
-from core.hashing import BlockHash, hash_prompt_blocks
+from core.hashing import hash_prompt_blocks
 from core.messages import RoutingKeys
-from core.sampling import SamplingParams, sequence_seed
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for a completion request."""
-
-
-class PromptTokenizer(Protocol):
-    """What the ingress needs of ``engine.tokenizer.Tokenizer`` (which satisfies it).
-
-    A Protocol, so importing the ingress does not import the engine package (and torch).
-    """
-
-    vocab_size: int
-
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; ``add_special_tokens`` adds BOS where the model expects it."""
-        ...
-
-    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        """The text of ``token_ids`` (``/detokenize``)."""
-        ...
-
-    def id_to_token(self, token_id: int) -> str | None:
-        """The vocabulary entry of ``token_id`` (``/tokenize`` with ``return_token_strs``)."""
-        ...
-
-    def apply_chat_template(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> str:
-        """The prompt text of ``messages``; raises ``InvalidRequestError`` naming the field."""
-        ...
-
-
-@dataclass(frozen=True)
-class PreparedPrompt:
-    """A validated request, ready for the prefill/decode flow."""
-
-    prompt_token_ids: list[int]
-    sampling: SamplingParams
-    routing: RoutingKeys
-    """Block hashes and session id, carried by the requests to both pools."""
-    prompt_text: str = ""
-    """The prompt as text (what ``echo`` sends back)."""
-    first_token_text: str = ""
-    """With ``echo``: the first prompt token's text (the position without a logprob)."""
-
-    def sample(self, index: int) -> PreparedPrompt:
-        """The prompt for choice ``index`` of ``n``: a seeded request's choice ``i`` samples with
-        ``seed + i`` (as ``LLM.generate`` does), so choices differ and each is reproducible."""
-        seed = self.sampling.seed
-        if index == 0 or seed is None:
-            return self
-        sampling = replace(self.sampling, seed=sequence_seed(seed, index))
-        return replace(self, sampling=sampling)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        """Tokens in the prompt."""
-        return len(self.prompt_token_ids)
-
-    @property
-    def block_hashes(self) -> tuple[BlockHash, ...]:
-        """Chained hashes of the prompt's full blocks (routing, disaggregation decision)."""
-        return self.routing.block_hashes
 
 
 class PromptBuilder:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.ingress.dispatch.flow import Delta, RequestUsage
+from cluster.ingress.dispatch.deltas import Delta, RequestUsage
 from cluster.ingress.openai.logprob_format import chat_logprobs, completion_logprobs, token_texts
 from core.messages import TokenLogprobs
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from cluster.ingress.dispatch.flow import Delta, RequestRun, RequestUsage
+from cluster.ingress.dispatch.deltas import Delta, RequestUsage
+from cluster.ingress.dispatch.flow import RequestRun
 from cluster.ingress.http.error_responses import error_body
+from cluster.ingress.http.event_stream import SSE_DONE, sse_event
 from cluster.ingress.http.public_errors import for_client
-from cluster.ingress.http.sse import SSE_DONE, sse_event
 from cluster.ingress.openai.choices import total_usage
 from cluster.ingress.openai.responses import Echo, ResponseRenderer
 from cluster.ingress.openai.schemas import GenerationRequest

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 from fastapi import FastAPI
 
-from cluster.ingress.http.fault_routes import FAULTS_ROUTE, add_fault_routes
+from cluster.ingress.app.fault_routes import FAULTS_ROUTE, add_fault_routes
 from cluster.serve.stats_board import StatsBoard
 from core.errors import UnavailableError
 from tests.unit.cluster.ingress.fakes import run

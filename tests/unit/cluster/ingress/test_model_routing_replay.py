@@ -9,7 +9,7 @@ import openai.types as oai
 import openai.types.chat as oai_chat
 import pytest
 
-from cluster.ingress.dispatch.flow import Delta, RequestUsage
+from cluster.ingress.dispatch.deltas import Delta, RequestUsage
 from cluster.ingress.model_routing import as_stream_chunks
 from cluster.ingress.openai.responses import Choice, ResponseRenderer
 from core.messages import LogprobEntry, TokenLogprobs

@@ -21,7 +21,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cluster.ingress.http.admission import authenticate
+from cluster.ingress.app.openapi import json_body
+from cluster.ingress.http.api_keys import authenticate
 from cluster.ingress.http.error_responses import (
     error_response,
     from_validation_error,
@@ -29,9 +30,8 @@ from cluster.ingress.http.error_responses import (
     too_large_response,
 )
 from cluster.ingress.http.json_body import parse_json_object
-from cluster.ingress.http.openapi import json_body
 from cluster.ingress.model_table import ModelTable
-from cluster.ingress.openai.prompts import PromptTokenizer
+from cluster.ingress.prompt_tokenizer import PromptTokenizer
 from cluster.ingress.telemetry.request_metrics import IngressMetrics
 from core.errors import InvalidRequestError, PdserveError
 

@@ -8,7 +8,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from cluster.ingress.http.admission import authenticate
+from cluster.ingress.http.api_keys import authenticate
 from cluster.ingress.http.error_responses import error_response
 from cluster.ingress.model_table import ModelTable
 from cluster.ingress.settings import IngressSettings

@@ -17,22 +17,22 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from cluster.ingress.dispatch.clients import StatsProvider
-from cluster.ingress.dispatch.flow import GenerationFlow
-from cluster.ingress.http.admission import RequestGate
-from cluster.ingress.http.error_handlers import add_error_handlers
-from cluster.ingress.http.fault_routes import FaultAdmin, FaultRequest, add_fault_routes
-from cluster.ingress.http.generation_routes import add_generation_routes
-from cluster.ingress.http.guards import IngressGuard
-from cluster.ingress.http.metrics_route import add_metrics_route
-from cluster.ingress.http.model_routes import add_model_routes
-from cluster.ingress.http.openapi import describe_bodies
-from cluster.ingress.http.probe_routes import add_probe_routes
-from cluster.ingress.http.tokenize_routes import (
+from cluster.ingress.app.fault_routes import FaultAdmin, FaultRequest, add_fault_routes
+from cluster.ingress.app.generation_routes import add_generation_routes
+from cluster.ingress.app.metrics_route import add_metrics_route
+from cluster.ingress.app.model_routes import add_model_routes
+from cluster.ingress.app.openapi import describe_bodies
+from cluster.ingress.app.probe_routes import add_probe_routes
+from cluster.ingress.app.tokenize_routes import (
     DetokenizeRequest,
     TokenizeRequest,
     add_tokenize_routes,
 )
+from cluster.ingress.dispatch.flow import GenerationFlow
+from cluster.ingress.dispatch.pool_clients import StatsProvider
+from cluster.ingress.http.error_handlers import add_error_handlers
+from cluster.ingress.http.guards import IngressGuard
+from cluster.ingress.http.request_gate import RequestGate
 from cluster.ingress.model_routing.router import ModelRouter
 from cluster.ingress.model_table import ModelEndpoint, ModelTable, build_route
 from cluster.ingress.openai.handlers import GenerationHandlers

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from cluster.ingress.dispatch.clients import StatsProvider
+from cluster.ingress.dispatch.pool_clients import StatsProvider
 from cluster.ingress.telemetry.request_metrics import IngressMetrics
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from cluster.ingress.http.admission import RequestGate
+from cluster.ingress.http.request_gate import RequestGate
 from cluster.ingress.model_table import ModelHealth, ModelTable
 
 

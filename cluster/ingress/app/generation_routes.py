@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from cluster.ingress.http.openapi import json_body
+from cluster.ingress.app.openapi import json_body
 from cluster.ingress.openai.handlers import GenerationHandlers
 from cluster.ingress.openai.schemas import ChatCompletionRequest, CompletionRequest
 

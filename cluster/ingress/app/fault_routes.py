@@ -18,9 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cluster.ingress.app.openapi import json_body
 from cluster.ingress.http.error_responses import error_response, from_validation_error
 from cluster.ingress.http.json_body import parse_json_object
-from cluster.ingress.http.openapi import json_body
 from core.errors import PdserveError
 
 FAULTS_ROUTE = "/admin/faults"
