@@ -90,8 +90,8 @@ class KVConnector(Protocol):
         ...
 
     def before_free(self, request_id: str) -> None:
-        """The request's blocks are about to be freed (any reason): stop reading or writing
-        them before this returns."""
+        """The request's blocks are about to be freed, or it ended without any (any reason):
+        stop reading or writing them before this returns. Idempotent."""
         ...
 
     # -- worker side -----------------------------------------------------------------------------

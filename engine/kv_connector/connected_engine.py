@@ -41,7 +41,8 @@ class _ConnectorWatcher:
         self._connector.export_finished(pinned)
 
     def on_lost(self) -> None:
-        """Nothing: the connector's own before-free listener hears it."""
+        # a request that never held blocks is lost without passing the before-free listeners
+        self._connector.before_free(self._request_id)
 
 
 class ConnectedEngine:
