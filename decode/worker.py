@@ -2,8 +2,8 @@
 
 :meth:`DecodeWorker.generate` yields one :class:`~core.messages.TokenChunk` per engine step that
 advanced the request. Without a handle it prefills locally and streams from the first token.
-With one, a :class:`~replica.kv_connector.kv_import.KVImport` reserves blocks, pulls only those the local
-prefix cache lacks and hands the request to the batch; its chunks carry the tokens *after*
+With one, a :class:`~replica.kv_connector.kv_import.KVImport` reserves blocks, pulls only those
+the local prefix cache lacks and hands the request to the batch; its chunks carry the tokens *after*
 ``first_token_id`` (the ingress already sent that one). A pipelined handle comes before the
 prefill finished and without the first token: the pull takes each block as the prefill
 completes it and the export tells the first token at the end. A failed pull recomputes the
