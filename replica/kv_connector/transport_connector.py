@@ -12,6 +12,7 @@ Transport callbacks arrive on other threads, so every table here is guarded by o
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -139,7 +140,7 @@ class TransportKVConnector:
             task = self._transport.pull(pull.handle, pull.dst_block_ids, pull.wanted_indices)
             with self._lock:
                 self._tasks[request_id] = task
-            task.add_done_callback(lambda done, rid=request_id: self._pull_ended(rid, done))
+            task.add_done_callback(functools.partial(self._pull_ended, request_id))
 
     def wait(self, timeout_s: float) -> bool:
         """Block until a pull ended or an export was freed, at most ``timeout_s``."""

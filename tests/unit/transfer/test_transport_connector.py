@@ -59,7 +59,7 @@ def pair() -> Iterator[list[Side]]:
 def test_a_pipelined_pull_hands_off_the_prompt_and_frees_the_export(pair: list[Side]) -> None:
     reference = LLMEngine(build_engine_parts(MODEL, ENGINE))
     reference.add_request("ref", PROMPT, GREEDY)
-    expected: list[int] = []
+    expected: tuple[int, ...] = ()
     while reference.has_unfinished():
         for output in reference.step():
             expected = output.outputs[0].token_ids
