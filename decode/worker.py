@@ -2,8 +2,8 @@
 
 :meth:`DecodeWorker.generate` yields one :class:`~core.messages.TokenChunk` per engine step that
 advanced the request. Without a handle it prefills locally and streams from the first token.
-With one, a :class:`~decode.kv_import.KVImport` reserves blocks, pulls only those the local
-prefix cache lacks and hands the request to the batch; its chunks carry the tokens *after*
+With one, a :class:`~replica.kv_connector.kv_import.KVImport` reserves blocks, pulls only those
+the local prefix cache lacks and hands the request to the batch; its chunks carry the tokens *after*
 ``first_token_id`` (the ingress already sent that one). A pipelined handle comes before the
 prefill finished and without the first token: the pull takes each block as the prefill
 completes it and the export tells the first token at the end. A failed pull recomputes the
@@ -31,8 +31,8 @@ from core.messages import DecodeRequest, StageTimes, TokenChunk
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from decode.chunks import aborted_chunk, error_chunk, token_chunk
-from decode.kv_import import KVImport
 from engine.async_engine import AsyncEngine
+from replica.kv_connector.kv_import import KVImport
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import InMemoryTransferMetrics, KVTransport, TransferSide
 

@@ -39,7 +39,7 @@ from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.engine import LLMEngine
-from engine.export_progress import ExportProgress, ExportWatcher
+from engine.kv_connector.export_progress import ExportProgress, ExportWatcher
 from engine.outputs import RequestOutput
 from engine.parallel.tp_gang import build_tp_engine
 from engine.request import RequestStatus
@@ -142,7 +142,7 @@ class AsyncEngine:
     ) -> RequestStream:
         """Add a request; raises its admission error (``PromptTooLongError``, ...). A
         prefill-only request's ``watcher`` follows its KV as it completes (a pipelined export,
-        :mod:`engine.export_progress`)."""
+        :mod:`engine.kv_connector.export_progress`)."""
 
         def add(engine: LLMEngine) -> None:
             engine.add_request(

@@ -27,8 +27,8 @@ from core.stats import ReplicaStats
 from engine.async_engine import AsyncEngine
 from engine.outputs import RequestOutput
 from engine.request_stream import RequestStream
-from prefill.pipelined_export import PipelinedExport
 from prefill.result import prefill_result
+from replica.kv_connector.pipelined_export import PipelinedExport
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import (
     FaultInjection,

@@ -64,7 +64,12 @@ class BlockPool:
         self._hash_to_block: dict[BlockHash, int] = {}
         self._publisher = publisher or KVEventPublisher()
         self._clock = clock
-        self.on_evict: EvictHook | None = None
+        self._evict_listeners: list[EvictHook] = []
+
+    def register_evict_listener(self, listener: EvictHook) -> None:
+        """Call ``listener(block id, hash)`` for each cached block just before its hash is
+        dropped (evicted for reuse or expired), in registration order."""
+        self._evict_listeners.append(listener)
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -163,7 +168,7 @@ class BlockPool:
 
     def expire(self, idle_s: float) -> int:
         """Release cached-free blocks unused for ``idle_s`` seconds (copied down through
-        ``on_evict`` first); returns how many. One ``BlockRemoved`` event for them all."""
+        the evict listeners first); returns how many. One ``BlockRemoved`` event for them all."""
         cutoff = self._clock() - idle_s
         due: list[int] = []
         for block_id, freed_at in self._cached_free.items():
@@ -184,8 +189,9 @@ class BlockPool:
 
     def _evict(self, block_id: int) -> BlockHash:
         block_hash = self.blocks[block_id].block_hash
-        if self.on_evict is not None and block_hash is not None:
-            self.on_evict(block_id, block_hash)
+        if block_hash is not None:
+            for listener in self._evict_listeners:
+                listener(block_id, block_hash)
         return self._drop_hash(block_id)
 
     # -- prefix cache -------------------------------------------------------------------------

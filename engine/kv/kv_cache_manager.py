@@ -56,11 +56,20 @@ class KVCacheManager:
         )
         self._tables: dict[str, list[int]] = {}
         self._num_offered_blocks: dict[str, int] = {}  # leading blocks already offered to cache
-        self.on_cached: Callable[[int, BlockHash], None] | None = None
-        """Called with (block id, hash) for each block that joins the prefix cache."""
-        self.before_free: Callable[[str], None] | None = None
-        """Called with a request id just before its blocks are freed (for any reason): whoever
-        still reads them from another thread (a pipelined export) must stop first."""
+        self._cached_listeners: list[Callable[[int, BlockHash], None]] = []
+        self._before_free_listeners: list[Callable[[str], None]] = []
+
+    # -- listeners ----------------------------------------------------------------------------
+
+    def register_cached_listener(self, listener: Callable[[int, BlockHash], None]) -> None:
+        """Call ``listener(block id, hash)`` for each block that joins the prefix cache."""
+        self._cached_listeners.append(listener)
+
+    def register_before_free(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(request id)`` just before a request's blocks are freed (for any
+        reason): whoever still reads them from another thread (a pipelined export) must stop
+        first. Listeners run in registration order."""
+        self._before_free_listeners.append(listener)
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -178,8 +187,8 @@ class KVCacheManager:
         for index in range(start, num_full):
             if self.pool.cache_block(table[index], hashes[index]):
                 run.append(index)
-                if self.on_cached is not None:
-                    self.on_cached(table[index], hashes[index])
+                for listener in self._cached_listeners:
+                    listener(table[index], hashes[index])
                 continue
             self._record_stored(request, run)
             run = []
@@ -220,8 +229,9 @@ class KVCacheManager:
         """Release the request's whole table, tail block first (the prefix stays cached
         longest), its idle clock starting ``keep_s`` late (a keep-alive); a request without a
         table is a no-op."""
-        if self.before_free is not None and request_id in self._tables:
-            self.before_free(request_id)
+        if request_id in self._tables:
+            for listener in self._before_free_listeners:
+                listener(request_id)
         table = self._tables.pop(request_id, None)
         self._num_offered_blocks.pop(request_id, None)
         if table:  # entries released behind a sliding window are the null block

@@ -74,8 +74,8 @@ class KVTierLoading:
     def __init__(self, tiers: KVTiers, kv: KVCacheManager, events: KVEventPublisher) -> None:
         self.tiers = tiers
         tiers.attach(events)
-        kv.pool.on_evict = tiers.moves.on_device_evicted
-        kv.on_cached = tiers.moves.on_device_cached
+        kv.pool.register_evict_listener(tiers.moves.on_device_evicted)
+        kv.register_cached_listener(tiers.moves.on_device_cached)
 
     def find(self, block_hashes: list[BlockHash]) -> int:
         """See :meth:`TierLoading.find`."""

@@ -164,7 +164,7 @@ def test_expire_releases_idle_cached_blocks_oldest_first_through_the_evict_hook(
     publisher = KVEventPublisher(batches.append)
     pool = BlockPool(6, publisher, clock=lambda: now[0])
     copied: list[tuple[int, int]] = []
-    pool.on_evict = lambda block_id, block_hash: copied.append((block_id, block_hash))
+    pool.register_evict_listener(lambda block_id, block_hash: copied.append((block_id, block_hash)))
     ids = pool.allocate(3)
     for block_id, block_hash in zip(ids, (11, 12, 13), strict=True):
         pool.cache_block(block_id, block_hash)
@@ -188,7 +188,7 @@ def test_expire_releases_idle_cached_blocks_oldest_first_through_the_evict_hook(
 def test_eviction_for_space_calls_the_hook_before_the_block_is_reused() -> None:
     pool, _, _ = make_pool(3)
     seen: list[tuple[int, int]] = []
-    pool.on_evict = lambda block_id, block_hash: seen.append((block_id, block_hash))
+    pool.register_evict_listener(lambda block_id, block_hash: seen.append((block_id, block_hash)))
     (a, b) = pool.allocate(2)
     pool.cache_block(a, 21)
     pool.free([a, b])

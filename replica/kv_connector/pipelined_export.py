@@ -2,12 +2,13 @@
 
 The prefill worker opens the export before the prompt runs (its handle goes to the ingress at
 once, and from there to a decode worker that starts pulling), and the engine's progress reports
-grow it: :class:`PipelinedExport` is the request's :class:`~engine.export_progress.ExportWatcher`,
-adding each chunk's completed blocks and finishing the export with the first token and the
-prompt's chunk ends. Its blocks are pinned by the engine until the export is freed — pulled,
-released by the importer, expired, or abandoned when the request fails — and a request that
-loses its blocks (preempted, aborted) releases the export first, so no pull reads a freed
-block. Every way out frees both: the export (``release``) and the pinned blocks
+grow it: :class:`PipelinedExport` is the request's
+:class:`~engine.kv_connector.export_progress.ExportWatcher`, adding each chunk's completed
+blocks and finishing the export with the first token and the prompt's chunk ends. Its blocks
+are pinned by the engine until the export is freed — pulled, released by the importer, expired,
+or abandoned when the request fails — and a request that loses its blocks (preempted, aborted)
+releases the export first, so no pull reads a freed block. Every way out frees both: the
+export (``release``) and the pinned blocks
 (``AsyncEngine.release_soon``).
 """
 

@@ -54,7 +54,7 @@ class ExportProgress:
     def __init__(self, engine: LLMEngine) -> None:
         self._engine = engine
         self._watched: dict[str, _Watch] = {}
-        engine.scheduler.kv.before_free = self._before_free
+        engine.scheduler.kv.register_before_free(self._before_free)
 
     def watch(self, request_id: str, watcher: ExportWatcher) -> None:
         """Follow ``request_id`` (just added as a prefill-only request)."""
