@@ -1,24 +1,23 @@
-"""Expert parallelism: placement plan, EP MoE layer over torch.distributed, lockstep stepping,
-load balancing by redundant expert copies."""
+"""Expert parallelism at the layer level: the placement plan, the EP MoE layer and its dispatch,
+the collectives it runs on (a torch process group, or threads in tests), load statistics and
+the rebalancing plan. Everything here sits below :class:`~engine.engine.LLMEngine`; what steps
+an engine in lockstep with its peers is in :mod:`engine.gangs`."""
 
-from engine.parallel.agreement import check_placement_agreement
-from engine.parallel.balancer import ExpertLoadBalancer
-from engine.parallel.builder import build_ep_stepper
-from engine.parallel.collective import EPCollective, TorchEPCollective
-from engine.parallel.eplb import max_mean_load_ratio, rebalance_placement
-from engine.parallel.group import init_ep_process_group, rendezvous_address
-from engine.parallel.inproc import InProcCollective, InProcGroup
-from engine.parallel.install import ExpertParallelModel, install_expert_parallel
-from engine.parallel.moe_layer import ExpertParallelMoE
-from engine.parallel.placement import ExpertPlacement
-from engine.parallel.reshard import apply_placement
-from engine.parallel.stats import ExpertLoadStats
-from engine.parallel.stepper import EPStepper, LockstepOutput, SteppableEngine
-from engine.parallel.timing import StepTimer
+from engine.expert_parallel.agreement import check_placement_agreement
+from engine.expert_parallel.balancer import ExpertLoadBalancer
+from engine.expert_parallel.collective import EPCollective, TorchProcessGroupCollective
+from engine.expert_parallel.install import ExpertParallelModel, install_expert_parallel
+from engine.expert_parallel.load_stats import ExpertLoadStats
+from engine.expert_parallel.moe_layer import ExpertParallelMoE
+from engine.expert_parallel.placement import ExpertPlacement
+from engine.expert_parallel.process_group import join_process_group, rendezvous_address
+from engine.expert_parallel.rebalance_plan import max_mean_load_ratio, rebalance_placement
+from engine.expert_parallel.reshard import apply_placement
+from engine.expert_parallel.thread_collective import InProcCollective, InProcGroup
+from engine.expert_parallel.timing import StepTimer
 
 __all__ = [
     "EPCollective",
-    "EPStepper",
     "ExpertLoadBalancer",
     "ExpertLoadStats",
     "ExpertParallelMoE",
@@ -26,15 +25,12 @@ __all__ = [
     "ExpertPlacement",
     "InProcCollective",
     "InProcGroup",
-    "LockstepOutput",
     "StepTimer",
-    "SteppableEngine",
-    "TorchEPCollective",
+    "TorchProcessGroupCollective",
     "apply_placement",
-    "build_ep_stepper",
     "check_placement_agreement",
-    "init_ep_process_group",
     "install_expert_parallel",
+    "join_process_group",
     "max_mean_load_ratio",
     "rebalance_placement",
     "rendezvous_address",
