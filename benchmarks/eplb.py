@@ -39,14 +39,9 @@ import torch
 from core.config import EngineConfig, EPLBConfig, ModelConfig
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
+from engine.expert_parallel import ExpertPlacement, join_process_group, max_mean_load_ratio
+from engine.gangs import EPStepper, build_ep_stepper
 from engine.models.moe import MoELayer
-from engine.parallel import (
-    EPStepper,
-    ExpertPlacement,
-    build_ep_stepper,
-    init_ep_process_group,
-    max_mean_load_ratio,
-)
 from engine.setup import pick_device
 
 MODEL = "builtin:tiny-moe"
@@ -99,7 +94,7 @@ def worker(job_path: str, rank: int) -> None:
     job = json.loads(Path(job_path).read_text())
     torch.set_num_threads(job["threads_per_rank"])
     device = pick_device()
-    collective = init_ep_process_group(
+    collective = join_process_group(
         rank, WORLD_SIZE, job["init_method"], device=device, timeout_s=120.0
     )
     base = ExpertPlacement.contiguous(NUM_EXPERTS, WORLD_SIZE)

@@ -32,13 +32,8 @@ import torch
 from core.config import EngineConfig, ModelConfig
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
-from engine.parallel import (
-    EPStepper,
-    ExpertPlacement,
-    StepTimer,
-    build_ep_stepper,
-    init_ep_process_group,
-)
+from engine.expert_parallel import ExpertPlacement, StepTimer, join_process_group
+from engine.gangs import EPStepper, build_ep_stepper
 from engine.setup import build_engine_parts, pick_device
 
 MODEL = "builtin:tiny-moe"
@@ -127,7 +122,7 @@ def worker(job_path: str, rank: int) -> None:
     job = json.loads(Path(job_path).read_text())
     torch.set_num_threads(job["threads_per_rank"])
     device = pick_device()
-    collective = init_ep_process_group(
+    collective = join_process_group(
         rank, job["world_size"], job["init_method"], device=device, timeout_s=120.0
     )
     sync = torch.cuda.synchronize if device.type == "cuda" else None

@@ -51,7 +51,7 @@ class KVLayout:
     """Bytes of scale after each head row (2: a float16 scale; 0: unquantized)."""
     tp_size: int = 1
     """Tensor-parallel ranks of the engine these blocks belong to; ``num_kv_heads`` is one
-    rank's share (:mod:`engine.models.tensor_parallel`)."""
+    rank's share (:mod:`engine.models.tp_shard`)."""
     tp_rank: int = 0
     """Which rank's KV heads these blocks hold."""
     total_kv_heads: int = 0

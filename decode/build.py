@@ -9,7 +9,8 @@ from collections.abc import Callable
 from core.config import EngineConfig, KVFailurePolicy, ModelConfig, TransferConfig
 from core.kv_events import KVEventBatch
 from decode.worker import DecodeWorker
-from engine.async_engine import AsyncEngine, build_async_engine
+from engine.async_engine import AsyncEngine
+from engine.engine_builder import build_async_engine
 from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)

@@ -31,9 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from core.config import EngineConfig, ModelConfig
 from core.errors import PdserveError, UnavailableError
-from core.kv_events import KVEventBatch
 from core.kv_handle import ExportDone
 from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
@@ -41,11 +39,9 @@ from core.stats import ReplicaStats
 from engine.engine import LLMEngine
 from engine.kv_connector.export_progress import ExportProgress, ExportWatcher
 from engine.outputs import RequestOutput
-from engine.parallel.tp_gang import build_tp_engine
 from engine.request import RequestStatus
 from engine.request_stream import ABORTED, RequestStream, Sink, StreamItem
 from engine.scheduler.output import ImportAllocation, PinnedBlocks, SchedulerStats
-from engine.setup import build_engine_parts
 
 logger = logging.getLogger(__name__)
 
@@ -526,22 +522,3 @@ class AsyncEngine:
                 logger.exception("closing the step driver raised")
         self.engine.close()
         logger.info("engine thread stopped")
-
-
-def build_async_engine(
-    model: ModelConfig,
-    engine: EngineConfig,
-    *,
-    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
-    shared_kv: bool = False,
-) -> AsyncEngine:
-    """A fresh engine for ``model`` on this process's device, running on its own thread
-    (``shared_kv``: its KV's host bytes readable by same-node peers)."""
-    if engine.tensor_parallel_size > 1:  # rank 0 of a local gang; the thread's close stops it
-        return AsyncEngine(
-            build_tp_engine(model, engine, kv_event_callback=kv_event_callback, shared_kv=shared_kv)
-        )
-    parts = build_engine_parts(
-        model, engine, kv_event_callback=kv_event_callback, shared_kv=shared_kv
-    )
-    return AsyncEngine(LLMEngine(parts))

@@ -11,7 +11,7 @@ from typing import Any, Literal, cast
 
 from core.config import DType, EngineConfig, KVTiersConfig, ModelConfig
 from core.sampling import SamplingParams
-from engine.engine import LLMEngine
+from engine.engine_builder import build_engine
 from engine.offline_batch import (
     PromptInput,
     PromptJob,
@@ -22,8 +22,6 @@ from engine.offline_batch import (
     prompt_salts,
 )
 from engine.outputs import RequestOutput
-from engine.parallel.tp_gang import build_tp_engine
-from engine.setup import build_engine_parts
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +81,7 @@ class LLM:
             async_scheduling=async_scheduling,
             tensor_parallel_size=tensor_parallel_size,
         )
-        if tensor_parallel_size == 1:
-            self.engine = LLMEngine(build_engine_parts(model_cfg, engine_cfg))
-        else:
-            self.engine = build_tp_engine(model_cfg, engine_cfg)
+        self.engine = build_engine(model_cfg, engine_cfg).engine
         # NOTE: a tensor-parallel engine's followers stop when the LLM is collected, too
         self._close = weakref.finalize(self, self.engine.close)
         if tensor_parallel_size == 1:

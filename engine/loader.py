@@ -21,7 +21,8 @@ from engine.attention.backend import AttentionBackend
 from engine.checkpoint import CheckpointTensors, open_checkpoint_tensors
 from engine.models.config import ModelArchConfig
 from engine.models.decoder import CausalLM
-from engine.models.tensor_parallel import TPShard, check_tensor_parallel
+from engine.models.tp_shard import TPShard
+from engine.models.tp_split import check_tensor_parallel
 from engine.models.weight_map import IGNORED_SUFFIXES, WeightMap, WeightSlot, build_weight_map
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from engine.kv.tiers.store import KVTiers
 from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig, MoELayer
 from engine.models.layers import Linear
-from engine.models.tensor_parallel import TPShard
+from engine.models.tp_shard import TPShard
 from engine.scheduler import Scheduler
 from engine.tokenizer import Tokenizer
 

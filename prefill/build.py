@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.kv_events import KVEventBatch
-from engine.async_engine import AsyncEngine, build_async_engine
+from engine.async_engine import AsyncEngine
+from engine.engine_builder import build_async_engine
 from prefill.worker import PrefillWorker
 from transfer import GrpcKVTransport, InMemoryTransferMetrics
 

@@ -23,7 +23,7 @@ from core.errors import ConfigError, ErrorReport, PdserveError, UnavailableError
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
-from engine.parallel.async_ep import expert_load_stats
+from engine.gangs.lockstep_driver import expert_load_stats
 from replica.hooks import KVEventPublisher, ReplicaHooks
 from replica.planner_signals import PlannerSignals
 from replica.spec import ReplicaSpec, WorkerBoot

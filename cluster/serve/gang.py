@@ -8,10 +8,10 @@ Rendezvous: rank 0 picks ``tcp://<its node ip>:<free port>`` and publishes it on
 Ray actor keyed by application, deployment and gang id (0 CPUs, namespace ``pdserve``); the other
 ranks poll it (bounded by ``ep_timeout_s``). Every rank then joins the gang's torch.distributed
 process group, builds its own engine with its share of the experts and steps in lockstep
-(:mod:`engine.parallel.async_ep`). NOTE: the board is not detached: its creator owns it, and
-every rank holds its handle until its join returned (by then every rank has read the address),
-after which Ray removes the board by itself, also when a rank dies mid-rendezvous. A restarted
-gang has a new gang id, hence a fresh board.
+(:func:`engine.engine_builder.build_engine` with an expert-parallel gang). NOTE: the board is not
+detached: its creator owns it, and every rank holds its handle until its join returned (by then
+every rank has read the address), after which Ray removes the board by itself, also when a rank
+dies mid-rendezvous. A restarted gang has a new gang id, hence a fresh board.
 
 :class:`GangEngineFactory` is what the app builder hands a pool's deployment: picklable
 settings whose :meth:`~GangEngineFactory.start` runs inside the replica.
@@ -33,8 +33,8 @@ from core.config import EngineConfig, EPLBConfig, ModelConfig, PoolConfig
 from core.errors import ConfigError, UnavailableError
 from core.kv_events import KVEventBatch
 from engine.async_engine import AsyncEngine
-from engine.parallel import init_ep_process_group, rendezvous_address
-from engine.parallel.async_ep import build_async_ep_engine
+from engine.engine_builder import ExpertParallelGang, build_async_engine
+from engine.expert_parallel import join_process_group, rendezvous_address
 
 logger = logging.getLogger(__name__)
 
@@ -136,13 +136,12 @@ class GangEngineFactory:
         logger.info(
             "gang %s: rank %s/%s joining at %s", gang.gang_id, gang.rank, gang.world_size, address
         )
-        collective = init_ep_process_group(
+        collective = join_process_group(
             gang.rank, gang.world_size, address, timeout_s=self.timeout_s
         )
         del board  # every rank has joined: the board may go
-        return build_async_ep_engine(
-            model, engine, collective, kv_event_callback=kv_event_callback, eplb=self.eplb
-        )
+        rank = ExpertParallelGang(collective, eplb=self.eplb)
+        return build_async_engine(model, engine, gang=rank, kv_event_callback=kv_event_callback)
 
 
 def gang_engine_factory(pool: PoolConfig) -> GangEngineFactory | None:

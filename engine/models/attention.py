@@ -18,7 +18,7 @@ from engine.models.config import ModelArchConfig
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.layers import Linear, RMSNorm
 from engine.models.rope import apply_rope
-from engine.models.tensor_parallel import TPShard
+from engine.models.tp_shard import TPShard
 
 
 class Attention(nn.Module):

@@ -17,7 +17,7 @@ from core.kv_layout import KVLayout
 from engine.models.registry import ArchSpec, get_arch_spec
 
 if TYPE_CHECKING:
-    from engine.models.tensor_parallel import TPShard
+    from engine.models.tp_shard import TPShard
 
 CONFIG_FILE = "config.json"
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")

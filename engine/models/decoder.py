@@ -20,7 +20,8 @@ from engine.models.kernels import TORCH_KERNELS, ModelKernels, default_fused, mo
 from engine.models.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.models.moe import MoELayer
 from engine.models.rope import RotaryEmbedding
-from engine.models.tensor_parallel import TPShard, check_tensor_parallel
+from engine.models.tp_shard import TPShard
+from engine.models.tp_split import check_tensor_parallel
 
 
 class DecoderLayer(nn.Module):
@@ -105,7 +106,7 @@ class CausalLM(nn.Module):
     None means all of them. ``fused_kernels`` picks the Triton kernels for norms, activation,
     RoPE and MoE experts (:mod:`engine.models.kernels`); None takes them on CUDA only. ``tp``:
     this model is one rank of a tensor-parallel gang and holds that rank's slices
-    (:mod:`engine.models.tensor_parallel`); its KV cache holds the rank's KV heads.
+    (:mod:`engine.models.tp_shard`); its KV cache holds the rank's KV heads.
     """
 
     def __init__(

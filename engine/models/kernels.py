@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from engine.models.op_shapes import moe_experts_fake
 from engine.models.quant import int8_linear
 
 
@@ -140,20 +141,7 @@ def moe_experts_op(
     return out if row_weights is None else out.float() * row_weights[:, None]
 
 
-@moe_experts_op.register_fake
-def moe_experts_fake(
-    hidden: torch.Tensor,
-    local_ids: torch.Tensor,
-    rows_per_token: int,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-    gate_up_scale: torch.Tensor | None,
-    down_scale: torch.Tensor | None,
-    row_weights: torch.Tensor | None,
-) -> torch.Tensor:
-    """The output of any ``moe_experts`` op, shape and dtype only (the fused op's too)."""
-    dtype = hidden.dtype if row_weights is None else torch.float32
-    return hidden.new_empty((local_ids.shape[0], down_proj.shape[1]), dtype=dtype)
+moe_experts_op.register_fake(moe_experts_fake)
 
 
 class TritonKernels:

@@ -12,7 +12,7 @@ from torch import nn
 
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.quant import int8_linear, quantize_rows
-from engine.models.tensor_parallel import TPShard
+from engine.models.tp_shard import TPShard
 
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:

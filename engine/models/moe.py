@@ -29,7 +29,7 @@ from engine.models.config import ModelArchConfig
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.layers import GatedMLP, Linear, empty_param
 from engine.models.quant import quantize_rows
-from engine.models.tensor_parallel import TPShard
+from engine.models.tp_shard import TPShard
 
 
 class MoELayer(nn.Module):

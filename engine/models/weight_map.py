@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from engine.models.config import ModelArchConfig
-from engine.models.tensor_parallel import TPShard
+from engine.models.tp_shard import TPShard
 
 # Checkpoint tensors that carry no weights (old checkpoints saved RoPE buffers).
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from core.config import EngineConfig
@@ -47,6 +47,8 @@ from engine.scheduler.stop import check_stop
 from engine.scheduler.tier_loading import tier_loading
 
 if TYPE_CHECKING:
+    import torch
+
     from engine.kv.tiers.store import KVTiers
 
 logger = logging.getLogger(__name__)
@@ -92,7 +94,8 @@ class Scheduler:
         self.device_ttl_s = config.kv_tiers.device_ttl_s
         self.max_keep_alive_s = config.kv_tiers.max_keep_alive_s
         self.tiers = tiers
-        """The engine's lower KV tiers (``None`` without), for inspection only."""
+        """The engine's lower KV tiers (``None`` without), for inspection only; a gang adds its
+        ranks through :meth:`reach_tp_ranks`."""
         self._tier_loading = tier_loading(tiers, self.kv, self.events)
         # NOTE: the last token of a sequence never needs KV, so a lone request of
         # capacity + 1 tokens fits the whole pool.
@@ -179,6 +182,13 @@ class Scheduler:
         return output
 
     # -- lower KV tiers -----------------------------------------------------------------------
+
+    def reach_tp_ranks(self, rows: Sequence[torch.Tensor]) -> None:
+        """Rank 0 of a tensor-parallel gang: the other ranks' KV block rows, in rank order, so
+        the lower tiers save and load every rank's share of a block; nothing without tiers.
+        Raises :class:`ConfigError` when the rows do not complete the gang alike."""
+        if self.tiers is not None:
+            self.tiers.device_blocks.add_ranks(rows)
 
     def _settle_tiers(self) -> None:
         """Apply the tiers' idle TTLs and settle finished loads (start of every step)."""

@@ -38,7 +38,7 @@ MODEL = "builtin:tiny-llama"
 SERVED = "tiny-llama-tp"
 PROMPTS = ["Tensor parallel: each rank holds half the heads.", "Hi"]
 MAX_TOKENS = 8
-FOLLOWER = "engine.parallel.tp_follower"
+FOLLOWER = "engine.gangs.tp_follower"
 PREFILL_TP = 4  # tiny-llama: 8 heads, 2 KV heads (each on two prefill ranks)
 
 

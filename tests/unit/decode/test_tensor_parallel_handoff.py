@@ -25,8 +25,8 @@ from core.messages import PrefillResult, TokenChunk
 from core.stats import TransferStats
 from decode.build import build_decode_worker
 from decode.worker import DecodeWorker
-from engine.parallel.tp_gang import Gang
-from engine.parallel.tp_step import LeaderRunner
+from engine.gangs.tp_gang import Gang
+from engine.gangs.tp_step import LeaderRunner
 from prefill.build import build_prefill_worker
 from prefill.worker import PrefillWorker
 from tests.unit.decode.helpers import collect, decode_request, handoff, prefill

@@ -27,9 +27,10 @@ from core.config import EngineConfig, ModelConfig
 from core.errors import PdserveError
 from core.sampling import SamplingParams
 from engine.builtin import resolve_model
+from engine.expert_parallel import ExpertPlacement, join_process_group
+from engine.expert_parallel.moe_layer import ExpertParallelMoE
+from engine.gangs import EPStepper, build_ep_stepper
 from engine.models.config import ModelArchConfig
-from engine.parallel import EPStepper, ExpertPlacement, build_ep_stepper, init_ep_process_group
-from engine.parallel.moe_layer import ExpertParallelMoE
 
 ENGINE = EngineConfig(max_model_len=256, block_size=8, kv_cache_memory_bytes=4 << 20)
 
@@ -105,7 +106,7 @@ def main() -> None:
     rank = int(sys.argv[2])
     torch.set_num_threads(1)
     out_dir = Path(job["out_dir"])
-    collective = init_ep_process_group(
+    collective = join_process_group(
         rank, job["world_size"], job["init_method"], timeout_s=job["timeout_s"]
     )
     results = {"scenarios": {s["name"]: run_scenario(collective, s) for s in job["scenarios"]}}

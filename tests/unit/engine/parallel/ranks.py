@@ -10,9 +10,9 @@ from typing import TypeVar
 import torch
 
 from engine.builtin.specs import BUILTIN_SPECS
+from engine.expert_parallel import InProcCollective, InProcGroup
 from engine.models.config import ModelArchConfig
 from engine.models.moe import MoELayer
-from engine.parallel import InProcCollective, InProcGroup
 
 T = TypeVar("T")
 HIDDEN = 32

@@ -14,13 +14,11 @@ from core.errors import ConfigError, UnavailableError
 from core.sampling import SamplingParams
 from engine import LLM
 from engine.async_engine import AsyncEngine
+from engine.engine_builder import build_async_ep_engine
+from engine.expert_parallel import InProcCollective, InProcGroup
+from engine.gangs import LockstepOutput
+from engine.gangs.lockstep_driver import LockstepDriver, expert_load_stats
 from engine.outputs import RequestOutput
-from engine.parallel import InProcCollective, InProcGroup, LockstepOutput
-from engine.parallel.async_ep import (
-    LockstepDriver,
-    build_async_ep_engine,
-    expert_load_stats,
-)
 from tests.unit.engine.parallel.ranks import run_ranks
 from tests.waiting import wait_until
 

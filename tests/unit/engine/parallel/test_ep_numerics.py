@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from core.errors import UnavailableError
-from engine.models.moe import MoELayer
-from engine.parallel import (
+from engine.expert_parallel import (
     ExpertLoadStats,
     ExpertParallelMoE,
     ExpertPlacement,
     InProcCollective,
     InProcGroup,
 )
-from engine.parallel.dispatch import ReplicaRouter
+from engine.expert_parallel.dispatch import ReplicaRouter
+from engine.models.moe import MoELayer
 from tests.unit.engine.parallel.ranks import (
     HIDDEN,
     moe_config,

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from core.errors import ConfigError
-from engine.parallel import ExpertPlacement, max_mean_load_ratio, rebalance_placement
+from engine.expert_parallel import ExpertPlacement, max_mean_load_ratio, rebalance_placement
 
 BASE = ExpertPlacement.contiguous(8, 2)  # rank 0: experts 0-3, rank 1: experts 4-7
 

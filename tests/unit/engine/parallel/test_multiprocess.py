@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.builtin import resolve_model
-from engine.parallel import rendezvous_address
+from engine.expert_parallel import rendezvous_address
 from tests.unit.engine.models.hf_checkpoints import add_byte_tokenizer, hf_greedy, save_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import ConfigError
-from engine.parallel import ExpertPlacement
+from engine.expert_parallel import ExpertPlacement
 
 
 def test_contiguous_splits_experts_evenly_with_remainder_first() -> None:

@@ -12,8 +12,9 @@ from core.config import EngineConfig, EPLBConfig, ModelConfig
 from core.errors import ConfigError
 from core.sampling import SamplingParams
 from engine import LLMEngine
-from engine.parallel import EPStepper, ExpertPlacement, InProcCollective, build_ep_stepper
-from engine.parallel.reshard import transfer_plan
+from engine.expert_parallel import ExpertPlacement, InProcCollective
+from engine.expert_parallel.reshard import transfer_plan
+from engine.gangs import EPStepper, build_ep_stepper
 from tests.unit.engine.parallel.ranks import run_ranks
 from tests.unit.engine.parallel.router_skew import skew_routing
 

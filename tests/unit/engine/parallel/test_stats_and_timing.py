@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine import LLM, SamplingParams
-from engine.parallel import ExpertPlacement, InProcGroup, StepTimer, install_expert_parallel
+from engine.expert_parallel import ExpertPlacement, InProcGroup, StepTimer, install_expert_parallel
 
 PROMPTS = [[5, 80, 81, 82, 99, 7], [300, 12, 13]]
 NEW_TOKENS = 5

@@ -8,14 +8,13 @@ from core.config import EngineConfig, ModelConfig
 from core.errors import ConfigError, UnavailableError
 from core.sampling import SamplingParams
 from engine import LLM, LLMEngine
-from engine.parallel import (
-    EPStepper,
+from engine.expert_parallel import (
     ExpertPlacement,
     InProcCollective,
     InProcGroup,
-    build_ep_stepper,
     install_expert_parallel,
 )
+from engine.gangs import EPStepper, build_ep_stepper
 from tests.unit.engine.parallel.ranks import run_ranks
 
 MODEL = ModelConfig(name="builtin:tiny-moe")

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from core.errors import ConfigError
+from engine.expert_parallel.thread_collective import InProcGroup
 from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig
-from engine.models.tensor_parallel import TPShard, check_tensor_parallel
-from engine.parallel.inproc import InProcGroup
+from engine.models.tp_shard import TPShard
+from engine.models.tp_split import check_tensor_parallel
 from tests.unit.engine.models.hf_checkpoints import (
     greedy_generate,
     save_checkpoint,

@@ -19,12 +19,12 @@ from core.errors import ConfigError, LayoutMismatchError, UnavailableError
 from core.hashing import HASH_ALGORITHM
 from core.sampling import SamplingParams
 from engine import LLM
-from engine.async_engine import build_async_engine
 from engine.builtin import resolve_model
 from engine.engine import LLMEngine
+from engine.engine_builder import build_async_engine
+from engine.gangs.tp_gang import Gang
+from engine.gangs.tp_step import STOP, LeaderRunner, TPStep, decode_step, encode_step
 from engine.models import ModelArchConfig
-from engine.parallel.tp_gang import Gang
-from engine.parallel.tp_step import STOP, LeaderRunner, TPStep, decode_step, encode_step
 from engine.scheduler.output import ScheduledRequest
 from tests.unit.engine.models.hf_checkpoints import add_byte_tokenizer, save_checkpoint
 from tests.waiting import wait_until
@@ -122,7 +122,7 @@ def test_a_size_that_does_not_split_the_model_is_refused_before_any_process(
     def no_gang(*_: object) -> None:
         raise AssertionError("no follower may start")
 
-    monkeypatch.setattr("engine.parallel.tp_gang.start_gang", no_gang)
+    monkeypatch.setattr("engine.gangs.tp_gang.start_gang", no_gang)
     with pytest.raises(ConfigError, match="tensor_parallel_size=3 does not divide the 8 attention"):
         LLM("builtin:tiny-llama", tensor_parallel_size=3)
 

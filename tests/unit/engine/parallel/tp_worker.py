@@ -14,15 +14,15 @@ from pathlib import Path
 
 import torch
 
+from engine.expert_parallel import join_process_group
 from engine.loader import load_model
-from engine.models.tensor_parallel import TPShard
-from engine.parallel import init_ep_process_group
+from engine.models.tp_shard import TPShard
 from tests.unit.engine.models.hf_checkpoints import greedy_generate, torch_backend
 from tests.unit.engine.parallel.tp_prompts import NEW_TOKENS, PROMPTS
 
 
 def main(checkpoint: str, init_method: str, rank: int, size: int, out: str) -> None:
-    collective = init_ep_process_group(rank, size, init_method, timeout_s=60.0)
+    collective = join_process_group(rank, size, init_method, timeout_s=60.0)
     try:
         model = load_model(
             checkpoint,

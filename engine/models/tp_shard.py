@@ -21,8 +21,7 @@ from typing import Protocol
 import torch
 
 from core.errors import ConfigError
-from core.tensor_parallel import kv_head_range, tp_split_problem
-from engine.models.config import ModelArchConfig
+from core.tensor_parallel import kv_head_range
 
 
 class TPCollective(Protocol):
@@ -81,24 +80,3 @@ class TPShard:
     def gather_vocab(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """[N, rows allocated] vocabulary-slice logits of every rank -> [N, vocab_size]."""
         return self.collective.all_gather_last(logits.contiguous())[:, :vocab_size]
-
-
-def check_tensor_parallel(config: ModelArchConfig, size: int) -> None:
-    """Raise :class:`ConfigError` naming the numbers unless ``config`` splits over ``size``
-    (:func:`core.tensor_parallel.tp_split_problem`; MoE layers are not split yet)."""
-    param = "tensor_parallel_size"
-    problem = tp_split_problem(
-        size, config.num_heads, config.num_kv_heads, config.intermediate_size
-    )
-    if problem is not None:
-        raise ConfigError(problem, param=param)
-    if size > 1 and config.is_moe:
-        for name, width in (
-            ("expert width", config.moe_intermediate_size),
-            ("shared expert width", config.shared_expert_intermediate_size),
-        ):
-            if width % size:
-                raise ConfigError(
-                    f"tensor_parallel_size={size} does not divide the {name} {width}",
-                    param=param,
-                )

@@ -18,11 +18,11 @@ import contextlib
 import torch
 from torch import nn
 
+from engine.expert_parallel.collective import EPCollective
+from engine.expert_parallel.dispatch import DispatchLayout, ReplicaRouter, plan_dispatch
+from engine.expert_parallel.load_stats import ExpertLoadStats
+from engine.expert_parallel.timing import StepTimer
 from engine.models.moe import MoELayer
-from engine.parallel.collective import EPCollective
-from engine.parallel.dispatch import DispatchLayout, ReplicaRouter, plan_dispatch
-from engine.parallel.stats import ExpertLoadStats
-from engine.parallel.timing import StepTimer
 
 
 class ExpertParallelMoE(nn.Module):

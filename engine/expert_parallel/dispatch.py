@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.parallel.collective import EPCollective
-from engine.parallel.placement import ExpertPlacement
+from engine.expert_parallel.collective import EPCollective
+from engine.expert_parallel.placement import ExpertPlacement
 
 
 class ReplicaRouter:

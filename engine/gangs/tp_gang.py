@@ -1,12 +1,12 @@
 """A tensor-parallel gang of local processes: rank 0 in the caller, ranks 1.. started by it.
 
 :func:`start_gang` is what ``LLM(model, tensor_parallel_size=N)`` runs: it starts N-1 follower
-processes (``python -m engine.parallel.tp_follower``: a fresh interpreter each, no forked torch
+processes (``python -m engine.gangs.tp_follower``: a fresh interpreter each, no forked torch
 state, and the caller's script is not imported again as ``multiprocessing``'s spawn would), joins
 them in a process group (gloo on the CPU, NCCL on CUDA, one GPU per rank) and a gloo control
 group, and returns the :class:`Gang`. Each follower builds its rank's engine parts from the same
 configs (passed as JSON), agrees with the others on the KV cache (:func:`agree_on_kv`), then
-runs :func:`~engine.parallel.tp_step.follow_leader` until rank 0 stops it (:meth:`Gang.close`)
+runs :func:`~engine.gangs.tp_step.follow_leader` until rank 0 stops it (:meth:`Gang.close`)
 or the gang breaks; a follower whose leader died sees its broadcast fail and exits.
 
 A follower keeps the host bytes of its KV in named shared memory and tells rank 0 the name
@@ -33,13 +33,14 @@ from core.errors import ConfigError, UnavailableError
 from core.kv_events import KVEventBatch
 from engine.builtin import resolve_model
 from engine.engine import LLMEngine
+from engine.expert_parallel.collective import TorchProcessGroupCollective
+from engine.expert_parallel.process_group import join_process_group, rendezvous_address
+from engine.gangs.tp_step import BroadcastChannel, LeaderRunner, follow_leader
 from engine.kv.storage import KVStorage
 from engine.model_runner import ModelRunner
 from engine.models import ModelArchConfig
-from engine.models.tensor_parallel import TPShard, check_tensor_parallel
-from engine.parallel.collective import TorchEPCollective
-from engine.parallel.group import init_ep_process_group, rendezvous_address
-from engine.parallel.tp_step import BroadcastChannel, LeaderRunner, follow_leader
+from engine.models.tp_shard import TPShard
+from engine.models.tp_split import check_tensor_parallel
 from engine.setup import EngineParts, build_engine_parts, pick_device
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class GangMember:
     """One rank's place in its gang: its shard of the model and the control channel."""
 
     shard: TPShard
-    collective: TorchEPCollective
+    collective: TorchProcessGroupCollective
     channel: BroadcastChannel
     control: dist.ProcessGroup
 
@@ -113,7 +114,7 @@ def start_gang(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> Gang:
             [
                 sys.executable,
                 "-m",
-                "engine.parallel.tp_follower",
+                "engine.gangs.tp_follower",
                 model_cfg.model_dump_json(),
                 engine_cfg.model_dump_json(),
                 init_method,
@@ -136,7 +137,7 @@ def start_gang(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> Gang:
 def join_gang(rank: int, size: int, init_method: str) -> GangMember:
     """Join the gang at ``init_method`` as ``rank``: the model's process group and the control
     group (every rank calls this, in any order)."""
-    collective = init_ep_process_group(rank, size, init_method, device=pick_device(rank))
+    collective = join_process_group(rank, size, init_method, device=pick_device(rank))
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     return GangMember(
         TPShard(rank, size, collective), collective, BroadcastChannel(control, rank), control
@@ -205,7 +206,7 @@ def agree_on_kv(member: GangMember, parts: EngineParts) -> None:
 
 def run_follower(model_json: str, engine_json: str, init_method: str, rank: int) -> None:
     """Rank ``rank``'s life: join, build, agree, follow rank 0 until it stops or the gang
-    breaks (``python -m engine.parallel.tp_follower`` runs it)."""
+    breaks (``python -m engine.gangs.tp_follower`` runs it)."""
     engine_cfg = EngineConfig.model_validate_json(engine_json)
     member = join_gang(rank, engine_cfg.tensor_parallel_size, init_method)
     parts: EngineParts | None = None
@@ -261,11 +262,9 @@ def build_tp_engine(
             gang=gang,
         )
         map_followers(runner, regions)
-        tiers = parts.scheduler.tiers
-        if tiers is not None:  # rank 0's tiers hold every rank's share of a block
-            tiers.device_blocks.add_ranks(
-                [storage.block_bytes_view() for storage in runner.follower_storages]
-            )
+        parts.scheduler.reach_tp_ranks(  # rank 0's tiers hold every rank's share of a block
+            [storage.block_bytes_view() for storage in runner.follower_storages]
+        )
         return LLMEngine(parts, runner=runner)
     except BaseException:
         gang.abort()

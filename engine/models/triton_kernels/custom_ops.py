@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.kernels import moe_experts_fake
+from engine.models.op_shapes import moe_experts_fake
 from engine.models.triton_kernels.fused_moe import fused_moe_experts
 from engine.models.triton_kernels.rms_norm import add_rms_norm, rms_norm
 from engine.models.triton_kernels.silu_mul import silu_and_mul

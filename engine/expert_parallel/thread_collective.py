@@ -1,4 +1,4 @@
-"""An in-process :class:`~engine.parallel.collective.EPCollective`: ranks are threads.
+"""An in-process :class:`~engine.expert_parallel.collective.EPCollective`: ranks are threads.
 
 Used to run several simulated ranks of a gang in one process (unit tests, numerics checks):
 each thread holds :meth:`InProcGroup.member` ``(rank)`` and calls the collectives exactly as a
@@ -72,7 +72,8 @@ class InProcCollective:
     def all_to_all(
         self, send: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int]
     ) -> torch.Tensor:
-        """Uneven all-to-all of rows; see :class:`~engine.parallel.collective.EPCollective`."""
+        """Uneven all-to-all of rows; see
+        :class:`~engine.expert_parallel.collective.EPCollective`."""
         chunks = list(send.split(list(send_splits)))  # world_size x [n_r, ...]
         posted = self._group.exchange(self._rank, chunks)
         received = [rank_chunks[self._rank] for rank_chunks in posted]

@@ -14,13 +14,13 @@ from core.config import EngineConfig, EPLBConfig, ModelConfig
 from core.errors import ConfigError
 from core.kv_events import KVEventBatch
 from engine.engine import LLMEngine
-from engine.parallel.agreement import check_placement_agreement
-from engine.parallel.balancer import ExpertLoadBalancer
-from engine.parallel.collective import EPCollective
-from engine.parallel.install import install_expert_parallel
-from engine.parallel.placement import ExpertPlacement
-from engine.parallel.stepper import EPStepper
-from engine.parallel.timing import StepTimer
+from engine.expert_parallel.agreement import check_placement_agreement
+from engine.expert_parallel.balancer import ExpertLoadBalancer
+from engine.expert_parallel.collective import EPCollective
+from engine.expert_parallel.install import install_expert_parallel
+from engine.expert_parallel.placement import ExpertPlacement
+from engine.expert_parallel.timing import StepTimer
+from engine.gangs.ep_stepper import EPStepper
 from engine.setup import build_engine_parts
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
@@ -36,9 +36,6 @@ from engine.kv.storage import KVStorage
 from engine.model_runner import ModelRunner, PendingTokens, StepLogits
 from engine.models import CausalLM
 from engine.scheduler.output import PENDING_TOKEN_ID, ScheduledRequest
-
-if TYPE_CHECKING:
-    from engine.parallel.tp_gang import Gang
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +55,15 @@ class TPStep:
 
 STOP = TPStep((), ())
 """The message that ends the followers (encoded apart from an empty step)."""
+
+
+class StoppableGang(Protocol):
+    """What the leader holds of its gang: the followers it started, stopped when it closes
+    (:class:`~engine.gangs.tp_gang.Gang`)."""
+
+    def close(self) -> None:
+        """Stop the followers and leave the gang."""
+        ...
 
 
 def encode_step(step: TPStep | None) -> torch.Tensor:
@@ -213,7 +219,7 @@ class LeaderRunner(ModelRunner):
         *,
         graph_batch_sizes: Sequence[int] = (),
         max_model_len: int | None = None,
-        gang: Gang | None = None,
+        gang: StoppableGang | None = None,
     ) -> None:
         """``gang``: the local gang whose followers this leader started, stopped by
         :meth:`close`."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from core.errors import ConfigError
-from engine.parallel.placement import ExpertPlacement
+from engine.expert_parallel.placement import ExpertPlacement
 
 
 def rebalance_placement(

@@ -13,14 +13,14 @@ from __future__ import annotations
 import torch
 
 from core.errors import ConfigError
+from engine.expert_parallel.collective import EPCollective
+from engine.expert_parallel.dispatch import ReplicaRouter
+from engine.expert_parallel.load_stats import ExpertLoadStats
+from engine.expert_parallel.moe_layer import ExpertParallelMoE
+from engine.expert_parallel.placement import ExpertPlacement
+from engine.expert_parallel.timing import StepTimer
 from engine.models.decoder import CausalLM, DecoderLayer
 from engine.models.moe import MoELayer
-from engine.parallel.collective import EPCollective
-from engine.parallel.dispatch import ReplicaRouter
-from engine.parallel.moe_layer import ExpertParallelMoE
-from engine.parallel.placement import ExpertPlacement
-from engine.parallel.stats import ExpertLoadStats
-from engine.parallel.timing import StepTimer
 
 
 class ExpertParallelModel:

@@ -17,10 +17,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from engine.expert_parallel.balancer import ExpertLoadBalancer
+from engine.expert_parallel.collective import EPCollective
+from engine.expert_parallel.install import ExpertParallelModel
 from engine.outputs import RequestOutput
-from engine.parallel.balancer import ExpertLoadBalancer
-from engine.parallel.collective import EPCollective
-from engine.parallel.install import ExpertParallelModel
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from core.errors import ConfigError
+from engine.expert_parallel.collective import EPCollective
+from engine.expert_parallel.dispatch import ReplicaRouter
+from engine.expert_parallel.install import ExpertParallelModel
+from engine.expert_parallel.placement import ExpertPlacement
 from engine.models.moe import MoELayer
-from engine.parallel.collective import EPCollective
-from engine.parallel.dispatch import ReplicaRouter
-from engine.parallel.install import ExpertParallelModel
-from engine.parallel.placement import ExpertPlacement
 
 EXPERT_TENSORS = ("gate_up_proj", "down_proj", "gate_up_scale", "down_scale")
 

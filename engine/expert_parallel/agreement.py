@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from core.errors import ConfigError
-from engine.parallel.collective import EPCollective
-from engine.parallel.placement import ExpertPlacement
+from engine.expert_parallel.collective import EPCollective
+from engine.expert_parallel.placement import ExpertPlacement
 
 
 def check_placement_agreement(collective: EPCollective, placement: ExpertPlacement) -> None:

@@ -2,9 +2,12 @@
 
 :class:`EPCollective` is the contract the EP MoE layer and the lockstep stepper are written
 against: an uneven all-to-all of rows along dim 0 and an element-wise max all-reduce of a few
-ints. Every rank must issue the same calls in the same order. :class:`TorchEPCollective` runs
-them over a process group (gloo on CPU, NCCL on CUDA); :mod:`engine.parallel.inproc` runs them
-between threads of one process for tests.
+ints. Every rank must issue the same calls in the same order.
+:class:`TorchProcessGroupCollective` runs them over a ``torch.distributed`` process group (gloo on
+CPU, NCCL on CUDA); it also runs a tensor-parallel gang's sums and gathers
+(:class:`~engine.models.tp_shard.TPCollective`), so nothing in it is EP-specific.
+:mod:`engine.expert_parallel.thread_collective` runs them between threads of one process for
+tests.
 
 Failure: a collective that fails (a peer died: gloo reports the closed connection at once; a
 peer stalled: the process group's timeout fires) raises :class:`UnavailableError` and marks the
@@ -65,8 +68,9 @@ class EPCollective(Protocol):
         ...
 
 
-class TorchEPCollective:
-    """:class:`EPCollective` over a ``torch.distributed`` process group.
+class TorchProcessGroupCollective:
+    """A ``torch.distributed`` process group as a gang's collective: :class:`EPCollective` and
+    :class:`~engine.models.tp_shard.TPCollective` alike.
 
     ``device`` is where the group's tensors must live: the CPU for gloo, the rank's GPU for NCCL.
     ``owns_group``: :meth:`close` destroys the group (it was created for this gang).

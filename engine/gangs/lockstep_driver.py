@@ -1,6 +1,6 @@
 """One rank of an expert-parallel gang served to asyncio code: an ``AsyncEngine`` in lockstep.
 
-:class:`LockstepDriver` plugs an :class:`~engine.parallel.stepper.EPStepper` into
+:class:`LockstepDriver` plugs an :class:`~engine.gangs.ep_stepper.EPStepper` into
 :class:`~engine.async_engine.AsyncEngine` as its :class:`~engine.async_engine.StepDriver`: the
 engine thread steps the gang continuously (so the peers' collectives always pair up), between
 steps it runs the queued commands (add, abort, KV import, ...) exactly as a single engine does.
@@ -29,12 +29,12 @@ from core.stats import ExpertLoadStats
 from engine.async_engine import AsyncEngine
 from engine.builtin import resolve_model
 from engine.engine import LLMEngine
+from engine.expert_parallel.collective import EPCollective
+from engine.expert_parallel.placement import ExpertPlacement
+from engine.gangs.ep_builder import build_ep_stepper
+from engine.gangs.ep_stepper import EPStepper
 from engine.models import ModelArchConfig
 from engine.outputs import RequestOutput
-from engine.parallel.builder import build_ep_stepper
-from engine.parallel.collective import EPCollective
-from engine.parallel.placement import ExpertPlacement
-from engine.parallel.stepper import EPStepper
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class LockstepDriver:
         self.stepper.collective.close()
 
 
-def build_async_ep_engine(
+def build_lockstep_driver(
     model_cfg: ModelConfig,
     engine_cfg: EngineConfig,
     collective: EPCollective,
@@ -112,9 +112,10 @@ def build_async_ep_engine(
     kv_event_callback: Callable[[KVEventBatch], None] | None = None,
     max_idle_s: float = DEFAULT_MAX_IDLE_S,
     eplb: EPLBConfig | None = None,
-) -> AsyncEngine:
-    """This rank's engine (its experts of a contiguous placement) as an :class:`AsyncEngine`
-    stepping in lockstep with the gang. Collective: every rank of the gang must call it.
+) -> LockstepDriver:
+    """This rank's engine (its experts of a contiguous placement) in the driver that steps it in
+    lockstep with the gang (the engine is ``driver.stepper.engine``). Collective: every rank of
+    the gang must call it.
 
     Raises :class:`ConfigError` for a model without experts or with fewer experts than ranks.
     """
@@ -141,8 +142,7 @@ def build_async_ep_engine(
         world_size,
         list(placement.experts_of(collective.rank)),
     )
-    driver = LockstepDriver(stepper, max_idle_s=max_idle_s)
-    return AsyncEngine(stepper.engine, driver=driver)
+    return LockstepDriver(stepper, max_idle_s=max_idle_s)
 
 
 def expert_load_stats(engine: AsyncEngine) -> ExpertLoadStats | None:

@@ -1,5 +1,5 @@
-"""A tensor-parallel follower process: ``python -m engine.parallel.tp_follower MODEL_JSON
-ENGINE_JSON INIT_METHOD RANK`` (what :func:`~engine.parallel.tp_gang.start_gang` runs).
+"""A tensor-parallel follower process: ``python -m engine.gangs.tp_follower MODEL_JSON
+ENGINE_JSON INIT_METHOD RANK`` (what :func:`~engine.gangs.tp_gang.start_gang` runs).
 
 Exits 0 when rank 0 stopped the gang, 1 (with the reason on stderr) when it broke.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from engine.parallel.tp_gang import run_follower
+from engine.gangs.tp_gang import run_follower
 
 
 def main(argv: list[str]) -> int:
@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     try:
         run_follower(model_json, engine_json, init_method, int(rank))
     except Exception as e:  # the gang is broken: say why, exit non-zero
-        logging.getLogger("engine.parallel.tp_follower").error("follower stopped: %s", e)
+        logging.getLogger("engine.gangs.tp_follower").error("follower stopped: %s", e)
         return 1
     return 0
 

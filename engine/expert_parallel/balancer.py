@@ -6,10 +6,11 @@ two forwards and on every rank at once:
 
 1. gathers each rank's routed tokens per expert since the previous plan (an all-to-all of one
    [E] row per rank) and sums them, so every rank holds the gang's counts;
-2. computes :func:`~engine.parallel.eplb.rebalance_placement` from them (pure, deterministic);
+2. computes :func:`~engine.expert_parallel.rebalance_plan.rebalance_placement` from them
+   (pure, deterministic);
 3. checks with one all-reduce that every rank's plan has the same fingerprint;
 4. if the plan changed, fetches new copies from their primaries and switches the routers
-   (:func:`~engine.parallel.reshard.apply_placement`).
+   (:func:`~engine.expert_parallel.reshard.apply_placement`).
 
 No request is paused or dropped: the scheduler and the KV cache never see the switch.
 """
@@ -22,12 +23,12 @@ import time
 import torch
 
 from core.config import EPLBConfig
-from engine.parallel.agreement import check_placement_agreement
-from engine.parallel.collective import EPCollective
-from engine.parallel.eplb import check_copy_budget, rebalance_placement
-from engine.parallel.install import ExpertParallelModel
-from engine.parallel.placement import ExpertPlacement
-from engine.parallel.reshard import apply_placement
+from engine.expert_parallel.agreement import check_placement_agreement
+from engine.expert_parallel.collective import EPCollective
+from engine.expert_parallel.install import ExpertParallelModel
+from engine.expert_parallel.placement import ExpertPlacement
+from engine.expert_parallel.rebalance_plan import check_copy_budget, rebalance_placement
+from engine.expert_parallel.reshard import apply_placement
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Forming an expert-parallel gang's process group: rendezvous address, backend, timeout.
 
 Rank 0 picks an address (:func:`rendezvous_address`) and publishes it out of band (the Serve
-gang does that); every rank then calls :func:`init_ep_process_group` with it. The backend follows
+gang does that); every rank then calls :func:`join_process_group` with it. The backend follows
 the device: gloo on the CPU, NCCL on CUDA. ``timeout_s`` bounds every collective, so a rank
 that stalls makes its peers fail within that time (a rank that dies is noticed at once).
 """
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from core.errors import ConfigError, UnavailableError
-from engine.parallel.collective import TorchEPCollective
+from engine.expert_parallel.collective import TorchProcessGroupCollective
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +36,14 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_ep_process_group(
+def join_process_group(
     rank: int,
     world_size: int,
     init_method: str,
     *,
     device: torch.device | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> TorchEPCollective:
+) -> TorchProcessGroupCollective:
     """Join the gang at ``init_method`` (``tcp://host:port`` or ``file:///path``) as ``rank``.
 
     Creates the default process group of this process (one gang per process). Raises
@@ -80,4 +80,4 @@ def init_ep_process_group(
     group = dist.group.WORLD
     if group is None:  # pragma: no cover - init_process_group just set it
         raise UnavailableError("torch.distributed has no default group after init")
-    return TorchEPCollective(group, device, owns_group=True)
+    return TorchProcessGroupCollective(group, device, owns_group=True)

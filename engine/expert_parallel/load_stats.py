@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from engine.parallel.dispatch import DispatchLayout
+from engine.expert_parallel.dispatch import DispatchLayout
 
 
 class ExpertLoadStats:
