@@ -16,8 +16,8 @@ from collections.abc import Callable
 from core.errors import InvalidRequestError, KVCacheError, PdserveError
 from engine.kv.event_publisher import KVEventPublisher
 from engine.kv.kv_cache_manager import ComputedBlocks, KVCacheManager
-from engine.kv_connector.import_loads import ImportLoads, ImportOutcome
 from engine.request import Request, RequestStatus
+from engine.scheduler.kv_import_loads import ImportLoads, ImportOutcome
 from engine.scheduler.output import ImportAllocation
 from engine.scheduler.queue import RequestQueues
 from engine.scheduler.stop import check_stop

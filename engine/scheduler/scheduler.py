@@ -8,7 +8,7 @@ the work to collaborators sharing them: :class:`~engine.scheduler.step_planner.S
 plans each step, :class:`~engine.scheduler.tier_loading.TierLoading` looks up and loads back
 the KV tiers under the device pool (a do-nothing one when there are none),
 :mod:`~engine.scheduler.step_results` applies computed steps (at once, or in two halves for
-overlapped steps), and :class:`~engine.kv_connector.imports.KVImports` takes the decode side's
+overlapped steps), and :class:`~engine.scheduler.kv_imports.KVImports` takes the decode side's
 imports. A prefill-only
 request ends pinned (``FINISHED_PREFILL``), keeping its blocks until :meth:`Scheduler.release`.
 """
@@ -30,9 +30,9 @@ from core.errors import (
 from core.stats import KVTierStats
 from engine.kv.event_publisher import KVEventCallback, KVEventPublisher
 from engine.kv.kv_cache_manager import KVCacheManager
-from engine.kv_connector.import_loads import ImportOutcome
-from engine.kv_connector.imports import KVImports
 from engine.request import FinishReason, Request, RequestStatus
+from engine.scheduler.kv_import_loads import ImportOutcome
+from engine.scheduler.kv_imports import KVImports
 from engine.scheduler.output import (
     ImportAllocation,
     PinnedBlocks,

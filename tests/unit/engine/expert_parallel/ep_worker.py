@@ -1,6 +1,6 @@
 """One rank of a real (gloo, multi-process) expert-parallel gang, driven by a JSON job file.
 
-Run as ``python -m tests.unit.engine.parallel.ep_worker JOB RANK`` from the repository root.
+Run as ``python -m tests.unit.engine.expert_parallel.ep_worker JOB RANK`` from the repository root.
 The job lists scenarios (model, prompts per rank, sampling) run one after another over the same
 process group, then an ending that exercises failure:
 

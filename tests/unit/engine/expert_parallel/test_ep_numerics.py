@@ -15,7 +15,7 @@ from engine.expert_parallel import (
 )
 from engine.expert_parallel.dispatch import ReplicaRouter
 from engine.models.moe import MoELayer
-from tests.unit.engine.parallel.ranks import (
+from tests.unit.engine.expert_parallel.ranks import (
     HIDDEN,
     moe_config,
     random_dense_layer,

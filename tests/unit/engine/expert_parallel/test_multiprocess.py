@@ -38,6 +38,8 @@ SCENARIOS: dict[str, tuple[str, list[list[int]], list[list[int]], int]] = {
     "qwen2-moe-both-busy": ("qwen2-moe", [[200, 1, 7, 7, 7, 150, 61]], [[9, 8], [250, 19, 4]], 10),
 }
 
+WORKER_MODULE = "tests.unit.engine.expert_parallel.ep_worker"
+
 
 def start_gang(tmp_path: Path, job: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
     job_path = tmp_path / "job.json"
@@ -50,7 +52,7 @@ def start_gang(tmp_path: Path, job: dict[str, Any]) -> list[subprocess.Popen[byt
     }
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.unit.engine.parallel.ep_worker", str(job_path), str(r)],
+            [sys.executable, "-m", WORKER_MODULE, str(job_path), str(r)],
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.PIPE,

@@ -19,7 +19,7 @@ from engine.expert_parallel import InProcCollective, InProcGroup
 from engine.gangs import LockstepOutput
 from engine.gangs.lockstep_driver import LockstepDriver, expert_load_stats
 from engine.outputs import RequestOutput
-from tests.unit.engine.parallel.ranks import run_ranks
+from tests.unit.engine.expert_parallel.ranks import run_ranks
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)

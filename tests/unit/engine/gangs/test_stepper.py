@@ -15,7 +15,7 @@ from engine.expert_parallel import (
     install_expert_parallel,
 )
 from engine.gangs import EPStepper, build_ep_stepper
-from tests.unit.engine.parallel.ranks import run_ranks
+from tests.unit.engine.expert_parallel.ranks import run_ranks
 
 MODEL = ModelConfig(name="builtin:tiny-moe")
 ENGINE = EngineConfig(max_model_len=256, block_size=8, kv_cache_memory_bytes=4 << 20)

@@ -21,12 +21,12 @@ from engine.loader import load_model
 from engine.models import CausalLM, ModelArchConfig
 from engine.models.tp_shard import TPShard
 from engine.models.tp_split import check_tensor_parallel
+from tests.unit.engine.gangs.tp_prompts import NEW_TOKENS, PROMPTS
 from tests.unit.engine.models.hf_checkpoints import (
     greedy_generate,
     save_checkpoint,
     torch_backend,
 )
-from tests.unit.engine.parallel.tp_prompts import NEW_TOKENS, PROMPTS
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 
@@ -141,7 +141,7 @@ def test_two_gloo_processes_decode_what_one_rank_decodes(tmp_path: Path) -> None
             [
                 sys.executable,
                 "-m",
-                "tests.unit.engine.parallel.tp_worker",
+                "tests.unit.engine.gangs.tp_worker",
                 str(checkpoint.path),
                 init_method,
                 str(r),

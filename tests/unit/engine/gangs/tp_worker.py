@@ -1,8 +1,8 @@
 """One rank of a real (gloo, multi-process) tensor-parallel model, driven from the command line.
 
-Run as ``python -m tests.unit.engine.parallel.tp_worker CHECKPOINT INIT_METHOD RANK SIZE OUT``
+Run as ``python -m tests.unit.engine.gangs.tp_worker CHECKPOINT INIT_METHOD RANK SIZE OUT``
 from the repository root: joins the gang, loads its slices of the checkpoint, greedy-decodes
-the prompts of ``tests.unit.engine.parallel.tp_prompts`` and writes the tokens to
+the prompts of ``tests.unit.engine.gangs.tp_prompts`` and writes the tokens to
 ``OUT`` as JSON.
 """
 
@@ -17,8 +17,8 @@ import torch
 from engine.expert_parallel import join_process_group
 from engine.loader import load_model
 from engine.models.tp_shard import TPShard
+from tests.unit.engine.gangs.tp_prompts import NEW_TOKENS, PROMPTS
 from tests.unit.engine.models.hf_checkpoints import greedy_generate, torch_backend
-from tests.unit.engine.parallel.tp_prompts import NEW_TOKENS, PROMPTS
 
 
 def main(checkpoint: str, init_method: str, rank: int, size: int, out: str) -> None:
