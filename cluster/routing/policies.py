@@ -21,8 +21,8 @@ Prefill and decode run the same function with different :class:`CostWeights` (se
 A decision must stay well under a millisecond at a thousand candidates, so the pool is walked
 once, in one loop that inlines the load terms and reads the per-decision constants once;
 everything else walks the index's answer (the few cache holders) instead of the pool. The
-plain version of these rules is kept in ``tests/unit/routing/policy_reference.py``, and every
-decision, and every cost to the bit, must equal it.
+plain version of these rules is kept in ``tests/unit/cluster/routing/policy_reference.py``,
+and every decision, and every cost to the bit, must equal it.
 """
 
 from __future__ import annotations
