@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +39,8 @@ from core.config import EngineConfig, EPLBConfig, ModelConfig
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
 from engine.expert_parallel import ExpertPlacement, join_process_group, max_mean_load_ratio
+from engine.expert_parallel.router_skew import skew_routing
 from engine.gangs import EPStepper, build_ep_stepper
-from engine.models.moe import MoELayer
 from engine.setup import pick_device
 
 MODEL = "builtin:tiny-moe"
@@ -50,18 +49,6 @@ HOT_EXPERTS = (0, 1)
 WORLD_SIZE = 2
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 900.0
-
-
-def skew_routing(model: torch.nn.Module, hot_expert_ids: Sequence[int], logit_bias: float) -> int:
-    """Give every MoE router a bias of ``logit_bias`` towards ``hot_expert_ids`` (the same on
-    every rank, as router weights are replicated): most tokens then pick those experts.
-    Returns the number of routers changed."""
-    routers = [m.gate for m in model.modules() if isinstance(m, MoELayer)]
-    for gate in routers:
-        bias = torch.zeros(gate.weight.shape[0], dtype=gate.weight.dtype)  # [E]
-        bias[list(hot_expert_ids)] = logit_bias
-        gate.bias = torch.nn.Parameter(bias.to(gate.weight.device), requires_grad=False)
-    return len(routers)
 
 
 def run_workload(ep: EPStepper[LLMEngine], prompts: list[list[int]], new_tokens: int) -> dict:

@@ -14,9 +14,9 @@ from core.sampling import SamplingParams
 from engine import LLMEngine
 from engine.expert_parallel import ExpertPlacement, InProcCollective
 from engine.expert_parallel.reshard import transfer_plan
+from engine.expert_parallel.router_skew import skew_routing
 from engine.gangs import EPStepper, build_ep_stepper
 from tests.unit.engine.expert_parallel.ranks import run_ranks
-from tests.unit.engine.expert_parallel.router_skew import skew_routing
 
 MODEL = ModelConfig(name="builtin:tiny-moe")
 ENGINE = EngineConfig(max_model_len=256, block_size=8, kv_cache_memory_bytes=4 << 20)

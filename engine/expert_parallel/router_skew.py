@@ -1,5 +1,6 @@
-"""Skewed MoE routing for the rebalancing tests: a router bias that sends most tokens to a few
-chosen experts, so one rank of a gang computes most routed rows."""
+"""Skewed MoE routing for load-balancing experiments: a router bias that sends most tokens to a
+few chosen experts, so one rank of a gang computes most routed rows (the EPLB benchmark and the
+rebalancing tests make their hot experts with it)."""
 
 from __future__ import annotations
 
