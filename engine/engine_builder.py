@@ -94,22 +94,3 @@ def build_async_engine(
         model, engine, gang=gang, kv_event_callback=kv_event_callback, shared_kv=shared_kv
     )
     return AsyncEngine(built.engine, driver=built.driver)
-
-
-def build_async_ep_engine(
-    model: ModelConfig,
-    engine: EngineConfig,
-    collective: EPCollective,
-    *,
-    kv_event_callback: Callable[[KVEventBatch], None] | None = None,
-    max_idle_s: float = DEFAULT_MAX_IDLE_S,
-    eplb: EPLBConfig | None = None,
-) -> AsyncEngine:
-    """One expert-parallel rank's :class:`AsyncEngine` (its experts of a contiguous placement),
-    stepping in lockstep with the gang: :func:`build_async_engine` with an
-    :class:`ExpertParallelGang`. Collective: every rank of the gang must call it.
-
-    Raises :class:`ConfigError` for a model without experts or with fewer experts than ranks.
-    """
-    gang = ExpertParallelGang(collective, eplb=eplb, max_idle_s=max_idle_s)
-    return build_async_engine(model, engine, gang=gang, kv_event_callback=kv_event_callback)

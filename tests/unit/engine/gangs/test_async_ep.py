@@ -14,7 +14,7 @@ from core.errors import ConfigError, UnavailableError
 from core.sampling import SamplingParams
 from engine import LLM
 from engine.async_engine import AsyncEngine
-from engine.engine_builder import build_async_ep_engine
+from engine.engine_builder import ExpertParallelGang, build_async_engine
 from engine.expert_parallel import InProcCollective, InProcGroup
 from engine.gangs import LockstepOutput
 from engine.gangs.lockstep_driver import LockstepDriver, expert_load_stats
@@ -45,7 +45,8 @@ def gang() -> Iterator[list[AsyncEngine]]:
     """Two ranks, each an AsyncEngine stepping in lockstep over an in-process group."""
 
     def build(collective: InProcCollective) -> AsyncEngine:
-        return build_async_ep_engine(MODEL, ENGINE, collective, max_idle_s=MAX_IDLE_S)
+        gang = ExpertParallelGang(collective, max_idle_s=MAX_IDLE_S)
+        return build_async_engine(MODEL, ENGINE, gang=gang)
 
     engines = run_ranks(2, build, timeout_s=10.0)
     try:
@@ -136,4 +137,4 @@ def test_bad_backoff_and_dense_models_are_config_errors() -> None:
         LockstepDriver(_ScriptedStepper([]), min_idle_s=0.1, max_idle_s=0.05)  # type: ignore[arg-type]
     dense = ModelConfig(name="builtin:tiny-llama")
     with pytest.raises(ConfigError, match="at least 2 experts"):
-        build_async_ep_engine(dense, ENGINE, InProcGroup(2).member(0))
+        build_async_engine(dense, ENGINE, gang=ExpertParallelGang(InProcGroup(2).member(0)))
