@@ -1,0 +1,5 @@
+"""Speculative decoding: draft proposers and the acceptance of drafted tokens."""
+
+from engine.spec_decode.proposer import Proposer
+
+__all__ = ["Proposer"]

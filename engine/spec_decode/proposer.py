@@ -1,0 +1,33 @@
+"""What every draft method answers: given a request's tokens so far, guess the next few.
+
+A proposer is host-side and tensor-free for the draft-free methods (n-gram prompt lookup,
+suffix decoding); the engine asks it once per step for each request that may speculate and
+tells it when a request ends, so per-request state is freed and finished outputs can feed a
+shared cache. The guesses are only proposals: the target model verifies them in its next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class Proposer(Protocol):
+    """Drafts tokens for running requests; one per engine, called on the engine thread."""
+
+    def propose(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        num_prompt_tokens: int,
+        max_num_tokens: int,
+    ) -> list[int]:
+        """Up to ``max_num_tokens`` draft tokens to follow ``token_ids`` (the prompt's
+        ``num_prompt_tokens`` tokens, then every accepted output token). ``token_ids`` only
+        grows between calls for one request, except after a preemption, which starts it again
+        from its prompt. An empty list: no guess worth verifying."""
+        ...
+
+    def finish(self, request_id: str) -> None:
+        """The request ended (any reason): free its state. Idempotent; unknown ids are fine."""
+        ...
