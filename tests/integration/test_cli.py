@@ -2,7 +2,7 @@
 as a user runs them: a local Ray started by the CLI, the real chat model answering a factual
 question through the openai SDK, under 5.5 GiB resident in total (Ray's own processes take about
 2 GiB, each replica the model's 0.5 GB of fp32 weights plus its KV), and gone without a trace after
-``down``."""
+``down`` (no process, no KV segment in ``/dev/shm``)."""
 
 from __future__ import annotations
 
@@ -104,6 +104,11 @@ def test_up_detach_status_down_on_the_local_default(
     assert not state_file.exists()
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{endpoint}/health", timeout=5)
+    # every replica unlinked its own KV segment on the way out: none is left, none needed sweeping
+    left = [name for name in os.listdir("/dev/shm") if any(f"-{pid}-" in name for pid in processes)]
+    assert not left, left
+    log = (state_file.parent / "pdserve.log").read_text()
+    assert "shared KV segments left by dead processes" not in log, log[-2000:]
 
 
 def test_validate_reports_field_errors(tmp_path: Path) -> None:
