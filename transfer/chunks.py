@@ -6,10 +6,11 @@ logical byte string of ``len(wanted) * block_bytes``. That string is cut into ch
 may pack several small blocks or hold part of a large one, and each carries its offset into the
 string and a checksum of its payload (``transfer.checksums``). The exporter takes views of a
 chunk's block slices (:func:`chunk_pieces`), checksums them and copies them exactly once,
-straight into the outgoing message (``transfer.codec``); the importer verifies a chunk's offset,
-size and checksum on the received buffer and only then copies it into its destination blocks
-(:class:`ChunkWriter`), so destination blocks never hold unverified bytes. Block views are
-fetched from the store as chunks need them (:class:`BlockViews`), not all before the first byte.
+straight into the outgoing message (``transfer.chunk_wire``); the importer verifies a chunk's
+offset, size and checksum on the received buffer and only then copies it into its destination
+blocks (:class:`ChunkWriter`), so destination blocks never hold unverified bytes. Block views
+are fetched from the store as chunks need them (:class:`BlockViews`), not all before the first
+byte.
 """
 
 from __future__ import annotations

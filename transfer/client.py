@@ -27,7 +27,7 @@ from core.errors import TransferError
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS, ChecksumAlgorithm
-from transfer.codec import ChunkDecodeError, decode_chunk
+from transfer.chunk_wire import ChunkDecodeError, decode_chunk
 from transfer.device_path import DeviceSource
 from transfer.importer import ImportRunner
 from transfer.paths import PathChooser, PullSource, source_stream

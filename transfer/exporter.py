@@ -7,7 +7,7 @@ and ``await_ready`` reports on); ``pull`` validates a pull (epoch, layout finger
 indices, ready blocks, one whole pull or disjoint split streams) and yields its chunks read
 straight from the store, each checksummed (with the algorithm negotiated from the importer's
 offer, ``transfer.checksums``) and copied once into the caller's message type by an
-encoder (``transfer.codec.encode_chunk`` for gRPC). The gRPC servicer
+encoder (``transfer.chunk_wire.encode_chunk`` for gRPC). The gRPC servicer
 (``transfer.server``) and the in-process transport (``transfer.inproc``) both drive it, so both
 enforce the same rules and inject the same faults. Errors are ``TransferError`` with a
 ``TransferFailure`` reason, which the servicer maps to gRPC status codes.

@@ -1,9 +1,9 @@
 """How ``pdserve.kv.v1.KVTransfer`` is bound to gRPC, for the server and the client alike.
 
 The unary methods use the generated protobuf classes. ``Pull`` responses bypass them: the server
-yields chunks already serialized by ``transfer.codec`` and the client receives the raw bytes and
-decodes them itself, so each payload is copied once per side (see ``transfer.codec``). Message
-size limits are set explicitly on both ends from the same config.
+yields chunks already serialized by ``transfer.chunk_wire`` and the client receives the raw
+bytes and decodes them itself, so each payload is copied once per side (see
+``transfer.chunk_wire``). Message size limits are set explicitly on both ends from the same config.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class KVTransferHandlers(Protocol):
     """The server-side behaviour of the four methods."""
 
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
-        """Yield serialized ``Chunk`` messages (``transfer.codec.encode_chunk``)."""
+        """Yield serialized ``Chunk`` messages (``transfer.chunk_wire.encode_chunk``)."""
         ...
 
     def Heartbeat(
@@ -91,7 +91,7 @@ class KVTransferClientMethods:
         self.pull: Callable[..., Any] = channel.unary_stream(
             PULL_METHOD,
             request_serializer=pb.PullRequest.SerializeToString,
-            response_deserializer=None,  # raw bytes; decoded by transfer.codec
+            response_deserializer=None,  # raw bytes; decoded by transfer.chunk_wire
         )
         self.heartbeat: Callable[..., Any] = channel.unary_unary(
             HEARTBEAT_METHOD,

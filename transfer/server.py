@@ -24,7 +24,7 @@ from core.kv_handle import KVHandle, TransferFailure
 from transfer.addressing import host_port, is_loopback, is_wildcard, node_address
 from transfer.block_store import BlockStore
 from transfer.checksums import ChecksumAlgorithm
-from transfer.codec import encode_chunk
+from transfer.chunk_wire import encode_chunk
 from transfer.exporter import KVExporter
 from transfer.faults import FaultInjection
 from transfer.leases import OnRelease

@@ -11,8 +11,8 @@ from core.errors import TransferError
 from core.kv_handle import TransferFailure
 from transfer import NumpyBlockStore
 from transfer.checksums import ChecksumAlgorithm, checksum, checksum_pieces
+from transfer.chunk_wire import ChunkDecodeError, decode_chunk, encode_chunk
 from transfer.chunks import BlockViews, ChunkWriter, chunk_pieces, plan_chunks, pull_chunk_bytes
-from transfer.codec import ChunkDecodeError, decode_chunk, encode_chunk
 from transfer.faults import FaultInjection
 from transfer.proto._generated import kv_transfer_pb2 as pb
 

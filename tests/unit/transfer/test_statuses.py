@@ -10,7 +10,7 @@ import pytest
 from core.config import TransferConfig
 from core.kv_handle import KVHandle
 from transfer import FaultInjection, KVExportServer, NumpyBlockStore, ReleaseCause, TransferSide
-from transfer.codec import decode_chunk
+from transfer.chunk_wire import decode_chunk
 from transfer.proto._generated import kv_transfer_pb2 as pb
 from transfer.rpc import KVTransferClientMethods
 from transfer.status_codes import REASON_METADATA_KEY
