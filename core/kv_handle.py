@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from core.kv_compat import KVCompat
+
 
 @dataclass(frozen=True)
 class KVHandle:
@@ -49,6 +51,9 @@ class KVHandle:
     heads and an importer pulls each head from a rank holding it
     (:func:`core.tensor_parallel.plan_kv_pieces`); ``layout_fingerprint`` is then that of the
     unsplit layout (``KVLayout.unsplit``)."""
+    kv_compat: KVCompat | None = None
+    """What makes the exporter's KV reusable (model revision, layout, ...): an importer pulls
+    only from an exporter whose compatibility equals its own. None: the exporter declares none."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,9 @@ class TransferFailure(enum.StrEnum):
     """The exporter restarted since the handle was issued (its epoch differs)."""
     LAYOUT_MISMATCH = "layout_mismatch"
     """Exporter and importer KV layouts differ."""
+    KV_INCOMPATIBLE = "kv_incompatible"
+    """Exporter and importer KV compatibility differs (model revision, hash seed, speculative
+    settings, protocol or KV format: ``core.kv_compat``): the blocks would be read wrong."""
     ALREADY_PULLING = "already_pulling"
     """Another pull of the same export is running."""
     UNAUTHENTICATED = "unauthenticated"

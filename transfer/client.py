@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.config import TransferConfig
 from core.errors import TransferError
+from core.kv_compat import KVCompat
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS, ChecksumAlgorithm
@@ -112,12 +113,15 @@ class KVImportClient:
         metrics: TransferMetrics | None = None,
         accepted_checksums: Sequence[ChecksumAlgorithm] = ACCEPTED_CHECKSUMS,
         rank_stores: Sequence[BlockStore] = (),
+        kv_compat: KVCompat | None = None,
     ) -> None:
         """``accepted_checksums``: what each Pull offers, best first (tests narrow it);
-        ``rank_stores``: every rank's store on rank 0 of a tensor-parallel gang."""
+        ``rank_stores``: every rank's store on rank 0 of a tensor-parallel gang;
+        ``kv_compat``: this importer's compatibility (exporters of another are refused)."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self._config = config
         self._accepted_checksums = [cast(pb.ChecksumAlgorithm, int(a)) for a in accepted_checksums]
+        self._kv_compat = "" if kv_compat is None else kv_compat.fingerprint()
         self._metadata = call_metadata(resolve_auth_token(config))
         self._credentials = channel_credentials(config)
         self._options: list[tuple[str, str | int]] = [
@@ -133,6 +137,7 @@ class KVImportClient:
             stall_s=config.pull_deadline_s,
             plan=StreamPlan.from_config(config),
             rank_stores=rank_stores,
+            kv_compat=kv_compat,
         )
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, KVTransferClientMethods]] = {}
@@ -212,6 +217,7 @@ class KVImportClient:
             keep_export=keep_export or source is not None,
             same_node=source is not None,
             device=isinstance(source, DeviceSource),
+            kv_compat=self._kv_compat,
         )
         if shard is not None:
             request.shard_rank = shard.rank

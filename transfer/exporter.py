@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from core.errors import TransferError
 from core.ids import new_transfer_id
+from core.kv_compat import KVCompat
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore, check_block_ids
 from transfer.checksums import ChecksumAlgorithm, checksum_pieces, negotiate
@@ -66,9 +67,12 @@ class KVExporter:
         faults: FaultInjection | None = None,
         node_id: str = "",
         rank_stores: Sequence[BlockStore] = (),
+        kv_compat: KVCompat | None = None,
     ) -> None:
-        """``node_id``: this node's identity, put on every handle with the store's shared
-        region (if its KV lives in shared memory) for same-node importers. ``rank_stores``: on
+        """``kv_compat``: what makes this exporter's KV reusable, on every handle; a pull from an
+        importer of another compatibility is refused. ``node_id``: this node's identity, put on
+        every handle with the store's shared region (if its KV lives in shared memory) for
+        same-node importers. ``rank_stores``: on
         rank 0 of a tensor-parallel gang, every rank's store (``store`` first), all under the
         same block ids; pulls then name a :class:`~transfer.shards.KVShard`."""
         self.store = store
@@ -90,6 +94,8 @@ class KVExporter:
         self.faults = faults or FaultInjection()
         self._metrics = metrics
         self._fingerprint = store.layout.unsplit().fingerprint()
+        self.kv_compat = kv_compat
+        self._compat = "" if kv_compat is None else kv_compat.fingerprint()
         self._leases = LeaseTable(lease_s, metrics.lease_released)
 
     def export(self, block_ids: Sequence[int], on_release: OnRelease | None = None) -> KVHandle:
@@ -123,6 +129,7 @@ class KVExporter:
             shared_region=self.shared_region,
             device_region=self.device_region,
             tp_size=len(self.rank_stores),
+            kv_compat=self.kv_compat,
         )
 
     def add_ready(self, transfer_id: str, block_ids: Sequence[int]) -> None:
@@ -170,6 +177,7 @@ class KVExporter:
         *,
         keep_export: bool = False,
         shard: KVShard | None = None,
+        kv_compat: str = "",
     ) -> Generator[EncodedChunk, None, None]:
         """Validate a pull and stream its chunks, each made by ``encode``.
 
@@ -178,10 +186,16 @@ class KVExporter:
         ``accepted_checksums`` is the importer's offer (empty: CRC-32 only). ``keep_export``:
         one of several streams over disjoint blocks (or shards); the export stays pinned after
         it. ``shard``: only those heads of that rank's blocks (the only pulls a gang serves).
+        ``kv_compat``: the importer's compatibility fingerprint, which must equal this one's.
         Validation errors raise here; failures while streaming raise from ``next()``.
         """
         wanted, algorithm = self._check_pull(
-            transfer_id, block_indices, layout_fingerprint, exporter_epoch, accepted_checksums
+            transfer_id,
+            block_indices,
+            layout_fingerprint,
+            exporter_epoch,
+            accepted_checksums,
+            kv_compat,
         )
         source = self._shard_source(shard)
         if shard is not None and not keep_export:
@@ -225,6 +239,7 @@ class KVExporter:
         accepted_checksums: Sequence[int] = (),
         *,
         device: bool = False,
+        kv_compat: str = "",
     ) -> Generator[EncodedChunk, None, None]:
         """A same-node pull: validated as :meth:`pull`, then the wanted blocks' ids in this
         exporter's shared region and a checksum of each, a chunk's worth at a time, each made
@@ -239,7 +254,12 @@ class KVExporter:
                 reason=TransferFailure.INVALID_REQUEST,
             )
         wanted, algorithm = self._check_pull(
-            transfer_id, block_indices, layout_fingerprint, exporter_epoch, accepted_checksums
+            transfer_id,
+            block_indices,
+            layout_fingerprint,
+            exporter_epoch,
+            accepted_checksums,
+            kv_compat,
         )
         return self._locate(transfer_id, wanted, self.faults, cancelled, encode, algorithm, device)
 
@@ -250,6 +270,7 @@ class KVExporter:
         layout_fingerprint: str,
         exporter_epoch: str,
         accepted_checksums: Sequence[int],
+        kv_compat: str,
     ) -> tuple[list[int], ChecksumAlgorithm]:
         """The wanted indices and the checksum algorithm of a valid pull; raises otherwise."""
         if exporter_epoch and exporter_epoch != self.epoch:
@@ -263,6 +284,12 @@ class KVExporter:
                 f"layout fingerprint {layout_fingerprint} != exporter's {self._fingerprint} "
                 f"({self.store.layout})",
                 reason=TransferFailure.LAYOUT_MISMATCH,
+            )
+        if kv_compat != self._compat:
+            raise TransferError(
+                f"importer KV compatibility {kv_compat or 'undeclared'} != exporter's "
+                f"{self._compat or 'undeclared'} ({self.kv_compat}): refusing the pull",
+                reason=TransferFailure.KV_INCOMPATIBLE,
             )
         wanted = list(block_indices) or list(range(lease.num_blocks))
         bad = [i for i in wanted if not 0 <= i < lease.num_blocks]

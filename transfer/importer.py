@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from core.errors import TransferError
+from core.kv_compat import KVCompat
 from core.kv_handle import KVHandle, TransferFailure
 from transfer.block_store import BlockStore, check_block_ids
 from transfer.pull import ExportPeer, ImportPiece, Pull, PullSetup, plan_import
@@ -48,11 +49,13 @@ class ImportRunner:
         stall_s: float,
         plan: StreamPlan | None = None,
         rank_stores: Sequence[BlockStore] = (),
+        kv_compat: KVCompat | None = None,
     ) -> None:
         """``num_threads`` pulls run at once; ``plan`` says how each is cut into streams
         (default: one stream per pull); a pipelined pull whose export gains no block for
         ``stall_s`` fails ``deadline_exceeded``. ``rank_stores``: on rank 0 of a
-        tensor-parallel gang, every rank's store (``store`` first), filled head by head."""
+        tensor-parallel gang, every rank's store (``store`` first), filled head by head.
+        ``kv_compat``: this importer's compatibility; a handle of another is refused."""
         self.store = store
         self.rank_stores: tuple[BlockStore, ...] = tuple(rank_stores) or (store,)
         plan = plan or StreamPlan(max_streams=1, min_stream_bytes=1)
@@ -62,7 +65,7 @@ class ImportRunner:
             num_threads * plan.max_streams, thread_name_prefix="pdserve-kv-stream"
         )
         fingerprint = store.layout.unsplit().fingerprint()
-        self._setup = PullSetup(store, fingerprint, plan, streams, stall_s)
+        self._setup = PullSetup(store, fingerprint, plan, streams, stall_s, kv_compat)
         self._lock = threading.Lock()
         self._running: dict[TransferTask, tuple[Future[None], KVHandle, ExportPeer]] = {}
         self._closed = False

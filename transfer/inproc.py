@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from core.errors import TransferError
+from core.kv_compat import KVCompat
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.checksums import ACCEPTED_CHECKSUMS
@@ -76,8 +77,10 @@ class _InProcChunkStream:
         wanted: list[int],
         keep_export: bool,
         shard: KVShard | None,
+        kv_compat: str,
     ) -> None:
         self._hub = hub
+        self._kv_compat = kv_compat
         self._shard = shard
         self._handle = handle
         self._wanted = wanted
@@ -96,6 +99,7 @@ class _InProcChunkStream:
             ACCEPTED_CHECKSUMS,
             keep_export=self._keep_export,
             shard=self._shard,
+            kv_compat=self._kv_compat,
         )
         try:
             for chunk in chunks:
@@ -125,10 +129,12 @@ class InProcKVTransport:
         plan: StreamPlan | None = None,
         same_node: str = "auto",
         rank_stores: Sequence[BlockStore] = (),
+        kv_compat: KVCompat | None = None,
     ) -> None:
         """``plan``: how pulls are cut into streams (default: one stream a pull);
         ``same_node``: as ``transfer.same_node`` (read an exporter's shared KV directly);
-        ``rank_stores``: every rank's store on rank 0 of a tensor-parallel gang."""
+        ``rank_stores``: every rank's store on rank 0 of a tensor-parallel gang;
+        ``kv_compat``: this worker's KV compatibility, exported and required of exporters."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self._hub = hub
         self.exporter = KVExporter(
@@ -140,8 +146,10 @@ class InProcKVTransport:
             faults=faults,
             node_id=local_node_id(),
             rank_stores=rank_stores,
+            kv_compat=kv_compat,
         )
         hub.register(self.exporter)
+        self._kv_compat = "" if kv_compat is None else kv_compat.fingerprint()
         self._paths = PathChooser(same_node, store, self.metrics)
         self._runner = ImportRunner(
             store,
@@ -150,6 +158,7 @@ class InProcKVTransport:
             stall_s=lease_s,
             plan=plan,
             rank_stores=rank_stores,
+            kv_compat=kv_compat,
         )
 
     @property
@@ -193,7 +202,9 @@ class InProcKVTransport:
         """A stream served by calling the exporter at ``handle.address`` directly (its block
         locations, read from ``source``, on a same-node path)."""
         if source is None:
-            return _InProcChunkStream(self._hub, handle, wanted, keep_export, shard)
+            return _InProcChunkStream(
+                self._hub, handle, wanted, keep_export, shard, self._kv_compat
+            )
         cancelled = threading.Event()
         locations = self._hub.lookup(handle.address).pull_locations(
             handle.transfer_id,
@@ -204,6 +215,7 @@ class InProcKVTransport:
             to_locations,
             ACCEPTED_CHECKSUMS,
             device=isinstance(source, DeviceSource),
+            kv_compat=self._kv_compat,
         )
         return source_stream(locations, source, cancelled.set)
 

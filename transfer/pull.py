@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.errors import TransferError
+from core.kv_compat import KVCompat
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from core.tensor_parallel import plan_kv_pieces
 from transfer.block_store import BlockStore
@@ -154,6 +155,8 @@ class PullSetup:
     """The threads the streams run on."""
     stall_s: float
     """How long a pipelined export may go without gaining a block."""
+    kv_compat: KVCompat | None = None
+    """What makes this importer's KV reusable; every handle's must be equal."""
 
 
 class Pull:
@@ -204,6 +207,9 @@ class Pull:
                 f"{self._setup.fingerprint} ({self._setup.store.layout})",
                 reason=TransferFailure.LAYOUT_MISMATCH,
             )
+        if handle.kv_compat != self._setup.kv_compat:
+            return TransferError(incompatibility(handle.kv_compat, self._setup.kv_compat),
+                                 reason=TransferFailure.KV_INCOMPATIBLE)  # fmt: skip
         task.set_cancel_hook(self.cancel_streams)
         if self._wanted and self._pieces is None:
             self._source = self._peer.choose_source(handle)
@@ -369,3 +375,11 @@ class Pull:
             missed = [block for writer in writers for block in writer.invalid_block_ids()]
             missed += self._dst[self._num_started :]
         return tuple(dict.fromkeys(missed))  # pieces between gangs name a block once each
+
+
+def incompatibility(exporter: KVCompat | None, importer: KVCompat | None) -> str:
+    """Why an exporter's KV is not this importer's, naming each field that differs."""
+    if exporter is None or importer is None:
+        declared = "the importer" if exporter is None else "the exporter"
+        return f"KV compatibility declared by {declared} only: refusing the pull"
+    return "KV is not compatible: " + "; ".join(exporter.differences(importer))

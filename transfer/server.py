@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from core.config import TransferConfig
 from core.errors import ConfigError, TransferError
+from core.kv_compat import KVCompat
 from core.kv_handle import KVHandle, TransferFailure
 from transfer.addressing import host_port, is_loopback, is_wildcard, node_address
 from transfer.block_store import BlockStore
@@ -61,6 +62,7 @@ class _KVTransferServicer:
                     _encode_locations,
                     list(request.accepted_checksums),
                     device=request.device,
+                    kv_compat=request.kv_compat,
                 )
                 with closing(locations):
                     yield from locations
@@ -75,6 +77,7 @@ class _KVTransferServicer:
                 list(request.accepted_checksums),
                 keep_export=request.keep_export,
                 shard=_shard_of(request),
+                kv_compat=request.kv_compat,
             )
             with closing(chunks):
                 yield from chunks
@@ -160,6 +163,7 @@ class KVExportServer:
         metrics: TransferMetrics | None = None,
         faults: FaultInjection | None = None,
         rank_stores: Sequence[BlockStore] = (),
+        kv_compat: KVCompat | None = None,
     ) -> None:
         """Bind, register the services and start serving.
 
@@ -200,6 +204,7 @@ class KVExportServer:
             faults=faults,
             node_id=local_node_id(),
             rank_stores=rank_stores,
+            kv_compat=kv_compat,
         )
         self._server.add_generic_rpc_handlers(
             (generic_handler(_KVTransferServicer(self.exporter)),)

@@ -18,6 +18,7 @@ _CODE_FOR_REASON: dict[TransferFailure, grpc.StatusCode] = {
     TransferFailure.LEASE_EXPIRED: grpc.StatusCode.NOT_FOUND,
     TransferFailure.PEER_RESTARTED: grpc.StatusCode.NOT_FOUND,
     TransferFailure.LAYOUT_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
+    TransferFailure.KV_INCOMPATIBLE: grpc.StatusCode.FAILED_PRECONDITION,
     TransferFailure.ALREADY_PULLING: grpc.StatusCode.FAILED_PRECONDITION,
     TransferFailure.INVALID_REQUEST: grpc.StatusCode.OUT_OF_RANGE,
     TransferFailure.NOT_READY: grpc.StatusCode.FAILED_PRECONDITION,

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from core.config import TransferConfig
 from core.errors import TransferError
+from core.kv_compat import KVCompat
 from core.kv_handle import ExportDone, KVHandle, TransferFailure
 from transfer.block_store import BlockStore
 from transfer.client import KVImportClient
@@ -100,10 +101,13 @@ class GrpcKVTransport:
         metrics: TransferMetrics | None = None,
         faults: FaultInjection | None = None,
         rank_stores: Sequence[BlockStore] = (),
+        kv_compat: KVCompat | None = None,
     ) -> None:
         """``serve=True`` starts the export server (prefill workers); decode workers pass False.
         ``rank_stores``: on rank 0 of a tensor-parallel gang, every rank's store (``store``
-        first): exports serve each rank's heads, pulls fill each rank's heads."""
+        first): exports serve each rank's heads, pulls fill each rank's heads. ``kv_compat``:
+        this replica's KV compatibility (``core.kv_compat``), on every handle it exports and
+        required of every handle it pulls."""
         self.metrics = metrics or InMemoryTransferMetrics()
         self.server = (
             KVExportServer(
@@ -113,11 +117,14 @@ class GrpcKVTransport:
                 metrics=self.metrics,
                 faults=faults,
                 rank_stores=rank_stores,
+                kv_compat=kv_compat,
             )
             if serve
             else None
         )
-        self.client = KVImportClient(store, config, metrics=self.metrics, rank_stores=rank_stores)
+        self.client = KVImportClient(
+            store, config, metrics=self.metrics, rank_stores=rank_stores, kv_compat=kv_compat
+        )
 
     @property
     def address(self) -> str | None:

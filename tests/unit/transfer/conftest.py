@@ -65,13 +65,17 @@ def make_store() -> Callable[..., NumpyBlockStore]:
 
 @pytest.fixture
 def make_server() -> Iterator[Callable[..., KVExportServer]]:
-    """``make_server(store, config, faults=None)``; every server is stopped at teardown."""
+    """``make_server(store, config, faults=None, **kwargs)``; every server is stopped at
+    teardown."""
     servers: list[KVExportServer] = []
 
     def make(
-        store: NumpyBlockStore, config: TransferConfig, faults: FaultInjection | None = None
+        store: NumpyBlockStore,
+        config: TransferConfig,
+        faults: FaultInjection | None = None,
+        **kwargs: Any,
     ) -> KVExportServer:
-        server = KVExportServer(store, config, faults=faults)
+        server = KVExportServer(store, config, faults=faults, **kwargs)
         servers.append(server)
         return server
 

@@ -55,6 +55,7 @@ def reason_of(error: grpc.RpcError) -> str:
         ({"block_indices": [0, 3]}, grpc.StatusCode.OUT_OF_RANGE, "invalid_request"),
         ({"block_indices": [1, 1]}, grpc.StatusCode.OUT_OF_RANGE, "invalid_request"),
         ({"layout_fingerprint": "0" * 16}, grpc.StatusCode.FAILED_PRECONDITION, "layout_mismatch"),
+        ({"kv_compat": "0" * 16}, grpc.StatusCode.FAILED_PRECONDITION, "kv_incompatible"),
     ],
 )
 def test_bad_pulls_get_their_status_and_change_nothing(

@@ -24,31 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+transfer/proto/_generated/kv_transfer.proto\x12\rpdserve.kv.v1\"\x9f\x02\n\x0bPullRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indices\x18\x02 \x03(\r\x12\x1a\n\x12layout_fingerprint\x18\x03 \x01(\t\x12\x16\n\x0e\x65xporter_epoch\x18\x04 \x01(\t\x12<\n\x12\x61\x63\x63\x65pted_checksums\x18\x05 \x03(\x0e\x32 .pdserve.kv.v1.ChecksumAlgorithm\x12\x13\n\x0bkeep_export\x18\x06 \x01(\x08\x12\x11\n\tsame_node\x18\x07 \x01(\x08\x12\x12\n\nshard_rank\x18\x08 \x01(\r\x12\x12\n\nhead_start\x18\t \x01(\r\x12\x12\n\nhead_count\x18\n \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x0b \x01(\x08\"\xbe\x01\n\x05\x43hunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\r\n\x05\x63rc32\x18\x03 \x01(\x07\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12<\n\x12\x63hecksum_algorithm\x18\x05 \x01(\x0e\x32 .pdserve.kv.v1.ChecksumAlgorithm\x12\x12\n\nchecksum64\x18\x06 \x01(\x06\x12\x18\n\x10source_block_ids\x18\x07 \x03(\r\"\'\n\x10HeartbeatRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"3\n\x11HeartbeatResponse\x12\x1e\n\x16lease_deadline_unix_ms\x18\x01 \x01(\x04\"8\n\x0eReleaseRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x11\n\tcompleted\x18\x02 \x01(\x08\"N\n\x0c\x41waitRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x18\n\x10min_ready_blocks\x18\x02 \x01(\r\x12\x0f\n\x07wait_ms\x18\x03 \x01(\r\"j\n\rAwaitResponse\x12\x18\n\x10num_ready_blocks\x18\x01 \x01(\r\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\r\x12\x19\n\x11prompt_chunk_ends\x18\x04 \x03(\r\"\x11\n\x0fReleaseResponse*n\n\x11\x43hecksumAlgorithm\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_CRC32\x10\x00\x12\x1e\n\x1a\x43HECKSUM_ALGORITHM_XXH3_64\x10\x01\x12\x1b\n\x17\x43HECKSUM_ALGORITHM_NONE\x10\x02\x32\xa6\x02\n\nKVTransfer\x12:\n\x04Pull\x12\x1a.pdserve.kv.v1.PullRequest\x1a\x14.pdserve.kv.v1.Chunk0\x01\x12N\n\tHeartbeat\x12\x1f.pdserve.kv.v1.HeartbeatRequest\x1a .pdserve.kv.v1.HeartbeatResponse\x12H\n\x07Release\x12\x1d.pdserve.kv.v1.ReleaseRequest\x1a\x1e.pdserve.kv.v1.ReleaseResponse\x12\x42\n\x05\x41wait\x12\x1b.pdserve.kv.v1.AwaitRequest\x1a\x1c.pdserve.kv.v1.AwaitResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+transfer/proto/_generated/kv_transfer.proto\x12\rpdserve.kv.v1\"\xb2\x02\n\x0bPullRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x15\n\rblock_indices\x18\x02 \x03(\r\x12\x1a\n\x12layout_fingerprint\x18\x03 \x01(\t\x12\x16\n\x0e\x65xporter_epoch\x18\x04 \x01(\t\x12<\n\x12\x61\x63\x63\x65pted_checksums\x18\x05 \x03(\x0e\x32 .pdserve.kv.v1.ChecksumAlgorithm\x12\x13\n\x0bkeep_export\x18\x06 \x01(\x08\x12\x11\n\tsame_node\x18\x07 \x01(\x08\x12\x12\n\nshard_rank\x18\x08 \x01(\r\x12\x12\n\nhead_start\x18\t \x01(\r\x12\x12\n\nhead_count\x18\n \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x0b \x01(\x08\x12\x11\n\tkv_compat\x18\x0c \x01(\t\"\xbe\x01\n\x05\x43hunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\r\n\x05\x63rc32\x18\x03 \x01(\x07\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12<\n\x12\x63hecksum_algorithm\x18\x05 \x01(\x0e\x32 .pdserve.kv.v1.ChecksumAlgorithm\x12\x12\n\nchecksum64\x18\x06 \x01(\x06\x12\x18\n\x10source_block_ids\x18\x07 \x03(\r\"\'\n\x10HeartbeatRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\"3\n\x11HeartbeatResponse\x12\x1e\n\x16lease_deadline_unix_ms\x18\x01 \x01(\x04\"8\n\x0eReleaseRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x11\n\tcompleted\x18\x02 \x01(\x08\"N\n\x0c\x41waitRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x18\n\x10min_ready_blocks\x18\x02 \x01(\r\x12\x0f\n\x07wait_ms\x18\x03 \x01(\r\"j\n\rAwaitResponse\x12\x18\n\x10num_ready_blocks\x18\x01 \x01(\r\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\r\x12\x19\n\x11prompt_chunk_ends\x18\x04 \x03(\r\"\x11\n\x0fReleaseResponse*n\n\x11\x43hecksumAlgorithm\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_CRC32\x10\x00\x12\x1e\n\x1a\x43HECKSUM_ALGORITHM_XXH3_64\x10\x01\x12\x1b\n\x17\x43HECKSUM_ALGORITHM_NONE\x10\x02\x32\xa6\x02\n\nKVTransfer\x12:\n\x04Pull\x12\x1a.pdserve.kv.v1.PullRequest\x1a\x14.pdserve.kv.v1.Chunk0\x01\x12N\n\tHeartbeat\x12\x1f.pdserve.kv.v1.HeartbeatRequest\x1a .pdserve.kv.v1.HeartbeatResponse\x12H\n\x07Release\x12\x1d.pdserve.kv.v1.ReleaseRequest\x1a\x1e.pdserve.kv.v1.ReleaseResponse\x12\x42\n\x05\x41wait\x12\x1b.pdserve.kv.v1.AwaitRequest\x1a\x1c.pdserve.kv.v1.AwaitResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'transfer.proto._generated.kv_transfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKSUMALGORITHM']._serialized_start=904
-  _globals['_CHECKSUMALGORITHM']._serialized_end=1014
+  _globals['_CHECKSUMALGORITHM']._serialized_start=923
+  _globals['_CHECKSUMALGORITHM']._serialized_end=1033
   _globals['_PULLREQUEST']._serialized_start=63
-  _globals['_PULLREQUEST']._serialized_end=350
-  _globals['_CHUNK']._serialized_start=353
-  _globals['_CHUNK']._serialized_end=543
-  _globals['_HEARTBEATREQUEST']._serialized_start=545
-  _globals['_HEARTBEATREQUEST']._serialized_end=584
-  _globals['_HEARTBEATRESPONSE']._serialized_start=586
-  _globals['_HEARTBEATRESPONSE']._serialized_end=637
-  _globals['_RELEASEREQUEST']._serialized_start=639
-  _globals['_RELEASEREQUEST']._serialized_end=695
-  _globals['_AWAITREQUEST']._serialized_start=697
-  _globals['_AWAITREQUEST']._serialized_end=775
-  _globals['_AWAITRESPONSE']._serialized_start=777
-  _globals['_AWAITRESPONSE']._serialized_end=883
-  _globals['_RELEASERESPONSE']._serialized_start=885
-  _globals['_RELEASERESPONSE']._serialized_end=902
-  _globals['_KVTRANSFER']._serialized_start=1017
-  _globals['_KVTRANSFER']._serialized_end=1311
+  _globals['_PULLREQUEST']._serialized_end=369
+  _globals['_CHUNK']._serialized_start=372
+  _globals['_CHUNK']._serialized_end=562
+  _globals['_HEARTBEATREQUEST']._serialized_start=564
+  _globals['_HEARTBEATREQUEST']._serialized_end=603
+  _globals['_HEARTBEATRESPONSE']._serialized_start=605
+  _globals['_HEARTBEATRESPONSE']._serialized_end=656
+  _globals['_RELEASEREQUEST']._serialized_start=658
+  _globals['_RELEASEREQUEST']._serialized_end=714
+  _globals['_AWAITREQUEST']._serialized_start=716
+  _globals['_AWAITREQUEST']._serialized_end=794
+  _globals['_AWAITRESPONSE']._serialized_start=796
+  _globals['_AWAITRESPONSE']._serialized_end=902
+  _globals['_RELEASERESPONSE']._serialized_start=904
+  _globals['_RELEASERESPONSE']._serialized_end=921
+  _globals['_KVTRANSFER']._serialized_start=1036
+  _globals['_KVTRANSFER']._serialized_end=1330
 # @@protoc_insertion_point(module_scope)

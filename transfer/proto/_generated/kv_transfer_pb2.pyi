@@ -17,7 +17,7 @@ CHECKSUM_ALGORITHM_XXH3_64: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_NONE: ChecksumAlgorithm
 
 class PullRequest(_message.Message):
-    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch", "accepted_checksums", "keep_export", "same_node", "shard_rank", "head_start", "head_count", "device")
+    __slots__ = ("transfer_id", "block_indices", "layout_fingerprint", "exporter_epoch", "accepted_checksums", "keep_export", "same_node", "shard_rank", "head_start", "head_count", "device", "kv_compat")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class PullRequest(_message.Message):
     HEAD_START_FIELD_NUMBER: _ClassVar[int]
     HEAD_COUNT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    KV_COMPAT_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     block_indices: _containers.RepeatedScalarFieldContainer[int]
     layout_fingerprint: str
@@ -40,7 +41,8 @@ class PullRequest(_message.Message):
     head_start: int
     head_count: int
     device: bool
-    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ..., accepted_checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ..., keep_export: _Optional[bool] = ..., same_node: _Optional[bool] = ..., shard_rank: _Optional[int] = ..., head_start: _Optional[int] = ..., head_count: _Optional[int] = ..., device: _Optional[bool] = ...) -> None: ...
+    kv_compat: str
+    def __init__(self, transfer_id: _Optional[str] = ..., block_indices: _Optional[_Iterable[int]] = ..., layout_fingerprint: _Optional[str] = ..., exporter_epoch: _Optional[str] = ..., accepted_checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ..., keep_export: _Optional[bool] = ..., same_node: _Optional[bool] = ..., shard_rank: _Optional[int] = ..., head_start: _Optional[int] = ..., head_count: _Optional[int] = ..., device: _Optional[bool] = ..., kv_compat: _Optional[str] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("offset_bytes", "total_bytes", "crc32", "payload", "checksum_algorithm", "checksum64", "source_block_ids")
