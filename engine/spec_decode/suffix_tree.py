@@ -173,24 +173,33 @@ class SuffixTree:
                 if child is None:
                     return None
                 node, offset = child, 1
-            elif node.token(offset) == token_id:
+            elif node.ref[node.pos + offset] == token_id:
                 offset += 1
             else:
                 return None
         return node, offset
 
     def longest_match(self, context: Sequence[int]) -> int:
-        """The length of the longest tail of ``context`` (under ``max_depth``) in the tree."""
-        # NOTE: tails that occur form a prefix 1..m of lengths (a tail's own tails occur
-        # wherever it does), so a binary search finds m in O(depth log depth).
+        """The length of the longest tail of ``context`` (under ``max_depth``) that the tree
+        has seen followed by something (0: none)."""
+        # NOTE: such tails form the lengths 1..m (a tail's own tails are followed by the same
+        # token wherever it is), so a binary search finds m in O(depth log depth).
         low, high = 0, min(len(context), self.max_depth - 1)
         while low < high:
             middle = (low + high + 1) // 2
-            if self._locate(context[len(context) - middle :]) is None:
+            if self._locate_continued(context[len(context) - middle :]) is None:
                 high = middle - 1
             else:
                 low = middle
         return low
+
+    def _locate_continued(self, pattern: Sequence[int]) -> tuple[_Node, int] | None:
+        """``_locate``, but None also when nothing ever followed the pattern."""
+        found = self._locate(pattern)
+        if found is None:
+            return None
+        node, offset = found
+        return found if offset < node.length or node.children else None
 
     def draft(
         self,
@@ -201,17 +210,23 @@ class SuffixTree:
     ) -> Draft:
         """The best-scoring continuation of a tail of ``context``, over every matching tail
         length; at most ``max_num_tokens`` and ``max_spec_factor`` x the match's length."""
-        best = NO_DRAFT
-        for match_length in range(self.longest_match(context), 0, -1):
-            limit = min(
+        limits = {
+            match_length: min(
                 max_num_tokens,
                 int(max_spec_factor * match_length),
                 self.max_depth - match_length,
             )
+            for match_length in range(1, self.longest_match(context) + 1)
+        }
+        best = NO_DRAFT
+        # The longest allowed drafts first (longer matches first among equals), so a confident
+        # draft lets every later candidate be skipped unread.
+        for match_length in sorted(limits, key=lambda m: (limits[m], m), reverse=True):
+            limit = limits[match_length]
             if limit <= best.score:
-                continue  # even certain tokens could not beat the best draft so far
-            found = self._locate(context[len(context) - match_length :])
-            assert found is not None  # every tail no longer than the longest match occurs
+                break  # even certain tokens could not beat the best draft so far
+            found = self._locate_continued(context[len(context) - match_length :])
+            assert found is not None  # every tail no longer than the longest match is followed
             candidate = self._follow(*found, limit, min_token_prob, match_length)
             if candidate.score > best.score:
                 best = candidate
