@@ -249,12 +249,16 @@ class SuffixTree:
                     break
                 # NOTE: occurrences that end here (at the sequence's end or at max_depth) say
                 # nothing about what follows, so the odds are among those that continue.
+                # The most frequent next token; ties go to the smaller id, so a draft depends
+                # only on the counts, never on the order the tree learned them in.
                 total = 0
+                chosen_key = (0, 0)
                 chosen = node
-                for child in node.children.values():
+                for token_id, child in node.children.items():
                     total += child.count
-                    if chosen is node or child.count > chosen.count:
-                        chosen = child
+                    key = (child.count, -token_id)
+                    if key > chosen_key:
+                        chosen_key, chosen = key, child
                 next_prob = prob * chosen.count / total
                 if next_prob < min_token_prob:
                     break
