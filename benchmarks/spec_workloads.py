@@ -107,7 +107,8 @@ _REPETITIVE: tuple[SpecCase, ...] = (
     SpecCase(
         workload="repetitive",
         name="change_config_value",
-        prompt=f"Set the number of workers to 8 in this config and show the full file.\n\n{_CONFIG}",
+        prompt="Set the number of workers to 8 in this config and show the full file.\n\n"
+        + _CONFIG,
         reference=_CONFIG.replace("workers = 4", "workers = 8"),
     ),
     SpecCase(

@@ -4,7 +4,7 @@ would accept, and ranks suffix decoding above no speculation where answers repea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -12,10 +12,12 @@ from benchmarks.spec_acceptance import AcceptanceStats, compare_methods, simulat
 from benchmarks.spec_workloads import (
     WORKLOADS,
     TokenCase,
+    Workload,
     byte_token_cases,
     text_cases,
     tokenized_cases,
 )
+from engine.spec_decode.proposer import Proposer
 from engine.spec_decode.suffix import SuffixProposer
 
 
@@ -63,8 +65,8 @@ class Oracle:
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)
-def test_each_workload_has_distinct_non_empty_cases(workload: str) -> None:
-    cases = text_cases(workload)  # type: ignore[arg-type]
+def test_each_workload_has_distinct_non_empty_cases(workload: Workload) -> None:
+    cases = text_cases(workload)
     assert len(cases) >= 5
     assert len({case.name for case in cases}) == len(cases)
     assert all(case.workload == workload and case.prompt and case.reference for case in cases)
@@ -126,7 +128,7 @@ def test_a_wrong_token_ends_the_accepted_run() -> None:
 
 
 def test_suffix_decoding_beats_no_speculation_most_where_answers_repeat() -> None:
-    methods = {
+    methods: dict[str, Callable[[], Proposer]] = {
         "none": NoDraft,
         "suffix": lambda: SuffixProposer(
             max_tree_depth=24, max_cached_requests=64, max_spec_factor=1.0, min_token_prob=0.1
