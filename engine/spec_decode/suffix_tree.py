@@ -45,6 +45,7 @@ class _Sequence:
     """One added sequence: its tokens and the nodes where its still-growing suffixes end."""
 
     token_ids: list[int]
+    sealed: bool
     # NOTE: suffix ends always sit at the end of a node's run (a split keeps the node object as
     # the lower half), so a node is a stable cursor for the suffix that ends there.
     open_suffix_ends: deque[_Node]
@@ -90,7 +91,10 @@ class SuffixTree:
         """Append ``token_ids`` to sequence ``seq_id`` (a new one when unknown)."""
         seq = self._sequences.get(seq_id)
         if seq is None:
-            seq = self._sequences[seq_id] = _Sequence(token_ids=[], open_suffix_ends=deque())
+            seq = _Sequence(token_ids=[], sealed=False, open_suffix_ends=deque())
+            self._sequences[seq_id] = seq
+        if seq.sealed:
+            raise ValueError(f"suffix tree sequence {seq_id!r} is sealed and cannot grow")
         for token_id in token_ids:
             self._append(seq, token_id)
 
@@ -98,6 +102,7 @@ class SuffixTree:
         """``seq_id`` will not grow again: drop what growing it needs (its tokens stay)."""
         seq = self._sequences.get(seq_id)
         if seq is not None:
+            seq.sealed = True
             seq.open_suffix_ends.clear()
 
     def remove(self, seq_id: Hashable) -> None:

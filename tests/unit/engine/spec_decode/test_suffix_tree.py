@@ -88,6 +88,15 @@ def test_a_run_shared_with_a_removed_sequence_still_reads_right() -> None:
     assert tree.draft([5, 6], 3, 2.0, 0.0).token_ids == (7, 8, 1)
 
 
+def test_a_sealed_sequence_cannot_grow() -> None:
+    tree = SuffixTree(4)
+    tree.extend("a", [1, 2, 3])
+    tree.seal("a")
+    with pytest.raises(ValueError, match="sealed"):
+        tree.extend("a", [4])
+    assert tree.substring_counts() == substring_counts([[1, 2, 3]], 4)
+
+
 def test_the_draft_follows_the_most_frequent_continuation() -> None:
     tree = SuffixTree(8)
     for tokens in ([1, 2, 3], [1, 2, 3], [1, 2, 4]):
