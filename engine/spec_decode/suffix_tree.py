@@ -247,30 +247,19 @@ class SuffixTree:
         while len(token_ids) < limit:
             if offset < node.length:
                 # Inside a run every occurrence continues the same way: the probability holds.
-                token_ids.append(node.token(offset))
-                offset += 1
-            else:
-                if not node.children:
-                    break
-                # NOTE: occurrences that end here (at the sequence's end or at max_depth) say
-                # nothing about what follows, so the odds are among those that continue.
-                # The most frequent next token; ties go to the smaller id, so a draft depends
-                # only on the counts, never on the order the tree learned them in.
-                total = 0
-                chosen_key = (0, 0)
-                chosen = node
-                for token_id, child in node.children.items():
-                    total += child.count
-                    key = (child.count, -token_id)
-                    if key > chosen_key:
-                        chosen_key, chosen = key, child
-                next_prob = prob * chosen.count / total
-                if next_prob < min_token_prob:
-                    break
-                prob = next_prob
-                node, offset = chosen, 1
-                token_ids.append(node.token(0))
-            score += prob
+                take = min(node.length - offset, limit - len(token_ids))
+                start = node.pos + offset
+                token_ids.extend(node.ref[start : start + take])
+                offset += take
+                score += prob * take
+                continue
+            if not node.children:
+                break
+            child, share = _most_frequent_child(node)
+            if prob * share < min_token_prob:
+                break
+            prob *= share
+            node, offset = child, 0
         return Draft(token_ids=tuple(token_ids), score=score, match_length=match_length)
 
     def substring_counts(self) -> dict[tuple[int, ...], int]:
@@ -297,3 +286,25 @@ class SuffixTree:
             num_nodes += 1
             pending.extend(node.children.values())
         return num_nodes - 1
+
+
+def _most_frequent_child(node: _Node) -> tuple[_Node, float]:
+    """The child most often seen next and its share of the occurrences that continue.
+
+    Ties go to the smaller token id, so a draft depends only on the counts, never on the order
+    the tree learned them in.
+    """
+    # NOTE: occurrences that end at ``node`` (at their sequence's end or at max_depth) say
+    # nothing about what follows, so the share is among those that continue.
+    if len(node.children) == 1:
+        (only,) = node.children.values()
+        return only, 1.0
+    total = 0
+    chosen_key = (0, 0)
+    chosen = node
+    for token_id, child in node.children.items():
+        total += child.count
+        key = (child.count, -token_id)
+        if key > chosen_key:
+            chosen_key, chosen = key, child
+    return chosen, chosen.count / total
