@@ -25,9 +25,10 @@ from core.errors import ConfigError
 
 
 class _Node:
-    """A run of ``length`` tokens, ``ref[pos:pos + length]``, every one seen ``count`` times."""
+    """A run of ``length`` tokens, ``ref[pos:pos + length]``, every one seen ``count`` times,
+    with the bookkeeping of its children that a draft reads in constant time."""
 
-    __slots__ = ("children", "count", "length", "pos", "ref")
+    __slots__ = ("best", "children", "count", "length", "num_continuing", "pos", "ref")
 
     def __init__(self, ref: list[int], pos: int, length: int, count: int) -> None:
         self.ref = ref
@@ -35,9 +36,30 @@ class _Node:
         self.length = length
         self.count = count
         self.children: dict[int, _Node] = {}
+        self.num_continuing = 0  # the children's counts summed: occurrences that go on
+        self.best: _Node | None = None  # the child seen most often
 
     def token(self, offset: int) -> int:
         return self.ref[self.pos + offset]
+
+    def rank(self) -> tuple[int, int]:
+        """Orders siblings: more often seen first, then (a tie) the smaller token id, so a draft
+        depends only on the counts, never on the order the tree learned them in."""
+        return self.count, -self.ref[self.pos]
+
+    def note_gain(self, child: _Node) -> None:
+        """``child`` (new, or counted once more) gained one occurrence."""
+        self.num_continuing += 1
+        if self.best is None or child.rank() > self.best.rank():
+            self.best = child
+
+    def note_loss(self, token_id: int, child: _Node) -> None:
+        """``child`` lost one occurrence (and goes when it has none left)."""
+        self.num_continuing -= 1
+        if child.count == 0:
+            del self.children[token_id]
+        if self.best is child:
+            self.best = max(self.children.values(), key=_Node.rank, default=None)
 
 
 @dataclass
@@ -137,18 +159,25 @@ class SuffixTree:
             return end
         child = end.children.get(token_id)
         if child is None:
-            leaf = _Node(ref=token_ids, pos=position, length=1, count=1)
-            end.children[token_id] = leaf
-            return leaf
-        if child.length == 1:
+            child = _Node(ref=token_ids, pos=position, length=1, count=1)
+            end.children[token_id] = child
+        elif child.length == 1:
             child.count += 1
-            return child
-        head = _Node(ref=child.ref, pos=child.pos, length=1, count=child.count + 1)
-        child.pos += 1
-        child.length -= 1
-        head.children[child.token(0)] = child
-        end.children[token_id] = head
-        return head
+        else:
+            # The suffix takes the first token of a longer run: split it there. The lower part
+            # keeps the node object, so the suffixes ending at its end keep their cursor.
+            head = _Node(ref=child.ref, pos=child.pos, length=1, count=child.count + 1)
+            child.pos += 1
+            child.length -= 1
+            head.children[child.token(0)] = child
+            head.num_continuing = child.count
+            head.best = child
+            end.children[token_id] = head
+            if end.best is child:
+                end.best = head
+            child = head
+        end.note_gain(child)
+        return child
 
     def _remove_suffix(self, token_ids: list[int], start: int, length: int) -> None:
         node = self._root
@@ -157,9 +186,9 @@ class SuffixTree:
             token_id = token_ids[start + depth]
             child = node.children[token_id]
             child.count -= 1
+            node.note_loss(token_id, child)
             if child.count == 0:
-                del node.children[token_id]  # only this suffix passed: its whole subtree goes
-                return
+                return  # only this suffix passed: its whole subtree went with it
             if child.ref is token_ids:
                 # Others still pass through a run stored in the departing sequence: keep a copy.
                 child.ref = token_ids[child.pos : child.pos + child.length]
@@ -262,6 +291,36 @@ class SuffixTree:
             node, offset = child, 0
         return Draft(token_ids=tuple(token_ids), score=score, match_length=match_length)
 
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` unless every node's counts and children agree: a child's
+        key is its first token, children's counts sum to ``num_continuing`` and never exceed
+        their parent's, ``best`` is the top-ranked child, and no run is empty or uncounted."""
+        pending = [self._root]
+        while pending:
+            node = pending.pop()
+            children = list(node.children.values())
+            _require(
+                all(key == child.token(0) for key, child in node.children.items()),
+                "a child is filed under a token that is not its first",
+            )
+            _require(
+                node.num_continuing == sum(child.count for child in children),
+                "num_continuing is not the children's counts summed",
+            )
+            _require(
+                node is self._root or node.num_continuing <= node.count,
+                "children counted more often than their parent",
+            )
+            _require(
+                node.best is max(children, key=_Node.rank, default=None),
+                "best is not the most often seen child",
+            )
+            _require(
+                all(child.count > 0 and child.length > 0 for child in children),
+                "an empty or uncounted run",
+            )
+            pending.extend(children)
+
     def substring_counts(self) -> dict[tuple[int, ...], int]:
         """Every substring the tree holds with its count (for checks on small trees)."""
         counts: dict[tuple[int, ...], int] = {}
@@ -289,22 +348,14 @@ class SuffixTree:
 
 
 def _most_frequent_child(node: _Node) -> tuple[_Node, float]:
-    """The child most often seen next and its share of the occurrences that continue.
-
-    Ties go to the smaller token id, so a draft depends only on the counts, never on the order
-    the tree learned them in.
-    """
+    """The child most often seen next and its share of the occurrences that continue."""
     # NOTE: occurrences that end at ``node`` (at their sequence's end or at max_depth) say
     # nothing about what follows, so the share is among those that continue.
-    if len(node.children) == 1:
-        (only,) = node.children.values()
-        return only, 1.0
-    total = 0
-    chosen_key = (0, 0)
-    chosen = node
-    for token_id, child in node.children.items():
-        total += child.count
-        key = (child.count, -token_id)
-        if key > chosen_key:
-            chosen_key, chosen = key, child
-    return chosen, chosen.count / total
+    best = node.best
+    assert best is not None  # asked only of a node with children
+    return best, best.count / node.num_continuing
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(f"suffix tree integrity: {message}")

@@ -171,6 +171,7 @@ def test_memory_stays_bounded_over_many_requests() -> None:
         proposer.propose(f"r{index}", [1, 2, *answer], 2, 4)
         proposer.finish(f"r{index}")
         sizes.append(proposer.cache_tree.num_nodes())
+        proposer.cache_tree.check_integrity()
     assert proposer.num_running_requests == 0
     assert proposer.num_cached_requests == 4
     # Four 40-token outputs: at most one leaf and one branch node per suffix.

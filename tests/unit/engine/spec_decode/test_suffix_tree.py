@@ -59,6 +59,7 @@ def test_incremental_updates_equal_a_build_from_scratch(
             tree.extend(seq_id, tokens)
             held.setdefault(seq_id, []).extend(tokens)
         assert tree.substring_counts() == substring_counts(held.values(), max_depth)
+        tree.check_integrity()
     scratch = built_at_once(held, max_depth)
     assert tree.draft(context, 5, 2.0, 0.0) == scratch.draft(context, 5, 2.0, 0.0)
     for seq_id, tokens in held.items():
