@@ -12,7 +12,9 @@ at most ``max_depth`` constant-time steps whatever the sequence's length. A whol
 removed again (``remove``), which is how the proposer's cache of finished outputs evicts.
 
 ``draft`` answers the proposer's question: the continuation most often seen after the tail of a
-context, scored by its expected number of accepted tokens.
+context, scored by its expected number of accepted tokens. Each node keeps its most often seen
+child and its children's total count, so a draft costs its match plus its own length, never a
+scan of the siblings.
 """
 
 from __future__ import annotations
@@ -95,9 +97,6 @@ class SuffixTree:
         self.max_depth = max_depth
         self._root = _Node(ref=[], pos=0, length=0, count=0)
         self._sequences: dict[Hashable, _Sequence] = {}
-
-    def __contains__(self, seq_id: Hashable) -> bool:
-        return seq_id in self._sequences
 
     def num_tokens(self, seq_id: Hashable) -> int:
         """How many tokens of ``seq_id`` the tree holds (0 for an unknown id)."""
@@ -243,7 +242,9 @@ class SuffixTree:
         min_token_prob: float,
     ) -> Draft:
         """The best-scoring continuation of a tail of ``context``, over every matching tail
-        length; at most ``max_num_tokens`` and ``max_spec_factor`` x the match's length."""
+        length; at most ``max_num_tokens``, ``max_spec_factor`` x the match's length and what
+        the depth leaves after the match; it stops where the path's estimated probability
+        falls under ``min_token_prob``."""
         limits = {
             match_length: min(
                 max_num_tokens,
