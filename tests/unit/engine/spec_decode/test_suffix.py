@@ -78,6 +78,17 @@ def test_the_cache_drafts_an_answer_another_request_gave() -> None:
     assert len(emitted) <= 6
 
 
+def test_the_draft_comes_from_the_tree_that_expects_more_accepted_tokens() -> None:
+    # The prompt saw "500 501 502" followed by 900 once and by 901 once: a coin toss.
+    prompt = [500, 501, 502, 900, 7, 500, 501, 502, 901, 8, 1, 500, 501, 502]
+    alone = make_proposer()
+    assert alone.propose("r", prompt, len(prompt), 8)[0] == 900
+    # An earlier answer continued "500 501 502" one way only: the cache's draft is surer.
+    proposer = make_proposer()
+    replay(proposer, "earlier", [3], list(range(500, 530)), k=8)
+    assert proposer.propose("r", prompt, len(prompt), 8) == list(range(503, 509))
+
+
 def test_a_request_id_seen_again_after_finish_starts_from_nothing() -> None:
     proposer = make_proposer(max_cached_requests=0)
     proposer.propose("r", [1, 2, 3, 1, 2], 5, 4)

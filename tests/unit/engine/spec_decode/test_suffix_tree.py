@@ -44,7 +44,7 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(max_depth=st.integers(2, 7), ops=operations, context=st.lists(st.integers(0, 3)))
 def test_incremental_updates_equal_a_build_from_scratch(
     max_depth: int, ops: list[tuple[int, list[int] | None]], context: list[int]
