@@ -37,9 +37,10 @@ _REQUEST_COUNTERS = re.compile(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def long_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """configs/local-long-context.yaml up on free ports: (endpoint, environment)."""
+    """configs/local-long-context.yaml up on free ports: (endpoint, environment). Per test: each
+    make target runs one long prompt, and its cluster is down before the next test starts."""
     tmp = tmp_path_factory.mktemp("long-context")
     path, env = repo_config_on_free_ports("local-long-context.yaml", tmp)
     up = pdserve_cli("up", str(path), "--detach", env=env)
