@@ -50,12 +50,14 @@ integration: install install-eval
 test: install install-eval lint
 	$(BIN)/pytest tests --durations=25
 
-# The full chaos suite (replica kills, stalls, scaling, long fuzzing), then docs/reliability.md
-# rendered from its figures.
+# The full chaos suite (replica kills, stalls, scaling, long fuzzing) and the integration tests
+# that only prove their point at full size (marker chaos_full, e.g. the 32K-token prompt; make
+# test runs a smaller form of each), then docs/reliability.md rendered from the chaos figures.
 chaos: install
 	rm -f .chaos-results.jsonl
 	PDSERVE_CHAOS=full PDSERVE_CHAOS_RESULTS=.chaos-results.jsonl $(BIN)/pytest tests/chaos; \
 	status=$$?; \
+	PDSERVE_CHAOS=full $(BIN)/pytest tests/integration -m chaos_full --durations=10 || status=1; \
 	PYTHONPATH=. $(BIN)/python benchmarks/reliability_report.py .chaos-results.jsonl docs/reliability.md; \
 	exit $$status
 

@@ -16,18 +16,26 @@ if TYPE_CHECKING:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests without a Ray cluster run first: the session's simulated cluster (its replicas,
-    controller and index shards keep a share of both cores busy while it lives) starts with
-    the first test that asks for it and is torn down at the end. The chaos suite's short form:
-    ``chaos_full`` scenarios (replica kills, stalls, scaling) run only under
-    ``PDSERVE_CHAOS=full`` (``make chaos``); otherwise they are deselected."""
-    items.sort(key=lambda item: bool(item.get_closest_marker("ray")))  # stable: files keep order
+    """Tests without a Ray cluster run first, then the Ray tests that start their own (``pdserve
+    up`` from the CLI), then those on the session's simulated cluster: it starts with the first
+    test that asks for it and lives to the end, and idle it still keeps about 0.3-0.4 of a core
+    busy (ingress, KV index shards, Serve's controller, the stats board), which the tests before
+    it are spared. The chaos suite's short form: ``chaos_full`` scenarios (replica kills, stalls,
+    scaling, the 32K-token prompt) run only under ``PDSERVE_CHAOS=full`` (``make chaos``);
+    otherwise they are deselected."""
+    items.sort(key=_run_order)  # stable: files and their tests keep their order within a group
     if os.environ.get("PDSERVE_CHAOS") == "full":
         return
     dropped = [item for item in items if item.get_closest_marker("chaos_full")]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if not item.get_closest_marker("chaos_full")]
+
+
+def _run_order(item: pytest.Item) -> tuple[bool, bool]:
+    """(starts Ray, runs on the session's simulated cluster): False sorts first."""
+    on_sim_cluster = "sim_cluster" in getattr(item, "fixturenames", ())  # fixtures' closure
+    return bool(item.get_closest_marker("ray")), on_sim_cluster
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,27 @@
 as a user runs them: a local Ray started by the CLI, the real chat model answering a factual
 question through the openai SDK, under 5.5 GiB resident in total (Ray's own processes take about
 2 GiB, each replica the model's 0.5 GB of fp32 weights plus its KV), and gone without a trace after
-``down`` (no process, no KV segment in ``/dev/shm``)."""
+``down`` (no process, no KV segment in ``/dev/shm``).
+
+Quality in numbers on the same real weights, on that same served default (what ``make serve``
+runs: SmolLM2-135M-Instruct through a prefill and a decode replica): lm-eval scores pdserve's
+shipped task (``benchmarks/lm_eval_tasks/pdserve_basics``: its first 64 of 244 four-way
+questions here, all of them in the benchmark run), and the accuracy equals what lm-eval's HF
+backend measures on the same GGUF file — item by item, the same chosen answers. lm-eval runs in
+its own venv (``lm_eval_quality_probe.py``).
+
+The three tests share one ``up --detach`` (module fixture) and run in file order: serving and
+status, then quality, then ``down``; each also passes alone (the fixture starts the app, and
+stops it afterwards if no test did).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +32,10 @@ import pytest
 import yaml
 
 from cluster.serve.config_file import REPO_CONFIGS
+from engine.builtin import resolve_model
+from engine.builtin.packaged import PACKAGED_MODELS, packaged_file
 from tests.integration.support import (
+    EVAL_PYTHON,
     descendant_pids,
     is_running,
     pdserve_cli,
@@ -29,6 +46,10 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 GIB = 1024**3
+TASK_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_eval_tasks"
+QUALITY_PROBE = Path(__file__).with_name("lm_eval_quality_probe.py")
+NUM_ITEMS = 64  # of the task's 244: the whole task is the benchmark's figure (docs/benchmarks.md)
+MIN_ACCURACY = 0.3  # four choices: chance is 0.25; the model must know some answers
 
 
 def rss_bytes(pid: int) -> int:
@@ -43,12 +64,32 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-@pytest.fixture
-def local_config(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    """configs/local.yaml on free ports, and an environment with a private run-state dir."""
-    path, env = repo_config_on_free_ports("local.yaml", tmp_path)
-    yield path, env
-    if run_state_file(env).exists():  # the test did not get to stop it
+@dataclass(frozen=True)
+class DetachedUp:
+    """``pdserve up --detach`` of configs/local.yaml on free ports: its config file, the
+    environment (a private run-state dir) and what ``up`` printed."""
+
+    path: Path
+    env: dict[str, str]
+    up: subprocess.CompletedProcess[str]
+
+    def state(self) -> dict[str, Any]:
+        """The run state ``up`` recorded (after asserting that ``up`` succeeded)."""
+        assert self.up.returncode == 0, self.up.stdout + self.up.stderr
+        state: dict[str, Any] = json.loads(run_state_file(self.env).read_text())
+        return state
+
+    def served_name(self) -> str:
+        """The model name the config serves."""
+        return str(yaml.safe_load(self.path.read_text())["model"]["served_name"])
+
+
+@pytest.fixture(scope="module")
+def local_default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DetachedUp]:
+    """configs/local.yaml up (detached) on free ports; stopped afterwards if no test did."""
+    path, env = repo_config_on_free_ports("local.yaml", tmp_path_factory.mktemp("local"))
+    yield DetachedUp(path, env, pdserve_cli("up", str(path), "--detach", env=env))
+    if run_state_file(env).exists():  # no test got to stop it
         pdserve_cli("down", env=env)
 
 
@@ -57,21 +98,17 @@ def run_state_file(env: dict[str, str]) -> Path:
     return Path(env["PDSERVE_CACHE_DIR"]) / "run" / "pdserve.json"
 
 
-def test_up_detach_status_down_on_the_local_default(
-    local_config: tuple[Path, dict[str, str]],
+def test_up_detach_serves_the_local_default_and_status_shows_it(
+    local_default: DetachedUp,
 ) -> None:
-    path, env = local_config
-    up = pdserve_cli("up", str(path), "--detach", env=env)
-    assert up.returncode == 0, up.stdout + up.stderr
-    state_file = run_state_file(env)
-    state: dict[str, Any] = json.loads(state_file.read_text())
+    state = local_default.state()
     endpoint, owner = state["endpoint"], int(state["owner_pid"])
-    assert endpoint in up.stdout
+    assert endpoint in local_default.up.stdout
+    env = local_default.env
 
-    served = yaml.safe_load(path.read_text())["model"]["served_name"]
     client = openai.OpenAI(base_url=f"{endpoint}/v1", api_key="unused", timeout=120)
     chat = client.chat.completions.create(
-        model=served,
+        model=local_default.served_name(),
         messages=[{"role": "user", "content": "What is the capital of France?"}],
         max_tokens=32,
         temperature=0.0,
@@ -98,16 +135,45 @@ def test_up_detach_status_down_on_the_local_default(
     assert "…" not in table.stdout and all(len(ln) <= 80 for ln in table.stdout.splitlines())
     assert "Prefill (1/1)" in table.stdout and "Decode (1/1)" in table.stdout
 
-    down = pdserve_cli("down", env=env)
+
+@pytest.mark.timeout(900)
+def test_lm_eval_accuracy_served_equals_transformers(
+    local_default: DetachedUp, tmp_path: Path
+) -> None:
+    assert EVAL_PYTHON.exists(), f"{EVAL_PYTHON} is missing: make install-eval creates it"
+    endpoint = local_default.state()["endpoint"]
+    name = "smollm2-135m-instruct"
+    gguf_file = packaged_file(PACKAGED_MODELS[name])
+    tokenizer_dir = resolve_model(f"builtin:{name}")
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
+           "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": ""}  # fmt: skip
+    args = [str(EVAL_PYTHON), str(QUALITY_PROBE), endpoint, local_default.served_name(),
+            str(tokenizer_dir), str(gguf_file), str(TASK_DIR), str(NUM_ITEMS)]  # fmt: skip
+    run = subprocess.run(args, check=False, capture_output=True, text=True, env=env,
+                         timeout=840, cwd=TASK_DIR)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    served, hf = report["served"], report["hf"]
+    print(f"pdserve_basics accuracy: served {served['acc']:.4f}, transformers {hf['acc']:.4f}")
+    assert len(served["chosen"]) == len(hf["chosen"]) == NUM_ITEMS
+    assert served["chosen"] == hf["chosen"]
+    assert served["acc"] == hf["acc"] >= MIN_ACCURACY
+
+
+def test_down_stops_the_detached_up_without_a_trace(local_default: DetachedUp) -> None:
+    state = local_default.state()
+    endpoint, owner = state["endpoint"], int(state["owner_pid"])
+    processes = [owner, *descendant_pids(owner)]
+    down = pdserve_cli("down", env=local_default.env)
     assert down.returncode == 0, down.stderr
     wait_until(lambda: not any(is_running(pid) for pid in processes), 60, "processes left")
-    assert not state_file.exists()
+    assert not run_state_file(local_default.env).exists()
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{endpoint}/health", timeout=5)
     # every replica unlinked its own KV segment on the way out: none is left, none needed sweeping
     left = [name for name in os.listdir("/dev/shm") if any(f"-{pid}-" in name for pid in processes)]
     assert not left, left
-    log = (state_file.parent / "pdserve.log").read_text()
+    log = (run_state_file(local_default.env).parent / "pdserve.log").read_text()
     assert "shared KV segments left by dead processes" not in log, log[-2000:]
 
 
