@@ -245,14 +245,15 @@ class KVCacheManager:
     def free(self, request_id: str, keep_s: float = 0.0) -> None:
         """Release the request's whole table, tail block first (the prefix stays cached
         longest), its idle clock starting ``keep_s`` late (a keep-alive); a request without a
-        table is a no-op."""
-        held = False
+        table is a no-op. A listener answering HELD keeps the table out of the pool until
+        :meth:`release_held`."""
+        written = False  # a copy still writes the blocks
         if request_id in self._tables:
             for listener in self._before_free_listeners:
-                held = listener(request_id) is BlockRelease.HELD or held
+                written = listener(request_id) is BlockRelease.HELD or written
         table = self._tables.pop(request_id, None)
         self._num_offered_blocks.pop(request_id, None)
-        if table and held:
+        if table and written:
             self._held.setdefault(request_id, []).append(table)
         elif table:  # entries released behind a sliding window are the null block
             held = [block_id for block_id in table[::-1] if block_id != NULL_BLOCK_ID]

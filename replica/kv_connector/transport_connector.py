@@ -2,10 +2,13 @@
 same-node pulls; the in-process transport in tests): where a role worker's KV leaves and
 arrives.
 
-An export is a leased, pipelined handle (:meth:`TransportKVConnector.open_export`, opened
-before the prompt runs so the handle can travel ahead of the KV): the scheduler side grows it
-as blocks complete and finishes it with the first token; the transport's release (pulled,
-released by the importer, expired) reports it freed so the engine unpins. An import is a pull
+An export is a leased handle: pipelined (:meth:`TransportKVConnector.open_export`, opened
+before the prompt runs so the handle can travel ahead of the KV; the scheduler side grows it as
+blocks complete and finishes it with the first token) or one-shot
+(:meth:`TransportKVConnector.export_when_finished`: the handle is made when the prefill
+finishes, so its lease starts then). The worker takes the finished export
+(:meth:`TransportKVConnector.take_finished_export`); the transport's release (pulled, released
+by the importer, expired) reports it freed so the engine unpins. An import is a pull
 from a handle (:meth:`TransportKVConnector.add_source`) into the reserved blocks, started by the
 worker side off the engine thread; its end is reported with the first token the export carried,
 the blocks it wrote into the host mirror (to upload) and, on failure, the transfer's reason.
@@ -42,9 +45,17 @@ logger = logging.getLogger(__name__)
 _REASONS = frozenset(failure.value for failure in TransferFailure)
 
 
+@dataclass(frozen=True)
+class FinishedExport:
+    """An export whose prefill finished: its handle (every block ready) and the first token."""
+
+    handle: KVHandle
+    done: ExportDone
+
+
 @dataclass
 class _Export:
-    handle: KVHandle
+    handle: KVHandle | None  # None: a one-shot export, made when the prefill finishes
     num_added: int = 0
 
 
@@ -69,7 +80,7 @@ class TransportKVConnector:
         self._wake: Callable[[], None] = _nothing
         self._releaser = ThreadPoolExecutor(1, thread_name_prefix="pdserve-kv-release")
         self._exports: dict[str, _Export] = {}  # by exporting request id
-        self._dones: dict[str, ExportDone] = {}  # finished exports, until the worker takes them
+        self._dones: dict[str, FinishedExport | TransferError] = {}  # until the worker takes them
         self._sources: dict[str, KVHandle] = {}  # by transfer id
         self._queued: dict[str, _Pull] = {}  # by importing request id
         self._tasks: dict[str, TransferTask] = {}  # pulls whose end the engine waits for
@@ -86,27 +97,36 @@ class TransportKVConnector:
     # -- the role worker's side: handles -----------------------------------------------------------
 
     def open_export(self, request_id: str, num_blocks: int) -> KVHandle:
-        """Open the export of a prefill about to run; its handle may be pulled from at once."""
-        transfer_ids: list[str] = []  # filled below, before any release can come
+        """Open the pipelined export of a prefill about to run; its handle may be pulled from
+        at once."""
+        export = _Export(None)
         handle = self._transport.open_export(
-            num_blocks,
-            on_release=lambda cause: self._export_released(request_id, transfer_ids, cause),
+            num_blocks, on_release=functools.partial(self._export_released, request_id, export)
         )
-        transfer_ids.append(handle.transfer_id)
+        export.handle = handle
         with self._lock:
-            self._exports[request_id] = _Export(handle)
+            self._exports[request_id] = export
         return handle
+
+    def export_when_finished(self, request_id: str) -> None:
+        """Export the blocks of a prefill about to run in one piece once it finished (see
+        :meth:`take_finished_export`)."""
+        with self._lock:
+            self._exports[request_id] = _Export(None)
 
     def abandon_export(self, request_id: str) -> None:
         """Free the request's export now unless it already is (any thread)."""
         with self._lock:
             export = self._exports.pop(request_id, None)
-        if export is not None:
+            self._dones.pop(request_id, None)
+        if export is not None and export.handle is not None:
             self._release(export.handle)
 
-    def take_export_done(self, request_id: str) -> ExportDone | None:
-        """What the request's export ended with once its prefill finished (each told once);
-        None when the export ended before its prefill did."""
+    def take_finished_export(self, request_id: str) -> FinishedExport | TransferError | None:
+        """The request's export once its prefill finished (each told once): its handle and
+        first token; the transport's refusal of a one-shot export; None when the export ended
+        before its prefill did (or the prefill never finished). The worker takes it on every
+        way out (it is kept until then, even once the export was pulled and freed)."""
         with self._lock:
             return self._dones.pop(request_id, None)
 
@@ -114,7 +134,7 @@ class TransportKVConnector:
     def num_exports(self) -> int:
         """Exports not freed yet (pinned blocks a decode may still pull)."""
         with self._lock:
-            return len(self._exports)
+            return sum(1 for export in self._exports.values() if export.handle is not None)
 
     def add_source(self, handle: KVHandle) -> KVImportSource:
         """Remember an exporter's handle; the source an import names to pull from it."""
@@ -145,8 +165,8 @@ class TransportKVConnector:
         """Add these computed blocks to the request's export."""
         with self._lock:
             export = self._exports.get(request_id)
-        if export is None:
-            return  # freed meanwhile
+        if export is None or export.handle is None:
+            return  # freed meanwhile, or one-shot
         try:
             self._transport.add_ready(export.handle, block_ids)
             export.num_added += len(block_ids)
@@ -154,7 +174,8 @@ class TransportKVConnector:
             logger.info("request %s: export no longer grows: %s", request_id, e)
 
     def export_finished(self, pinned: PinnedBlocks) -> None:
-        """Finish the export with the rest of the pinned blocks and the first token."""
+        """Finish the export with the rest of the pinned blocks and the first token (a
+        one-shot export is made now, of every pinned block)."""
         request_id = pinned.request_id
         with self._lock:
             export = self._exports.get(request_id)
@@ -163,13 +184,25 @@ class TransportKVConnector:
             return
         done = ExportDone(pinned.first_token_id, pinned.prompt_chunk_ends)
         try:
-            self._transport.finish_export(export.handle, pinned.block_ids[export.num_added :], done)
+            if export.handle is None:
+                handle = self._transport.export(
+                    pinned.block_ids,
+                    on_release=functools.partial(self._export_released, request_id, export),
+                )
+                export.handle = handle
+            else:
+                rest = pinned.block_ids[export.num_added :]
+                self._transport.finish_export(export.handle, rest, done)
         except TransferError as e:
             logger.info("request %s: export ended before its prefill: %s", request_id, e)
+            with self._lock:
+                if self._exports.get(request_id) is export and export.handle is None:
+                    del self._exports[request_id]
+                    self._dones[request_id] = e  # the one-shot export was refused
             self._report_freed(request_id)
             return
         with self._lock:
-            self._dones[request_id] = done
+            self._dones[request_id] = FinishedExport(export.handle, done)
 
     def import_blocks(self, allocation: ImportAllocation, source: KVImportSource) -> None:
         """Queue the pull of the allocation's missing blocks from ``source``'s handle.
@@ -201,7 +234,7 @@ class TransportKVConnector:
                 self._stopping[request_id] = task
         if queued is not None:
             self._release_remote(queued.handle)
-        if export is not None:
+        if export is not None and export.handle is not None:
             self._release(export.handle)
         if task is None:
             return BlockRelease.NOW
@@ -273,13 +306,10 @@ class TransportKVConnector:
         else:
             self._end(_ended(request_id, task))
 
-    def _export_released(
-        self, request_id: str, transfer_ids: list[str], cause: ReleaseCause
-    ) -> None:
+    def _export_released(self, request_id: str, export: _Export, cause: ReleaseCause) -> None:
         logger.debug("request %s: export released (%s)", request_id, cause)
         with self._lock:
-            export = self._exports.get(request_id)
-            if export is not None and export.handle.transfer_id in transfer_ids:
+            if self._exports.get(request_id) is export:
                 del self._exports[request_id]
         self._report_freed(request_id)
 
