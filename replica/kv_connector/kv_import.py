@@ -51,6 +51,7 @@ class KVImport:
         self._source = connector.add_source(handle)
         self._reserve_timeout_s = reserve_timeout_s
         self._deadline_ms = handle.lease_deadline_unix_ms
+        self._lease_s = max(self._deadline_ms / 1000 - time.time(), 0.0)  # as the handle came
         self._lock = threading.Lock()
         self._aborted = False
 
@@ -123,7 +124,9 @@ class KVImport:
         return min(max(remaining_s / 3, 0.05), 10.0)
 
     def _heartbeat_due(self) -> bool:
-        return self._deadline_ms / 1000 - time.time() < 2 * self._heartbeat_interval_s()
+        """Between reservation attempts: once half the lease the handle came with is gone."""
+        return self._deadline_ms / 1000 - time.time() < max(self._lease_s / 2,
+                                                            2 * _RESERVE_BACKOFF_S[1])  # fmt: skip
 
     async def _heartbeat(self) -> None:
         try:
