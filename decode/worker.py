@@ -6,13 +6,14 @@ With one, a :class:`~replica.kv_connector.kv_import.KVImport` reserves blocks (r
 the pool is full, heartbeating the lease) and hands the import to the engine, whose attached
 :class:`~replica.kv_connector.transport_connector.TransportKVConnector` pulls only the blocks the
 local prefix cache lacks; the engine settles the pull's end and the request joins the batch. Its
-chunks carry the tokens *after* ``first_token_id`` (the ingress already sent that one). A pipelined handle comes before the
-prefill finished and without the first token: the pull takes each block as the prefill
-completes it and the export tells the first token at the end. A failed pull recomputes the
-prompt locally (``kv_failure_policy="recompute"``, identical output) or ends the stream with a
-chunk carrying its :class:`~core.errors.ErrorReport` (``"fail"``, or any failed pipelined pull:
-the ingress then continues the request elsewhere). Closing the iterator (client gone) aborts the
-request, cancels the pull and frees every block on both sides.
+chunks carry the tokens *after* ``first_token_id`` (the ingress already sent that one). A
+pipelined handle comes before the prefill finished and without the first token: the pull takes
+each block as the prefill completes it and the export tells the first token at the end. A
+failed pull recomputes the prompt locally (``kv_failure_policy="recompute"``, identical output)
+or ends the stream with a chunk carrying its :class:`~core.errors.ErrorReport` and the
+transfer's reason (``"fail"``, or any failed pipelined pull: the ingress then continues the
+request elsewhere). Closing the iterator (client gone) aborts the request; the engine cancels
+the pull and frees the blocks once it stopped writing them, and the export on the other side.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One :class:`~engine.engine.LLMEngine` on a dedicated thread, served to asyncio code.
+r"""One :class:`~engine.engine.LLMEngine` on a dedicated thread, served to asyncio code.
 
 ``LLMEngine`` is not thread-safe, so exactly one thread (``pdserve-engine``) touches it. That
 thread loops: run every queued command (add, abort, release, an arbitrary ``call``), ``step()``

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncGenerator
 
 from core.errors import TransferError, UnavailableError
-from core.kv_handle import KVHandle, TransferFailure
+from core.kv_handle import TransferFailure
 from core.messages import PrefillRequest, PrefillResult, PrefillStarted
 from core.stats import ReplicaStats
 from engine.async_engine import AsyncEngine

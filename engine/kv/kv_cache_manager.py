@@ -39,7 +39,8 @@ class BlockRelease(enum.Enum):
     NOW = "now"
     """Nothing of the listener's touches them any more."""
     HELD = "held"
-    """A copy still writes them: the manager holds them until :meth:`KVCacheManager.release_held`."""
+    """A copy still writes them: the manager holds them until
+    :meth:`KVCacheManager.release_held`."""
 
 
 BeforeFree = Callable[[str], BlockRelease | None]

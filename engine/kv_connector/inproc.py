@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.kv.kv_cache_manager import BlockRelease
 from engine.kv_connector.base import (
     ImportEnded,
     ImportResult,
     KVConnectorFinished,
     KVImportSource,
 )
-from engine.kv.kv_cache_manager import BlockRelease
 from engine.scheduler.output import ImportAllocation, PinnedBlocks
 
 logger = logging.getLogger(__name__)
