@@ -313,10 +313,6 @@ class AsyncEngine:
         """Abort a request on the engine thread without waiting (any thread, idempotent)."""
         self._submit_quietly(lambda: self._abort_now(request_id))
 
-    def release_soon(self, request_id: str) -> None:
-        """Unpin a prefill-only request's blocks without waiting (any thread, idempotent)."""
-        self._submit_quietly(lambda: self.engine.release(request_id))
-
     # -- the KV hand-off ------------------------------------------------------------------------
 
     @property
