@@ -183,6 +183,8 @@ class AsyncEngine:
         it completes (:mod:`engine.kv_connector.export_progress`)."""
 
         def add(engine: LLMEngine) -> None:
+            if export_to is not None:
+                self._check_attached(export_to)
             engine.add_request(
                 request_id,
                 prompt_token_ids,
@@ -245,6 +247,7 @@ class AsyncEngine:
         ended: Future[ImportEnded | None] = Future()
 
         def add(engine: LLMEngine) -> ImportAllocation:
+            self._check_attached(connector)
             allocation = engine.add_import_request(
                 request_id,
                 prompt_token_ids,
@@ -407,6 +410,10 @@ class AsyncEngine:
         self.engine.scheduler.kv.register_before_free(connector.before_free)
         connector.set_wake(self._wake)
         self._connectors = (*self._connectors, connector)
+
+    def _check_attached(self, connector: KVConnector) -> None:
+        if connector not in self._connectors:
+            raise ValueError("this KV connector is not attached to the engine (attach_connector)")
 
     def _wake(self) -> None:
         """Any thread: a connector has something to settle; wake the thread (once queued)."""

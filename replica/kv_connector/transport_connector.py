@@ -202,7 +202,11 @@ class TransportKVConnector:
             self._report_freed(request_id)
             return
         with self._lock:
-            self._dones[request_id] = FinishedExport(export.handle, done)
+            abandoned = self._exports.get(request_id) is not export
+            if not abandoned:
+                self._dones[request_id] = FinishedExport(export.handle, done)
+        if abandoned:  # the worker gave up while the one-shot export was being made
+            self._release(export.handle)
 
     def import_blocks(self, allocation: ImportAllocation, source: KVImportSource) -> None:
         """Queue the pull of the allocation's missing blocks from ``source``'s handle.

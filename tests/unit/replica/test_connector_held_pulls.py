@@ -173,3 +173,23 @@ def test_an_idle_async_engine_is_woken_to_free_the_held_blocks() -> None:
     finally:
         engine.shutdown()
         connector.close()
+
+
+def test_an_import_through_a_connector_not_attached_is_refused_leaving_nothing() -> None:
+    llm_engine = LLMEngine(build_engine_parts(MODEL, ENGINE))
+    engine = AsyncEngine(llm_engine)
+    connector = TransportKVConnector(cast(KVTransport, HeldPulls()))
+
+    async def main() -> None:
+        num_free = engine.stats().num_free_blocks
+        source = connector.add_source(_handle(llm_engine))
+        with pytest.raises(ValueError, match="not attached"):
+            await engine.import_through(connector, source, "n", PROMPT, GREEDY, FIRST_TOKEN)
+        assert engine.stats().num_free_blocks == num_free
+        assert engine.stats().num_waiting_for_kv == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+        connector.close()
