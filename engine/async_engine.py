@@ -1,4 +1,4 @@
-r"""One :class:`~engine.engine.LLMEngine` on a dedicated thread, served to asyncio code.
+"""One :class:`~engine.engine.LLMEngine` on a dedicated thread, served to asyncio code.
 
 ``LLMEngine`` is not thread-safe, so exactly one thread (``pdserve-engine``) touches it. That
 thread loops: run every queued command (add, abort, release, an arbitrary ``call``), ``step()``
@@ -16,15 +16,14 @@ with a typed ``PdserveError`` and its blocks are freed; the engine keeps serving
 waiting for imported KV are left alone (a pull may still be writing into their blocks).
 :meth:`AsyncEngine.shutdown` aborts everything, makes every waiter raise ``UnavailableError``
 and joins the thread.
-KV leaves and arrives through :class:`~engine.kv_connector.base.KVConnector`\ s attached to the
-engine (:meth:`AsyncEngine.attach_connector`; a role worker attaches its transport's): the thread
+KV leaves and arrives through the KV connectors attached to the engine
+(:meth:`AsyncEngine.attach_connector`; a role worker attaches its transport's): the thread
 starts their transfers before each step and settles what they report ended after it
-(:func:`~engine.kv_connector.settle.settle`, as :class:`~engine.kv_connector.connected_engine.
-ConnectedEngine` does); a connector wakes the thread when a transfer ends while it waits for
-commands. A request exported through one (``open(export_to=...)``) reports its blocks as they
-complete; an import through one (:meth:`AsyncEngine.import_through`) is reserved, handed to the
-connector and settled on the thread, its end told to the caller. The stream a caller iterates is
-:mod:`engine.request_stream`.
+(:mod:`engine.kv_connector.attached`); a connector wakes the thread when a transfer ends while
+it waits for commands. A request exported through one (``open(export_to=...)``) reports its
+blocks as they complete; an import through one (:meth:`AsyncEngine.import_through`) is reserved,
+handed to the connector and settled on the thread, its end told to the caller. The stream a
+caller iterates is :mod:`engine.request_stream`.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -44,9 +42,9 @@ from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.engine import LLMEngine
+from engine.kv_connector.attached import AttachedConnectors
 from engine.kv_connector.base import ImportEnded, KVConnector, KVImportSource
 from engine.kv_connector.export_progress import ConnectorWatcher, ExportProgress
-from engine.kv_connector.settle import settle
 from engine.outputs import RequestOutput
 from engine.request import RequestStatus
 from engine.request_stream import ABORTED, RequestStream, Sink, StreamItem
@@ -56,7 +54,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _STALLED_RECHECK_S = 1.0  # safety net: re-plan after this long even if no command arrived
-_SHUTDOWN_HELD_WAIT_S = 5.0  # at shutdown, how long cancelled pulls may take to stop writing
 
 
 @dataclass(frozen=True)
@@ -68,14 +65,6 @@ class ConnectedImport:
     ended: Future[ImportEnded | None]
     """Resolves once the connector's copy ended and the engine settled it (the request joined
     the batch, recomputes or failed); None when the request was aborted first."""
-
-
-@dataclass
-class _Import:
-    """The engine thread's record of one connected import."""
-
-    ended: Future[ImportEnded | None]
-    recompute_on_failure: bool
 
 
 @dataclass
@@ -135,14 +124,12 @@ class AsyncEngine:
         self._stats = engine.scheduler.stats()  # replaced whole, never mutated: safe to read
         self._prefill_totals = (0, 0.0)  # (tokens, seconds) of prompt compute, replaced whole
         self._exports = ExportProgress(engine)  # engine thread only
-        self._connectors: tuple[KVConnector, ...] = ()  # engine thread only
-        self._imports: dict[str, _Import] = {}  # engine thread only
+        self._connectors = AttachedConnectors(engine, self._wake)  # engine thread only
         self._lock = threading.Lock()
         self._closed = False
         self._wake_queued = False  # guarded by _lock
-        self._ended = threading.Event()  # set by every connector's wake-up (shutdown waits on it)
         if connector is not None:
-            self._attach(connector)
+            self._connectors.attach(connector)
         self._stop_reason = "the engine is shut down"
         self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
         self._thread.start()
@@ -184,7 +171,7 @@ class AsyncEngine:
 
         def add(engine: LLMEngine) -> None:
             if export_to is not None:
-                self._check_attached(export_to)
+                self._connectors.check(export_to)
             engine.add_request(
                 request_id,
                 prompt_token_ids,
@@ -247,7 +234,7 @@ class AsyncEngine:
         ended: Future[ImportEnded | None] = Future()
 
         def add(engine: LLMEngine) -> ImportAllocation:
-            self._check_attached(connector)
+            self._connectors.check(connector)
             allocation = engine.add_import_request(
                 request_id,
                 prompt_token_ids,
@@ -261,7 +248,7 @@ class AsyncEngine:
             except BaseException:
                 engine.abort(request_id)
                 raise
-            self._imports[request_id] = _Import(ended, recompute_on_failure)
+            self._connectors.add_import(request_id, ended, recompute_on_failure)
             return allocation
 
         stream, allocation = await self._open(request_id, prompt_token_ids, add)
@@ -330,7 +317,7 @@ class AsyncEngine:
         attached."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("attach_connector from the engine thread would wait for itself")
-        self._submit(lambda: self._attach(connector), with_future=True).result()
+        self._submit(lambda: self._connectors.attach(connector), with_future=True).result()
 
     def stats(self) -> SchedulerStats:
         """The scheduler's stats after the latest step or command (thread-safe snapshot)."""
@@ -394,7 +381,7 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while self._run_commands(self._wait_s()):
-                self._start_transfers()
+                self._connectors.start_transfers()
                 if (self._driver is not None or self._can_step()) and not self._step():
                     break
                 self._settle()
@@ -406,18 +393,8 @@ class AsyncEngine:
 
     # -- connectors (engine thread) -------------------------------------------------------------
 
-    def _attach(self, connector: KVConnector) -> None:
-        self.engine.scheduler.kv.register_before_free(connector.before_free)
-        connector.set_wake(self._wake)
-        self._connectors = (*self._connectors, connector)
-
-    def _check_attached(self, connector: KVConnector) -> None:
-        if connector not in self._connectors:
-            raise ValueError("this KV connector is not attached to the engine (attach_connector)")
-
     def _wake(self) -> None:
         """Any thread: a connector has something to settle; wake the thread (once queued)."""
-        self._ended.set()
         with self._lock:
             if self._closed or self._wake_queued:
                 return
@@ -428,32 +405,14 @@ class AsyncEngine:
         with self._lock:
             self._wake_queued = False  # NOTE: before settling, so a later end wakes again
 
-    def _start_transfers(self) -> None:
-        for connector in self._connectors:
-            connector.start_transfers()
-
     def _settle(self) -> None:
-        """Apply what every connector reports ended; tell each import's caller."""
-        for connector in self._connectors:
-            finished = connector.take_finished()
-            if finished.is_empty:
-                continue
-            self._stalled = False
-            outputs = settle(self.engine, finished, may_recompute=self._may_recompute)
-            self._refresh_stats()
-            for ended in finished.imports:
-                self._end_import(ended.request_id, ended)
-            for output in outputs:
-                self._deliver(output)
-
-    def _may_recompute(self, request_id: str) -> bool:
-        record = self._imports.get(request_id)
-        return record is None or record.recompute_on_failure
-
-    def _end_import(self, request_id: str, ended: ImportEnded | None) -> None:
-        record = self._imports.pop(request_id, None)
-        if record is not None and not record.ended.done():
-            record.ended.set_result(ended)
+        outputs = self._connectors.settle()
+        if outputs is None:
+            return
+        self._stalled = False  # an import may have joined the waiting queue
+        self._refresh_stats()
+        for output in outputs:
+            self._deliver(output)
 
     def _can_step(self) -> bool:
         stats = self.engine.scheduler.stats()
@@ -556,11 +515,11 @@ class AsyncEngine:
             logger.warning("request %s: its event loop is closed; aborting it", request_id)
             self._sinks.pop(request_id, None)
             self.engine.abort(request_id)
-            self._end_import(request_id, None)
+            self._connectors.end_import(request_id, None)
 
     def _abort_now(self, request_id: str) -> bool:
         found = self.engine.abort(request_id)
-        self._end_import(request_id, None)
+        self._connectors.end_import(request_id, None)
         self._refresh_stats()
         sink = self._sinks.pop(request_id, None)
         if sink is not None:
@@ -575,22 +534,6 @@ class AsyncEngine:
             get = self.engine.scheduler.get_request
             self._live = {rid for rid in self._live if get(rid) is not None}
             self._prune_at = max(1024, 2 * len(self._live))
-
-    def _free_held(self) -> None:
-        """At shutdown: settle until every cancelled pull stopped writing its held blocks
-        (bounded; a pull still writing after that keeps its blocks)."""
-        kv = self.engine.scheduler.kv
-        deadline_s = time.monotonic() + _SHUTDOWN_HELD_WAIT_S
-        while self._connectors:
-            self._ended.clear()  # NOTE: before taking, so an end after the take sets it again
-            for connector in self._connectors:
-                settle(self.engine, connector.take_finished(), may_recompute=lambda _: False)
-            left_s = deadline_s - time.monotonic()
-            if not kv.num_held_blocks or left_s <= 0:
-                break
-            self._ended.wait(left_s)
-        if kv.num_held_blocks:
-            logger.warning("%d KV blocks still written by cancelled pulls", kv.num_held_blocks)
 
     def _fail_batch(self, error: Exception) -> None:
         scheduler = self.engine.scheduler
@@ -623,11 +566,7 @@ class AsyncEngine:
                 self.engine.abort(request_id)
             except Exception:
                 logger.exception("request %s: abort at shutdown raised", request_id)
-        for record in self._imports.values():
-            if not record.ended.done():
-                record.ended.set_exception(UnavailableError(self._stop_reason))
-        self._imports.clear()
-        self._free_held()
+        self._connectors.close(self._stop_reason)
         for request_id, sink in self._sinks.items():
             self._push(request_id, sink, UnavailableError(self._stop_reason))
         self._sinks.clear()
