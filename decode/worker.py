@@ -122,17 +122,16 @@ class DecodeWorker:
         request_id, handle = request.request_id, request.kv_handle
         assert handle is not None
         started_s = time.monotonic()
-        kv = KVImport(
-            self._engine,
-            self._connector,
-            request_id,
-            handle,
-            reserve_timeout_s=self._reserve_timeout_s,
-        )
         with self._lock:
-            if request_id in self._imports:
-                kv.close()
+            if request_id in self._imports:  # NOTE: before naming the source: it may be shared
                 raise InvalidRequestError(f"request {request_id} is already importing")
+            kv = KVImport(
+                self._engine,
+                self._connector,
+                request_id,
+                handle,
+                reserve_timeout_s=self._reserve_timeout_s,
+            )
             self._imports[request_id] = kv
         knows_first = request.first_token_id is not None
         try:
