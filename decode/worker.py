@@ -2,15 +2,18 @@
 
 :meth:`DecodeWorker.generate` yields one :class:`~core.messages.TokenChunk` per engine step that
 advanced the request. Without a handle it prefills locally and streams from the first token.
-With one, a :class:`~replica.kv_connector.kv_import.KVImport` reserves blocks, pulls only those
-the local prefix cache lacks and hands the request to the batch; its chunks carry the tokens *after*
-``first_token_id`` (the ingress already sent that one). A pipelined handle comes before the
-prefill finished and without the first token: the pull takes each block as the prefill
-completes it and the export tells the first token at the end. A failed pull recomputes the
-prompt locally (``kv_failure_policy="recompute"``, identical output) or ends the stream with a
-chunk carrying its :class:`~core.errors.ErrorReport` (``"fail"``, or any failed pipelined pull:
-the ingress then continues the request elsewhere). Closing the iterator (client gone) aborts the
-request, cancels the pull and frees every block on both sides.
+With one, a :class:`~replica.kv_connector.kv_import.KVImport` reserves blocks (retrying while
+the pool is full, heartbeating the lease) and hands the import to the engine, whose attached
+:class:`~replica.kv_connector.transport_connector.TransportKVConnector` pulls only the blocks the
+local prefix cache lacks; the engine settles the pull's end and the request joins the batch. Its
+chunks carry the tokens *after* ``first_token_id`` (the ingress already sent that one). A
+pipelined handle comes before the prefill finished and without the first token: the pull takes
+each block as the prefill completes it and the export tells the first token at the end. A
+failed pull recomputes the prompt locally (``kv_failure_policy="recompute"``, identical output)
+or ends the stream with a chunk carrying its :class:`~core.errors.ErrorReport` and the
+transfer's reason (``"fail"``, or any failed pipelined pull: the ingress then continues the
+request elsewhere). Closing the iterator (client gone) aborts the request; the engine cancels
+the pull and frees the blocks once it stopped writing them, and the export on the other side.
 """
 
 from __future__ import annotations
@@ -21,18 +24,19 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 
 from core.config import KVFailurePolicy
 from core.errors import InvalidRequestError, PdserveError, TransferError
-from core.kv_handle import TransferFailure, TransferState, TransferStatus
+from core.kv_handle import TransferFailure
 from core.messages import DecodeRequest, StageTimes, TokenChunk
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from decode.chunks import aborted_chunk, error_chunk, token_chunk
 from engine.async_engine import AsyncEngine
+from engine.kv_connector.base import ImportEnded, ImportResult
 from replica.kv_connector.kv_import import KVImport
+from replica.kv_connector.transport_connector import TransportKVConnector
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import InMemoryTransferMetrics, KVTransport, TransferSide
 
@@ -51,8 +55,9 @@ class DecodeWorker:
         metrics: InMemoryTransferMetrics | None = None,
         reserve_timeout_s: float = 30.0,
     ) -> None:
-        """``metrics`` default to the transport's ``metrics`` attribute when it has one;
-        ``reserve_timeout_s`` bounds how long an import waits for free KV blocks."""
+        """Attaches a connector over ``transport`` to ``engine``; ``metrics`` default to the
+        transport's ``metrics`` attribute when it has one; ``reserve_timeout_s`` bounds how long
+        an import waits for free KV blocks."""
         self.kv_failure_policy = kv_failure_policy
         self._engine = engine
         self._transport = transport
@@ -60,7 +65,8 @@ class DecodeWorker:
         self._reserve_timeout_s = reserve_timeout_s
         self._lock = threading.Lock()
         self._imports: dict[str, KVImport] = {}
-        self._releaser = ThreadPoolExecutor(1, thread_name_prefix="pdserve-decode-release")
+        self._connector = TransportKVConnector(transport)
+        engine.attach_connector(self._connector)
 
     @property
     def engine(self) -> AsyncEngine:
@@ -116,36 +122,34 @@ class DecodeWorker:
         request_id, handle = request.request_id, request.kv_handle
         assert handle is not None
         started_s = time.monotonic()
-        kv = KVImport(
-            self._engine,
-            self._transport,
-            request_id,
-            handle,
-            releaser=self._releaser,
-            reserve_timeout_s=self._reserve_timeout_s,
-        )
         with self._lock:
-            if request_id in self._imports:
+            if request_id in self._imports:  # NOTE: before naming the source: it may be shared
                 raise InvalidRequestError(f"request {request_id} is already importing")
+            kv = KVImport(
+                self._engine,
+                self._connector,
+                request_id,
+                handle,
+                reserve_timeout_s=self._reserve_timeout_s,
+            )
             self._imports[request_id] = kv
+        knows_first = request.first_token_id is not None
         try:
-            await kv.reserve(
+            opened = await kv.reserve(
                 request.prompt_token_ids,
                 params,
                 request.first_token_id,
                 request.prompt_chunk_ends,
                 cache_salt=request.routing.cache_salt,
+                recompute_on_failure=self.kv_failure_policy == "recompute",
             )
-            status = await kv.pull()
-            num_cached = await self._hand_off(
-                kv,
-                status,
-                len(request.prompt_token_ids),
-                knows_first=request.first_token_id is not None,
-            )
+            ended = await kv.wait()
+            if ended is None:  # aborted during the pull
+                yield aborted_chunk(request)
+                return
+            num_cached = self._settled(kv, ended, len(request.prompt_token_ids), knows_first)
             ready_s: float | None = time.monotonic()
-            assert kv.stream is not None
-            async for output in kv.stream:
+            async for output in opened.stream:
                 cached = output.num_cached_tokens if num_cached is None else num_cached
                 times = None
                 if output.new_token_ids and ready_s is not None:
@@ -163,56 +167,49 @@ class DecodeWorker:
                 self._imports.pop(request_id, None)
             kv.close()
 
-    async def _hand_off(
-        self, kv: KVImport, status: TransferStatus, num_prompt_tokens: int, *, knows_first: bool
+    def _settled(
+        self, kv: KVImport, ended: ImportEnded, num_prompt_tokens: int, knows_first: bool
     ) -> int | None:
-        """Join the batch after the pull; the prompt tokens not computed here (None: ask the
-        engine, after a recompute). A pipelined import learns its first token from the
-        export (``knows_first`` False)."""
+        """What the engine made of the import's end: the prompt tokens not computed here
+        (None: ask the engine, after a recompute); raises :class:`TransferError` when the
+        request failed (the ingress continues it elsewhere)."""
         request_id = kv.request_id
-        if not kv.hand_off():
-            await self._engine.abort(request_id)  # the stream then ends with finish "abort"
-            return 0
-        if status.state is TransferState.DONE:
-            task = kv.task  # a device-path pull copied into the device KV: nothing to stage
-            pulled = [] if task is None or task.on_device else list(task.dst_block_ids)
-            done = None if knows_first or kv.task is None else kv.task.export_done
-            await self._engine.finish_import(request_id, pulled, done)
+        if ended.result is ImportResult.READY:
+            assert kv.opened is not None
             logger.info(
-                "request %s: pulled %d of %d blocks (%d bytes); decoding",
+                "request %s: pulled %d of %d blocks; decoding",
                 request_id,
-                kv.num_pulled_blocks,
+                len(kv.opened.allocation.missing_block_indices),
                 kv.handle.num_blocks,
-                status.bytes_done,
             )
             return num_prompt_tokens
         # NOTE: without its first token a recompute would sample (and stream) a token the client
         # already has: the request fails here and the ingress continues it elsewhere (migration)
         recompute = self.kv_failure_policy == "recompute" and knows_first
+        reason = ended.failure or TransferFailure.INTERNAL
         logger.warning(
             "request %s: kv transfer %s failed (%s: %s); %s",
             request_id,
             kv.handle.transfer_id,
-            status.reason,
-            status.message,
+            reason,
+            ended.message,
             "recomputing locally" if recompute else "failing the request",
         )
-        await self._engine.fail_import(request_id, recompute=recompute)
         if recompute:
             return None
         raise TransferError(
-            f"request {request_id}: KV transfer failed ({status.reason}): {status.message}",
-            reason=status.reason or TransferFailure.INTERNAL,
+            f"request {request_id}: KV transfer failed ({reason}): {ended.message}",
+            reason=reason,
         )
 
     async def abort(self, request_id: str) -> bool:
         """Abort a request (cancelling its pull first); False when it is unknown or done."""
         with self._lock:
             kv = self._imports.get(request_id)
-        if kv is not None and kv.abort():
-            logger.info("request %s: aborting during its KV import", request_id)
+        if kv is not None and kv.abort_reservation():
+            logger.info("request %s: aborting during its KV reservation", request_id)
             return True
-        return await self._engine.abort(request_id)
+        return await self._engine.abort(request_id)  # a running pull stops before its blocks go
 
     def stats(self) -> ReplicaStats:
         """KV blocks, queues and import-side transfer metrics."""
@@ -227,7 +224,8 @@ class DecodeWorker:
         return 0
 
     async def shutdown(self) -> None:
-        """Cancel pulls, stop the transport, then the engine."""
+        """Cancel pulls, stop the transport, then the engine (which frees the blocks the
+        cancelled pulls stopped writing)."""
         await asyncio.to_thread(self._transport.close)
         await asyncio.to_thread(self._engine.shutdown)
-        self._releaser.shutdown(wait=True)
+        self._connector.close()

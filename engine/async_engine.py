@@ -16,8 +16,14 @@ with a typed ``PdserveError`` and its blocks are freed; the engine keeps serving
 waiting for imported KV are left alone (a pull may still be writing into their blocks).
 :meth:`AsyncEngine.shutdown` aborts everything, makes every waiter raise ``UnavailableError``
 and joins the thread.
-The roles' named hand-offs (``stage_export``, ``finish_import``, ``fail_import``) are each one
-command on the engine thread; the stream a caller iterates is :mod:`engine.request_stream`.
+KV leaves and arrives through the KV connectors attached to the engine
+(:meth:`AsyncEngine.attach_connector`; a role worker attaches its transport's): the thread
+starts their transfers before each step and settles what they report ended after it
+(:mod:`engine.kv_connector.attached`); a connector wakes the thread when a transfer ends while
+it waits for commands. A request exported through one (``open(export_to=...)``) reports its
+blocks as they complete; an import through one (:meth:`AsyncEngine.import_through`) is reserved,
+handed to the connector and settled on the thread, its end told to the caller. The stream a
+caller iterates is :mod:`engine.request_stream`.
 """
 
 from __future__ import annotations
@@ -32,21 +38,33 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from core.errors import PdserveError, UnavailableError
-from core.kv_handle import ExportDone
 from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from engine.engine import LLMEngine
-from engine.kv_connector.export_progress import ExportProgress, ExportWatcher
+from engine.kv_connector.attached import AttachedConnectors
+from engine.kv_connector.base import ImportEnded, KVConnector, KVImportSource
+from engine.kv_connector.export_progress import ConnectorWatcher, ExportProgress
 from engine.outputs import RequestOutput
 from engine.request import RequestStatus
 from engine.request_stream import ABORTED, RequestStream, Sink, StreamItem
-from engine.scheduler.output import ImportAllocation, PinnedBlocks, SchedulerStats
+from engine.scheduler.output import ImportAllocation, SchedulerStats
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _STALLED_RECHECK_S = 1.0  # safety net: re-plan after this long even if no command arrived
+
+
+@dataclass(frozen=True)
+class ConnectedImport:
+    """An import handed to a connector: its blocks, its stream, and how its copy ended."""
+
+    allocation: ImportAllocation
+    stream: RequestStream
+    ended: Future[ImportEnded | None]
+    """Resolves once the connector's copy ended and the engine settled it (the request joined
+    the batch, recomputes or failed); None when the request was aborted first."""
 
 
 @dataclass
@@ -85,9 +103,16 @@ class AsyncEngine:
     and none blocks the event loop (except :meth:`shutdown`, which joins the thread).
 
     ``driver``: step through it instead of ``engine.step()``, paced by it (see
-    :class:`StepDriver`)."""
+    :class:`StepDriver`); ``connector``: a KV connector attached from the start (see
+    :meth:`attach_connector`)."""
 
-    def __init__(self, engine: LLMEngine, *, driver: StepDriver | None = None) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        *,
+        driver: StepDriver | None = None,
+        connector: KVConnector | None = None,
+    ) -> None:
         self.engine = engine
         self._driver = driver
         """The wrapped engine: touch it only through :meth:`call` (its ``parts`` are immutable)."""
@@ -99,8 +124,12 @@ class AsyncEngine:
         self._stats = engine.scheduler.stats()  # replaced whole, never mutated: safe to read
         self._prefill_totals = (0, 0.0)  # (tokens, seconds) of prompt compute, replaced whole
         self._exports = ExportProgress(engine)  # engine thread only
+        self._connectors = AttachedConnectors(engine, self._wake)  # engine thread only
         self._lock = threading.Lock()
         self._closed = False
+        self._wake_queued = False  # guarded by _lock
+        if connector is not None:
+            self._connectors.attach(connector)
         self._stop_reason = "the engine is shut down"
         self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
         self._thread.start()
@@ -134,13 +163,15 @@ class AsyncEngine:
         *,
         prefill_only: bool = False,
         cache_salt: str | None = None,
-        watcher: ExportWatcher | None = None,
+        export_to: KVConnector | None = None,
     ) -> RequestStream:
         """Add a request; raises its admission error (``PromptTooLongError``, ...). A
-        prefill-only request's ``watcher`` follows its KV as it completes (a pipelined export,
-        :mod:`engine.kv_connector.export_progress`)."""
+        prefill-only request with ``export_to`` (an attached connector) hands its KV to it as
+        it completes (:mod:`engine.kv_connector.export_progress`)."""
 
         def add(engine: LLMEngine) -> None:
+            if export_to is not None:
+                self._connectors.check(export_to)
             engine.add_request(
                 request_id,
                 prompt_token_ids,
@@ -148,8 +179,8 @@ class AsyncEngine:
                 prefill_only=prefill_only,
                 cache_salt=cache_salt,
             )
-            if watcher is not None:
-                self._exports.watch(request_id, watcher)
+            if export_to is not None:
+                self._exports.watch(request_id, ConnectorWatcher(export_to, request_id))
 
         stream, _ = await self._open(request_id, prompt_token_ids, add)
         return stream
@@ -164,8 +195,9 @@ class AsyncEngine:
         cache_salt: str | None = None,
     ) -> tuple[ImportAllocation, RequestStream]:
         """``add_import_request`` on the engine thread plus the stream of its outputs (the
-        tokens after ``first_token_id``, once ``mark_kv_ready`` or ``mark_kv_failed`` ran;
-        ``first_token_id`` None: a pipelined import, see :meth:`finish_import`)."""
+        tokens after ``first_token_id``, once ``mark_kv_ready`` or ``mark_kv_failed`` ran).
+        Nothing writes its blocks: a reservation only (tests, pool pressure); a role imports
+        through :meth:`import_through`."""
 
         def add(engine: LLMEngine) -> ImportAllocation:
             return engine.add_import_request(
@@ -179,6 +211,48 @@ class AsyncEngine:
 
         stream, allocation = await self._open(request_id, prompt_token_ids, add)
         return allocation, stream
+
+    async def import_through(
+        self,
+        connector: KVConnector,
+        source: KVImportSource,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        first_token_id: int | None,
+        prompt_chunk_ends: tuple[int, ...] = (),
+        *,
+        cache_salt: str | None = None,
+        recompute_on_failure: bool = True,
+    ) -> ConnectedImport:
+        """Reserve blocks for the prompt and hand the missing ones to ``connector`` (attached)
+        to write from ``source``; the engine settles the copy's end. ``first_token_id`` None: a
+        pipelined import, whose first token comes with its KV. A failed copy recomputes the
+        prompt here when the first token is known and ``recompute_on_failure``; else the
+        request ends (its caller reports ``ended``'s failure). Raises admission errors and the
+        connector's refusal (``LayoutMismatchError``), leaving nothing behind."""
+        ended: Future[ImportEnded | None] = Future()
+
+        def add(engine: LLMEngine) -> ImportAllocation:
+            self._connectors.check(connector)
+            allocation = engine.add_import_request(
+                request_id,
+                prompt_token_ids,
+                params,
+                first_token_id,
+                prompt_chunk_ends,
+                cache_salt=cache_salt,
+            )
+            try:
+                connector.import_blocks(allocation, source)
+            except BaseException:
+                engine.abort(request_id)
+                raise
+            self._connectors.add_import(request_id, ended, recompute_on_failure)
+            return allocation
+
+        stream, allocation = await self._open(request_id, prompt_token_ids, add)
+        return ConnectedImport(allocation, stream, ended)
 
     async def _open(
         self, request_id: str, prompt_token_ids: list[int], add: Callable[[LLMEngine], T]
@@ -229,60 +303,21 @@ class AsyncEngine:
         """Abort a request on the engine thread without waiting (any thread, idempotent)."""
         self._submit_quietly(lambda: self._abort_now(request_id))
 
-    def release_soon(self, request_id: str) -> None:
-        """Unpin a prefill-only request's blocks without waiting (any thread, idempotent)."""
-        self._submit_quietly(lambda: self.engine.release(request_id))
-
-    # -- the roles' KV hand-off (typed; host-mirror staging lives behind these) -----------------
+    # -- the KV hand-off ------------------------------------------------------------------------
 
     @property
     def layout(self) -> KVLayout:
         """The KV layout of this engine's cache (its fingerprint travels on every handle)."""
         return self.engine.parts.layout
 
-    def stage_export(self, request_id: str) -> Future[PinnedBlocks]:
-        """The blocks a finished prefill-only request keeps pinned (with its recorded prompt
-        chunk ends), staged where the transfer layer reads them (the host mirror of GPU KV).
-        The future raises ``UnavailableError`` when nothing is pinned (aborted, released). The
-        blocks stay pinned until :meth:`release_soon`."""
-
-        def stage(engine: LLMEngine) -> PinnedBlocks:
-            pinned = engine.get_pinned_blocks(request_id)
-            if pinned is None:
-                raise UnavailableError(f"request {request_id}: its KV is no longer pinned")
-            try:
-                engine.parts.storage.stage_to_host(pinned.block_ids)
-            except BaseException:
-                engine.release(request_id)
-                raise
-            return pinned
-
-        return self.submit(stage)
-
-    async def finish_import(
-        self, request_id: str, block_ids: list[int], done: ExportDone | None = None
-    ) -> bool:
-        """The pulled KV is in ``block_ids``: stage it to the device and let the request join
-        the batch. ``done`` brings a pipelined import's first token; should that token already
-        end the request, its stream gets the final output instead. False when the request is
-        gone (aborted meanwhile) or ended by its first token."""
-
-        def ready(engine: LLMEngine) -> bool:
-            engine.parts.storage.stage_to_device(block_ids)
-            if done is not None:
-                ended = engine.accept_first_token(
-                    request_id, done.first_token_id, done.prompt_chunk_ends
-                )
-                if ended is not None:
-                    self._deliver(ended)
-                    return False
-            return engine.mark_kv_ready(request_id)
-
-        return await self.call(ready)
-
-    async def fail_import(self, request_id: str, *, recompute: bool) -> bool:
-        """The pull failed: recompute the prompt here (identical output) or end the request."""
-        return await self.call(lambda e: e.mark_kv_failed(request_id, recompute=recompute))
+    def attach_connector(self, connector: KVConnector) -> None:
+        """Drive ``connector`` from now on: its ``before_free`` joins the KV manager's
+        listeners, its transfers start before each step and what it reports ended is settled
+        after it (and whenever it wakes the thread). Any thread but the engine's; returns once
+        attached."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("attach_connector from the engine thread would wait for itself")
+        self._submit(lambda: self._connectors.attach(connector), with_future=True).result()
 
     def stats(self) -> SchedulerStats:
         """The scheduler's stats after the latest step or command (thread-safe snapshot)."""
@@ -346,13 +381,38 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while self._run_commands(self._wait_s()):
+                self._connectors.start_transfers()
                 if (self._driver is not None or self._can_step()) and not self._step():
                     break
+                self._settle()
         except BaseException:
             logger.exception("engine thread crashed")
             raise
         finally:
             self._close_all()
+
+    # -- connectors (engine thread) -------------------------------------------------------------
+
+    def _wake(self) -> None:
+        """Any thread: a connector has something to settle; wake the thread (once queued)."""
+        with self._lock:
+            if self._closed or self._wake_queued:
+                return
+            self._wake_queued = True
+            self._commands.put(_Command(self._woken))
+
+    def _woken(self) -> None:
+        with self._lock:
+            self._wake_queued = False  # NOTE: before settling, so a later end wakes again
+
+    def _settle(self) -> None:
+        outputs = self._connectors.settle()
+        if outputs is None:
+            return
+        self._stalled = False  # an import may have joined the waiting queue
+        self._refresh_stats()
+        for output in outputs:
+            self._deliver(output)
 
     def _can_step(self) -> bool:
         stats = self.engine.scheduler.stats()
@@ -455,9 +515,11 @@ class AsyncEngine:
             logger.warning("request %s: its event loop is closed; aborting it", request_id)
             self._sinks.pop(request_id, None)
             self.engine.abort(request_id)
+            self._connectors.end_import(request_id, None)
 
     def _abort_now(self, request_id: str) -> bool:
         found = self.engine.abort(request_id)
+        self._connectors.end_import(request_id, None)
         self._refresh_stats()
         sink = self._sinks.pop(request_id, None)
         if sink is not None:
@@ -504,6 +566,7 @@ class AsyncEngine:
                 self.engine.abort(request_id)
             except Exception:
                 logger.exception("request %s: abort at shutdown raised", request_id)
+        self._connectors.close(self._stop_reason)
         for request_id, sink in self._sinks.items():
             self._push(request_id, sink, UnavailableError(self._stop_reason))
         self._sinks.clear()

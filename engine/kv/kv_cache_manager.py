@@ -9,6 +9,7 @@ during decode — and a later request whose tokens start with the same blocks sh
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,20 @@ class ComputedBlocks:
 
 
 NO_HIT = ComputedBlocks(block_ids=[], num_tokens=0)
+
+
+class BlockRelease(enum.Enum):
+    """A before-free listener's answer: may the request's blocks go back to the pool now?"""
+
+    NOW = "now"
+    """Nothing of the listener's touches them any more."""
+    HELD = "held"
+    """A copy still writes them: the manager holds them until
+    :meth:`KVCacheManager.release_held`."""
+
+
+BeforeFree = Callable[[str], BlockRelease | None]
+"""A before-free listener (None answers :attr:`BlockRelease.NOW`)."""
 
 
 class KVCacheManager:
@@ -57,7 +72,8 @@ class KVCacheManager:
         self._tables: dict[str, list[int]] = {}
         self._num_offered_blocks: dict[str, int] = {}  # leading blocks already offered to cache
         self._cached_listeners: list[Callable[[int, BlockHash], None]] = []
-        self._before_free_listeners: list[Callable[[str], None]] = []
+        self._before_free_listeners: list[BeforeFree] = []
+        self._held: dict[str, list[list[int]]] = {}  # tables freed while a copy still writes
 
     # -- listeners ----------------------------------------------------------------------------
 
@@ -65,10 +81,12 @@ class KVCacheManager:
         """Call ``listener(block id, hash)`` for each block that joins the prefix cache."""
         self._cached_listeners.append(listener)
 
-    def register_before_free(self, listener: Callable[[str], None]) -> None:
+    def register_before_free(self, listener: BeforeFree) -> None:
         """Call ``listener(request id)`` just before a request's blocks are freed (for any
         reason): whoever still reads them from another thread (a pipelined export) must stop
-        first. Listeners run in registration order."""
+        first; one that cannot stop at once (a pull being cancelled) answers
+        :attr:`BlockRelease.HELD` and the blocks stay out of the pool until
+        :meth:`release_held`. Listeners run in registration order."""
         self._before_free_listeners.append(listener)
 
     # -- inspection ---------------------------------------------------------------------------
@@ -228,15 +246,35 @@ class KVCacheManager:
     def free(self, request_id: str, keep_s: float = 0.0) -> None:
         """Release the request's whole table, tail block first (the prefix stays cached
         longest), its idle clock starting ``keep_s`` late (a keep-alive); a request without a
-        table is a no-op."""
+        table is a no-op. A listener answering HELD keeps the table out of the pool until
+        :meth:`release_held`."""
+        written = False  # a copy still writes the blocks
         if request_id in self._tables:
             for listener in self._before_free_listeners:
-                listener(request_id)
+                written = listener(request_id) is BlockRelease.HELD or written
         table = self._tables.pop(request_id, None)
         self._num_offered_blocks.pop(request_id, None)
-        if table:  # entries released behind a sliding window are the null block
+        if table and written:
+            self._held.setdefault(request_id, []).append(table)
+        elif table:  # entries released behind a sliding window are the null block
             held = [block_id for block_id in table[::-1] if block_id != NULL_BLOCK_ID]
             self.pool.free(held, keep_s=keep_s)
+
+    def release_held(self, request_id: str) -> None:
+        """The copy into a held table of ``request_id`` stopped: free that table (the oldest
+        held one; a no-op when none is held)."""
+        tables = self._held.get(request_id)
+        if not tables:
+            return
+        table = tables.pop(0)
+        if not tables:
+            del self._held[request_id]
+        self.pool.free([block_id for block_id in table[::-1] if block_id != NULL_BLOCK_ID])
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Blocks freed by their request but held while a copy still writes them."""
+        return sum(len(table) for tables in self._held.values() for table in tables)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached hash; held blocks are never offered again."""
@@ -249,9 +287,10 @@ class KVCacheManager:
     def check_integrity(self) -> None:
         """Pool integrity plus: each block's ref count equals the tables holding it."""
         self.pool.check_integrity()
+        held = [table for tables in self._held.values() for table in tables]
         holders = Counter(
             block_id
-            for table in self._tables.values()
+            for table in [*self._tables.values(), *held]
             for block_id in table
             if block_id != NULL_BLOCK_ID
         )

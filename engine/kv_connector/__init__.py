@@ -1,6 +1,6 @@
-"""The KV hand-off, engine side: the connector contract, its in-process implementation and the
-scheduler's export/import bookkeeping (``connected_engine``, ``export_progress``, ``imports``
-and ``import_loads`` are imported by their module paths: they sit on the engine and scheduler)."""
+"""The KV hand-off, engine side: the connector contract, its in-process implementation and how
+an engine drives connectors (``settle``, ``connected_engine``, ``attached`` and
+``export_progress`` are imported by their module paths: they sit on the engine)."""
 
 from engine.kv_connector.base import (
     ImportEnded,

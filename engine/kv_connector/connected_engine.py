@@ -6,43 +6,21 @@ request added with :meth:`ConnectedEngine.add_export` reports its blocks through
 :class:`~engine.kv_connector.export_progress.ExportProgress` as they complete; an import added
 with :meth:`ConnectedEngine.add_import` hands its reserved blocks to the connector. Each
 :meth:`ConnectedEngine.step` starts the transfers, steps the engine, reports the progress and
-settles what the connector says ended: ready imports join the batch (learning their first token
-when the export carried it), failed ones recompute (or fail, when their first token is unknown),
-freed exports are unpinned.
+settles what the connector says ended (:mod:`engine.kv_connector.settle`, shared with
+:class:`~engine.async_engine.AsyncEngine`): ready imports join the batch (learning their first
+token when the export carried it), failed ones recompute (or fail, when their first token is
+unknown), freed exports are unpinned, held blocks are freed once nothing writes them.
 """
 
 from __future__ import annotations
 
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
-from engine.kv_connector.base import (
-    ImportEnded,
-    ImportResult,
-    KVConnector,
-    KVConnectorFinished,
-    KVImportSource,
-)
-from engine.kv_connector.export_progress import ExportProgress
+from engine.kv_connector.base import KVConnector, KVConnectorFinished, KVImportSource
+from engine.kv_connector.export_progress import ConnectorWatcher, ExportProgress
+from engine.kv_connector.settle import settle
 from engine.outputs import RequestOutput
-from engine.scheduler.output import ImportAllocation, PinnedBlocks
-
-
-class _ConnectorWatcher:
-    """An export watcher that forwards one request's progress to the connector."""
-
-    def __init__(self, connector: KVConnector, request_id: str) -> None:
-        self._connector = connector
-        self._request_id = request_id
-
-    def on_ready(self, block_ids: list[int]) -> None:
-        self._connector.export_blocks(self._request_id, block_ids)
-
-    def on_finished(self, pinned: PinnedBlocks) -> None:
-        self._connector.export_finished(pinned)
-
-    def on_lost(self) -> None:
-        # a request that never held blocks is lost without passing the before-free listeners
-        self._connector.before_free(self._request_id)
+from engine.scheduler.output import ImportAllocation
 
 
 class ConnectedEngine:
@@ -59,7 +37,7 @@ class ConnectedEngine:
     ) -> None:
         """Add a prefill-only request whose KV the connector exports as it completes."""
         self.engine.add_request(request_id, prompt_token_ids, params, prefill_only=True)
-        self._progress.watch(request_id, _ConnectorWatcher(self.connector, request_id))
+        self._progress.watch(request_id, ConnectorWatcher(self.connector, request_id))
 
     def add_import(
         self,
@@ -84,34 +62,6 @@ class ConnectedEngine:
         return outputs + self.settle(self.connector.take_finished())
 
     def settle(self, finished: KVConnectorFinished) -> list[RequestOutput]:
-        """Apply what the connector reports ended; the outputs of imports that ended at once."""
-        outputs: list[RequestOutput] = []
-        for ended in finished.imports:
-            output = self._settle_import(ended)
-            if output is not None:
-                outputs.append(output)
-        for request_id in finished.freed_exports:
-            self.engine.release(request_id)
-        return outputs
-
-    def _settle_import(self, ended: ImportEnded) -> RequestOutput | None:
-        engine = self.engine
-        request = engine.scheduler.get_request(ended.request_id)
-        if request is None:
-            return None  # aborted meanwhile
-        knows_first = bool(request.output_token_ids)
-        if ended.result is ImportResult.FAILED:
-            # NOTE: without its first token a recompute would sample one the client never saw
-            engine.mark_kv_failed(ended.request_id, recompute=knows_first)
-            return None
-        if not knows_first:
-            if ended.first_token_id is None:
-                engine.mark_kv_failed(ended.request_id, recompute=False)
-                return None
-            output = engine.accept_first_token(
-                ended.request_id, ended.first_token_id, ended.prompt_chunk_ends
-            )
-            if output is not None:
-                return output  # the first token ended it
-        engine.mark_kv_ready(ended.request_id)
-        return None
+        """Apply what the connector reports ended (:func:`~engine.kv_connector.settle.settle`);
+        the outputs of imports that ended at once."""
+        return settle(self.engine, finished)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.engine import LLMEngine
+from engine.kv_connector.base import KVConnector
 from engine.request import RequestStatus
 from engine.scheduler.output import PinnedBlocks
 
@@ -40,6 +41,27 @@ class ExportWatcher(Protocol):
     def on_lost(self) -> None:
         """The request's blocks are about to be freed: stop reading them now."""
         ...
+
+
+class ConnectorWatcher:
+    """The watcher of a request exported through a connector: forwards its progress there."""
+
+    def __init__(self, connector: KVConnector, request_id: str) -> None:
+        self._connector = connector
+        self._request_id = request_id
+
+    def on_ready(self, block_ids: list[int]) -> None:
+        """Hand the completed blocks to the connector's export."""
+        self._connector.export_blocks(self._request_id, block_ids)
+
+    def on_finished(self, pinned: PinnedBlocks) -> None:
+        """Finish the connector's export."""
+        self._connector.export_finished(pinned)
+
+    def on_lost(self) -> None:
+        """End the export (a request that never held blocks is lost without passing the
+        before-free listeners)."""
+        self._connector.before_free(self._request_id)
 
 
 @dataclass

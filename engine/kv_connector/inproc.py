@@ -13,9 +13,11 @@ Nothing runs on another thread: ``wait`` only reports whether something already 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.kv.kv_cache_manager import BlockRelease
 from engine.kv_connector.base import (
     ImportEnded,
     ImportResult,
@@ -77,6 +79,7 @@ class InProcKVConnector:
         self._imports: dict[str, _Import] = {}  # by importing request id
         self._ended_imports: list[ImportEnded] = []
         self._freed_exports: list[str] = []
+        self._wake: Callable[[], None] = _nothing
 
     # -- scheduler side ---------------------------------------------------------------------------
 
@@ -101,13 +104,15 @@ class InProcKVConnector:
             [allocation.block_ids[i] for i in missing],
         )
 
-    def before_free(self, request_id: str) -> None:
-        """Drop the request's import (nothing will write its blocks) or free its export."""
+    def before_free(self, request_id: str) -> BlockRelease:
+        """Drop the request's import (copies run inside :meth:`start_transfers`, so nothing
+        writes its blocks now) or free its export."""
         if self._imports.pop(request_id, None) is not None:
-            return
+            return BlockRelease.NOW
         export = self._hub.exports.get(request_id)
         if export is not None and export.owner is self:
             self._hub.free(request_id)
+        return BlockRelease.NOW
 
     # -- worker side ------------------------------------------------------------------------------
 
@@ -146,11 +151,16 @@ class InProcKVConnector:
         self._freed_exports.clear()
         return finished
 
+    def set_wake(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` whenever an import ends or an export is freed."""
+        self._wake = wake
+
     # -- the hub's and tests' side ----------------------------------------------------------------
 
     def export_freed(self, export_id: str) -> None:
         """The hub dropped one of this engine's exports."""
         self._freed_exports.append(export_id)
+        self._wake()
 
     def exported_block_ids(self, request_id: str) -> list[int]:
         """The blocks of this engine's export not freed yet, in prompt order (empty if none)."""
@@ -163,3 +173,8 @@ class InProcKVConnector:
     def _end(self, ended: ImportEnded) -> None:
         del self._imports[ended.request_id]
         self._ended_imports.append(ended)
+        self._wake()
+
+
+def _nothing() -> None:
+    """No one to wake."""

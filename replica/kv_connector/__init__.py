@@ -1,7 +1,7 @@
-"""The KV hand-off, transport side: one prefill's pipelined export and one decode import over
-the transfer layer (gRPC or same-node pulls)."""
+"""The KV hand-off, transport side: the connector a role worker attaches to its engine (exports
+and pulls over the transfer layer: gRPC or same-node) and a decode import's reservation."""
 
 from replica.kv_connector.kv_import import KVImport
-from replica.kv_connector.pipelined_export import PipelinedExport
+from replica.kv_connector.transport_connector import FinishedExport, TransportKVConnector
 
-__all__ = ["KVImport", "PipelinedExport"]
+__all__ = ["FinishedExport", "KVImport", "TransportKVConnector"]

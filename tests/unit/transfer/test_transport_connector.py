@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from core.config import EngineConfig, ModelConfig
+from core.kv_handle import TransferFailure
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
-from engine.kv_connector import ImportEnded, ImportResult, KVConnector
+from engine.kv_connector import ImportResult, KVConnector
 from engine.kv_connector.connected_engine import ConnectedEngine
 from engine.outputs import RequestOutput
 from engine.scheduler.output import ImportAllocation
@@ -98,4 +99,6 @@ def test_an_export_released_before_its_pull_fails_the_import(pair: list[Side]) -
     decode.connected.add_import("r", PROMPT, GREEDY, source)
     decode.connector.start_transfers()
     assert decode.connector.wait(10.0)
-    assert decode.connector.take_finished().imports == (ImportEnded("r", ImportResult.FAILED),)
+    (ended,) = decode.connector.take_finished().imports
+    assert (ended.request_id, ended.result) == ("r", ImportResult.FAILED)
+    assert ended.failure is TransferFailure.UNKNOWN_TRANSFER  # the reason an ingress migrates on
