@@ -72,7 +72,11 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 def overlaps_steps(engine_cfg: EngineConfig, device: torch.device) -> bool:
     """``engine.async_scheduling`` resolved: auto overlaps steps on CUDA only (a
     tensor-parallel gang too: rank 0 shares each step's pending sampled ids over the model's
-    collective, on the device)."""
+    collective, on the device). A speculating engine never overlaps (auto: off): its drafts
+    are proposed on the host from the last accepted token, which an overlapped step would only
+    learn one step later."""
+    if engine_cfg.speculative is not None:
+        return False
     if engine_cfg.async_scheduling == "auto":
         return device.type == "cuda"
     return engine_cfg.async_scheduling == "on"
