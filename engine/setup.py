@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from core import env
-from core.config import EngineConfig, ModelConfig
+from core.config import EngineConfig, ModelConfig, SpeculativeConfig
 from core.errors import ConfigError
 from core.kv_events import KVEventBatch
 from core.kv_layout import KVLayout
@@ -54,6 +54,7 @@ class EngineParts:
     seed: int
     compiled: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] = ()  # empty: every step runs eagerly (or compiled)
+    speculative: SpeculativeConfig | None = None  # None: the engine never drafts
 
 
 def pick_device(index: int = 0) -> torch.device:
@@ -185,6 +186,7 @@ def build_engine_parts(
         model_cfg.seed,
         compiled=engine_cfg.compile_model,
         cuda_graph_batch_sizes=graph_sizes,
+        speculative=engine_cfg.speculative,
     )
 
 

@@ -1,8 +1,9 @@
 """The configuration schema: pydantic models, unknown keys rejected, every field described.
 
 One schema for one YAML file, split by section: ``base`` (the strict base), ``engine`` (model and
-engine), ``transfer`` (the KV data plane), ``cluster`` (the root), ``pools``, ``models``,
-``speculative`` (draft methods), ``routing`` (routing and disaggregation), ``planner``, ``server``, ``ray_cluster``. Import
+engine), ``speculative`` (the engine's draft methods), ``transfer`` (the KV data plane),
+``cluster`` (the root), ``pools``, ``models``, ``routing`` (routing and disaggregation),
+``planner``, ``server``, ``ray_cluster``. Import
 from ``core.config``; ``files`` reads any YAML into a schema (the load tester's own included).
 """
 

@@ -2,5 +2,6 @@
 
 from engine.spec_decode.ngram import NgramProposer
 from engine.spec_decode.proposer import Proposer
+from engine.spec_decode.registry import PROPOSERS, build_proposer
 
-__all__ = ["NgramProposer", "Proposer"]
+__all__ = ["PROPOSERS", "NgramProposer", "Proposer", "build_proposer"]
