@@ -135,16 +135,24 @@ class RejectionSampler:
         index = upload(row_ids, torch.long, device)
         flat = ops.filtered_probs(masked.index_select(0, index), temperatures, top_ks, top_ps)
         probs: dict[int, torch.Tensor] = {}
-        draft_probs: dict[int, list[float]] = {}
+        draft_rows: list[int] = []
+        draft_ids: list[int] = []
         offset = 0
         for i in random:
             request = requests[i]
-            size = len(request.rows)
-            probs[i] = flat[offset : offset + size]  # [k + 1, V]
-            drafts = upload(list(request.draft_token_ids), torch.long, device)
-            positions = torch.arange(len(request.draft_token_ids), device=device)
-            draft_probs[i] = probs[i][positions, drafts].tolist()
-            offset += size
+            probs[i] = flat[offset : offset + len(request.rows)]  # [k + 1, V]
+            draft_rows.extend(range(offset, offset + len(request.draft_token_ids)))
+            draft_ids.extend(request.draft_token_ids)
+            offset += len(request.rows)
+        gathered: list[float] = flat[  # [D]: each draft's probability at its position
+            upload(draft_rows, torch.long, device), upload(draft_ids, torch.long, device)
+        ].tolist()
+        draft_probs: dict[int, list[float]] = {}
+        offset = 0
+        for i in random:
+            num = len(requests[i].draft_token_ids)
+            draft_probs[i] = gathered[offset : offset + num]
+            offset += num
         return probs, draft_probs
 
     def _decide(
@@ -173,16 +181,24 @@ class RejectionSampler:
         residuals = []
         for i in drawing:
             num, drafts = decisions[i].num_accepted, requests[i].draft_token_ids
-            row = probs[i][num].clone()  # [V]
-            if num < len(drafts):
-                row[drafts[num]] = 0.0
-            residuals.append(row)
+            rejected = drafts[num] if num < len(drafts) else None
+            residuals.append(residual(probs[i][num], rejected))
         device = residuals[0].device
         uniforms = upload([decisions[i].final_uniform for i in drawing], torch.float64, device)
         drawn: list[int] = ops.draw(torch.stack(residuals), uniforms).tolist()
         for i, token_id in zip(drawing, drawn, strict=True):
             finals[i] = token_id
         return finals
+
+
+def residual(probs: torch.Tensor, rejected_token_id: int | None) -> torch.Tensor:
+    """What the final token is drawn from: ``probs`` [V] without the rejected draft (the
+    draw renormalises), or all of it when every draft was accepted (the bonus token)."""
+    if rejected_token_id is None:
+        return probs
+    out = probs.clone()
+    out[rejected_token_id] = 0.0
+    return out
 
 
 def _starts(requests: Sequence[DraftedRequest]) -> list[int]:
