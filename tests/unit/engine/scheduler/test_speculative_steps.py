@@ -30,9 +30,9 @@ def _verify(runner: FakeKVRunner, output: SchedulerOutput) -> tuple[dict[str, in
         known = item.end_position - len(drafts)  # context length before the first draft
         context = [runner.slots[runner.slot(item.block_ids, p)] for p in range(item.end_position)]
         num = 0
-        while num < len(drafts) and drafts[num] == next_token(context[: known + num]):  # type: ignore[arg-type]
+        while num < len(drafts) and drafts[num] == next_token(context[: known + num]):
             num += 1
-        sampled[item.request_id] = next_token(context[: known + num])  # type: ignore[arg-type]
+        sampled[item.request_id] = next_token(context[: known + num])
         accepted[item.request_id] = num
     return sampled, accepted
 

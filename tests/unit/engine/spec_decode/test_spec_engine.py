@@ -100,7 +100,7 @@ def test_stop_strings_and_eos_end_at_the_same_token(pair: tuple[LLM, LLM]) -> No
     for output in free:
         text = output.outputs[0].text
         stop = text[len(text) // 2 : len(text) // 2 + 2]  # a string it certainly meets
-        params = SamplingParams(temperature=0.0, max_tokens=40, stop=[stop])
+        params = SamplingParams(temperature=0.0, max_tokens=40, stop=(stop,))
         _same(
             _generate(base, params, [output.prompt or ""]),
             _generate(spec, params, [output.prompt or ""]),
