@@ -44,7 +44,7 @@ from engine.scheduler.output import (
     SchedulerOutput,
 )
 from engine.setup import EngineParts
-from engine.spec_decode import Proposer, build_proposer
+from engine.spec_decode import DraftLengths, Proposer, build_proposer
 from engine.step_overlap import InFlightStep, needs_host_before
 
 logger = logging.getLogger(__name__)
@@ -72,9 +72,14 @@ class LLMEngine:
         self.sampler = Sampler(seed=parts.seed)
         self.rejection = RejectionSampler(self.sampler)
         self.speculative = parts.speculative
-        self.proposer: Proposer | None = (
-            None if parts.speculative is None else build_proposer(parts.speculative)
-        )
+        self.proposer: Proposer | None = None
+        self.draft_lengths: DraftLengths | None = None
+        if parts.speculative is not None:
+            self.proposer = build_proposer(parts.speculative)
+            self.draft_lengths = DraftLengths(
+                parts.speculative.num_speculative_tokens,
+                adaptive=parts.speculative.adaptive_draft_length,
+            )
         self.async_scheduling = parts.scheduler.async_scheduling
         """Overlapped steps: a step's samples are read after the next step is queued."""
         self.reader = DeviceReader(parts.storage.device)
@@ -358,6 +363,10 @@ class LLMEngine:
         drafted = [self._drafted_request(by_id[request_id]) for request_id in request_ids]
         values = torch.cat([verify_logits[request_id] for request_id in request_ids])
         verified = self.rejection.verify(values, drafted)
+        if self.draft_lengths is not None:
+            for request_id, request, outcome in zip(request_ids, drafted, verified, strict=True):
+                num_drafted = len(request.draft_token_ids)
+                self.draft_lengths.record(request_id, num_drafted, outcome.num_accepted)
         return dict(zip(request_ids, verified, strict=True))
 
     def _drafted_request(self, item: ScheduledRequest) -> DraftedRequest:
@@ -442,8 +451,8 @@ class LLMEngine:
 
     def _propose_drafts(self, outputs: list[RequestOutput]) -> None:
         """Ask the proposer for drafts for every request that got tokens and goes on."""
-        proposer, config = self.proposer, self.speculative
-        if proposer is None or config is None:
+        proposer, config, lengths = self.proposer, self.speculative, self.draft_lengths
+        if proposer is None or config is None or lengths is None:
             return
         limit = config.disable_by_batch_size
         if limit is not None and self.scheduler.num_running > limit:
@@ -459,7 +468,7 @@ class LLMEngine:
                 output.request_id,
                 request.all_token_ids,
                 request.num_prompt_tokens,
-                config.num_speculative_tokens,
+                lengths.next(output.request_id),
             )
             if drafts:
                 self.scheduler.set_draft_tokens(output.request_id, drafts)
@@ -570,6 +579,8 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         if self.proposer is not None and request_id in self._states:
             self.proposer.finish(request_id)
+        if self.draft_lengths is not None:
+            self.draft_lengths.forget(request_id)
         self._states.pop(request_id, None)
         self._generators.pop(request_id, None)
         self.grammars.forget(request_id)

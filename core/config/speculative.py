@@ -61,6 +61,12 @@ class SpeculativeConfig(StrictModel):
     model: str | None = Field(
         None, description="draft_model: the draft checkpoint (built-in name or HF dir)."
     )
+    adaptive_draft_length: bool = Field(
+        True,
+        description="Each request drafts as many tokens as its last verification earned: one "
+        "more than it accepted after a rejection, one more than before after a full "
+        "acceptance (at most num_speculative_tokens). False: always num_speculative_tokens.",
+    )
     disable_by_batch_size: int | None = Field(
         None,
         ge=1,
