@@ -83,7 +83,8 @@ class EngineConfig(StrictModel):
     speculative: SpeculativeConfig | None = Field(
         None,
         description="Speculative decoding (vLLM's speculative_config): draft tokens per "
-        "running request and verify them in the next step. None: off.",
+        "running request and verify them in the next step. None: off. Not yet with "
+        "tensor_parallel_size > 1.",
     )
 
     tensor_parallel_size: int = Field(
@@ -127,6 +128,8 @@ class EngineConfig(StrictModel):
             return self
         refused = {
             "compile_model": self.compile_model,
+            # NOTE: followers rebuild each step from a broadcast that carries no drafts yet
+            "speculative decoding": self.speculative is not None,
         }
         for name, present in refused.items():
             if present:

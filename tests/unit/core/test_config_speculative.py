@@ -60,3 +60,9 @@ def test_overlap_on_is_refused_with_speculation() -> None:
     with pytest.raises(ValidationError, match="async_scheduling 'on' cannot be combined"):
         EngineConfig.model_validate({"speculative": spec, "async_scheduling": "on"})
     assert EngineConfig.model_validate({"speculative": spec, "async_scheduling": "auto"})
+
+
+def test_tensor_parallel_is_refused_with_speculation() -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    with pytest.raises(ValidationError, match="cannot be combined with speculative decoding"):
+        EngineConfig.model_validate({"speculative": spec, "tensor_parallel_size": 2})
