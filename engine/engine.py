@@ -357,17 +357,28 @@ class LLMEngine:
         self, plan: SchedulerOutput, verify_logits: dict[str, torch.Tensor]
     ) -> dict[str, VerifiedTokens]:
         """Accept a prefix of each verify row's drafts plus one token (host-side: a
-        speculating engine never overlaps steps)."""
+        speculating engine never overlaps steps). Should the batch raise, each request is
+        verified alone and those that still raise fail alone (a seeded request verified in
+        the failed batch has drawn its uniforms twice)."""
         by_id = {item.request_id: item for item in plan.scheduled}
-        request_ids = list(verify_logits)
-        drafted = [self._drafted_request(by_id[request_id]) for request_id in request_ids]
-        values = torch.cat([verify_logits[request_id] for request_id in request_ids])
-        verified = self.rejection.verify(values, drafted)
+        try:
+            drafted = {rid: self._drafted_request(by_id[rid]) for rid in verify_logits}
+            values = torch.cat([verify_logits[rid] for rid in drafted])
+            outcomes = self.rejection.verify(values, list(drafted.values()))
+            verified = dict(zip(drafted, outcomes, strict=True))
+        except Exception:
+            verified = {}
+            for request_id, logits in verify_logits.items():
+                try:
+                    one = self._drafted_request(by_id[request_id])
+                    verified[request_id] = self.rejection.verify(logits, [one])[0]
+                except Exception as e:
+                    self._fail_request(request_id, f"verifying its drafts failed: {e!r}")
         if self.draft_lengths is not None:
-            for request_id, request, outcome in zip(request_ids, drafted, verified, strict=True):
-                num_drafted = len(request.draft_token_ids)
+            for request_id, outcome in verified.items():
+                num_drafted = len(by_id[request_id].draft_token_ids)
                 self.draft_lengths.record(request_id, num_drafted, outcome.num_accepted)
-        return dict(zip(request_ids, verified, strict=True))
+        return verified
 
     def _drafted_request(self, item: ScheduledRequest) -> DraftedRequest:
         """``item``'s k + 1 sampling rows: row j as if drafts 0..j-1 had been sampled."""

@@ -162,3 +162,39 @@ def test_a_bad_speculative_config_is_refused_in_one_line() -> None:
     assert "num_speculative_tokens: Field required" in info.value.message
     assert "k: Extra inputs are not permitted" in info.value.message
     assert "\n" not in info.value.message
+
+
+class _FailingVerifier:
+    """Stands in for the engine's rejection sampler: raises on batches of more than
+    ``max_batch`` requests (never: ``max_batch=-1``), else verifies as the real one does."""
+
+    def __init__(self, real: Any, max_batch: int) -> None:
+        self.real, self.max_batch = real, max_batch
+
+    def verify(self, logits: Any, requests: Any) -> Any:
+        if len(requests) > self.max_batch:
+            raise RuntimeError("verification broke")
+        return self.real.verify(logits, requests)
+
+
+def test_a_verification_that_fails_only_in_batch_is_retried_per_request(
+    pairs: Callable[[str], tuple[LLM, LLM]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, spec = pairs(MODELS[0])
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    monkeypatch.setattr(spec.engine, "rejection", _FailingVerifier(spec.engine.rejection, 1))
+    _same(_generate(base, params), _generate(spec, params))
+
+
+def test_a_verification_that_always_fails_fails_its_requests_alone(
+    pairs: Callable[[str], tuple[LLM, LLM]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _base, spec = pairs(MODELS[0])
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    monkeypatch.setattr(spec.engine, "rejection", _FailingVerifier(spec.engine.rejection, -1))
+    before = spec.engine.scheduler.stats().spec_decode.num_drafts
+    outputs = _generate(spec, params)  # every block given back, checked inside
+    failed = [o for o in outputs if o.outputs[0].finish_reason == "error"]
+    assert failed
+    assert all("verifying its drafts failed" in (o.error or "") for o in failed)
+    assert spec.engine.scheduler.stats().spec_decode.num_drafts == before
