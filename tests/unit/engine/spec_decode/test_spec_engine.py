@@ -198,3 +198,42 @@ def test_a_verification_that_always_fails_fails_its_requests_alone(
     assert failed
     assert all("verifying its drafts failed" in (o.error or "") for o in failed)
     assert spec.engine.scheduler.stats().spec_decode.num_drafts == before
+
+
+def _drain(llm: LLM) -> RequestOutput:
+    final = None
+    while llm.engine.has_unfinished():
+        for output in llm.engine.step():
+            final = output
+    assert final is not None and final.finished
+    return final
+
+
+def test_a_speculating_decode_engine_continues_an_imported_prefill_identically(
+    pairs: Callable[[str], tuple[LLM, LLM]],
+) -> None:
+    """P/D at engine level: prefill without drafts (pinned KV), copy the blocks into the
+    speculating engine (an import), decode there: the tokens of a local run without drafts."""
+    base, spec = pairs(MODELS[0])
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompt = base.tokenizer.encode(PROMPTS[1])
+    reference = base.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)
+    base.engine.add_request("p", prompt, params, prefill_only=True)
+    first = _drain(base)
+    pinned = base.engine.get_pinned_blocks("p")
+    assert pinned is not None
+    spec.engine.scheduler.reset_prefix_cache()
+    before = spec.engine.scheduler.stats().spec_decode
+    allocation = spec.engine.add_import_request("d", prompt, params, first.outputs[0].token_ids[0])
+    spec.engine.parts.storage.kv[allocation.block_ids] = base.engine.parts.storage.kv[
+        pinned.block_ids
+    ]
+    assert base.engine.release("p")
+    assert spec.engine.mark_kv_ready("d")
+    final = _drain(spec)
+    assert final.outputs[0].token_ids == reference[0].outputs[0].token_ids
+    after = spec.engine.scheduler.stats().spec_decode
+    assert after.num_drafts > before.num_drafts
+    for llm in (base, spec):
+        llm.engine.scheduler.check_integrity()
+        assert llm.engine.scheduler.stats().num_used_blocks == 0
