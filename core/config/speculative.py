@@ -39,7 +39,7 @@ class SpeculativeConfig(StrictModel):
         5, ge=1, description="ngram: longest suffix looked up (the longest match wins)."
     )
     suffix_decoding_max_tree_depth: int = Field(
-        24, ge=1, description="suffix: deepest path of the suffix trees (tokens)."
+        24, ge=2, description="suffix: deepest path of the suffix trees (tokens)."
     )
     suffix_decoding_max_cached_requests: int = Field(
         10000,

@@ -6,7 +6,8 @@ import random
 from collections.abc import Sequence
 
 from core.config import SpeculativeConfig
-from engine.spec_decode import NgramProposer
+from core.errors import ConfigError
+from engine.spec_decode import NgramProposer, build_proposer
 
 
 def _proposer(min_n: int = 1, max_n: int = 3) -> NgramProposer:
@@ -60,3 +61,16 @@ def test_finish_forgets_and_a_shorter_sequence_restarts() -> None:
     proposer.finish("a")
     proposer.finish("unknown")
     assert proposer.propose("a", [1, 2, 1], 3, 2) == [2, 1]
+
+
+def test_the_registry_builds_ngram_and_refuses_a_missing_method_in_one_line() -> None:
+    config = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+    assert isinstance(build_proposer(config), NgramProposer)
+    suffix = SpeculativeConfig(method="suffix", num_speculative_tokens=3)
+    try:
+        proposer = build_proposer(suffix)
+    except ConfigError as e:  # a build without engine/spec_decode/suffix.py
+        assert "not available in this build" in e.message
+    else:
+        assert proposer.propose("r", [1, 2, 3, 1, 2], 5, 2) is not None
+        proposer.finish("r")
