@@ -3,11 +3,18 @@
 Plain Python, no Ray: ``add_request`` / ``step()`` / ``abort`` / ``has_unfinished``. The prefill
 and decode roles drive it through the same calls plus the scheduler's disaggregation hooks
 (prefill-only requests that pin their KV, import requests whose KV arrives from outside).
+
+With ``engine.speculative`` the engine drafts after each step: every running request that may
+speculate gets its proposer's guesses (:mod:`engine.spec_decode`), the next plan verifies them
+as one multi-token row, and the rejection sampler (:mod:`engine.sampling.rejection`) keeps a
+prefix of them plus one token of the model's own. Requests with structured output or prompt
+logprobs never speculate, nor does any request while more than ``disable_by_batch_size`` run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,9 +32,10 @@ from engine.output_processor import OutputProcessor, RequestState
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.prefill_rate import PrefillRate
 from engine.request import FinishReason, Request
-from engine.sampling import Sampler, SamplingRow
+from engine.sampling import DraftedRequest, RejectionSampler, Sampler, SamplingRow
 from engine.sampling.grammar import GrammarStates
-from engine.sampling.sampler import DeviceSample
+from engine.sampling.rejection import VerifiedTokens
+from engine.sampling.sampler import DeviceSample, SamplerOutput
 from engine.scheduler import Scheduler
 from engine.scheduler.output import (
     ImportAllocation,
@@ -36,6 +44,7 @@ from engine.scheduler.output import (
     SchedulerOutput,
 )
 from engine.setup import EngineParts
+from engine.spec_decode import DraftLengths, Proposer, build_proposer
 from engine.step_overlap import InFlightStep, needs_host_before
 
 logger = logging.getLogger(__name__)
@@ -61,6 +70,16 @@ class LLMEngine:
             max_model_len=parts.scheduler.max_model_len,
         )
         self.sampler = Sampler(seed=parts.seed)
+        self.rejection = RejectionSampler(self.sampler)
+        self.speculative = parts.speculative
+        self.proposer: Proposer | None = None
+        self.draft_lengths: DraftLengths | None = None
+        if parts.speculative is not None:
+            self.proposer = build_proposer(parts.speculative)
+            self.draft_lengths = DraftLengths(
+                parts.speculative.num_speculative_tokens,
+                adaptive=parts.speculative.adaptive_draft_length,
+            )
         self.async_scheduling = parts.scheduler.async_scheduling
         """Overlapped steps: a step's samples are read after the next step is queued."""
         self.reader = DeviceReader(parts.storage.device)
@@ -323,9 +342,59 @@ class LLMEngine:
             sample, request_ids = self._sample_isolating_requests(plan, logits)
             if sample is not None:
                 read = self.reader.start(sample.tensors())
+        verified = self._verify(plan, logits.verify_logits) if logits.verify_logits else {}
         return InFlightStep(
-            plan, request_ids, logits.prompt_logits, sample, read, time.perf_counter()
+            plan,
+            request_ids,
+            logits.prompt_logits,
+            sample,
+            read,
+            time.perf_counter(),
+            verified=verified,
         )
+
+    def _verify(
+        self, plan: SchedulerOutput, verify_logits: dict[str, torch.Tensor]
+    ) -> dict[str, VerifiedTokens]:
+        """Accept a prefix of each verify row's drafts plus one token (host-side: a
+        speculating engine never overlaps steps). Should the batch raise, each request is
+        verified alone and those that still raise fail alone (a seeded request verified in
+        the failed batch has drawn its uniforms twice)."""
+        by_id = {item.request_id: item for item in plan.scheduled}
+        try:
+            drafted = {rid: self._drafted_request(by_id[rid]) for rid in verify_logits}
+            values = torch.cat([verify_logits[rid] for rid in drafted])
+            outcomes = self.rejection.verify(values, list(drafted.values()))
+            verified = dict(zip(drafted, outcomes, strict=True))
+        except Exception:
+            verified = {}
+            for request_id, logits in verify_logits.items():
+                try:
+                    one = self._drafted_request(by_id[request_id])
+                    verified[request_id] = self.rejection.verify(logits, [one])[0]
+                except Exception as e:
+                    self._fail_request(request_id, f"verifying its drafts failed: {e!r}")
+        if self.draft_lengths is not None:
+            for request_id, outcome in verified.items():
+                num_drafted = len(by_id[request_id].draft_token_ids)
+                self.draft_lengths.record(request_id, num_drafted, outcome.num_accepted)
+        return verified
+
+    def _drafted_request(self, item: ScheduledRequest) -> DraftedRequest:
+        """``item``'s k + 1 sampling rows: row j as if drafts 0..j-1 had been sampled."""
+        row = self._sampling_row(item)
+        drafts = item.draft_token_ids
+        rows = [
+            dataclasses.replace(
+                row,
+                num_generated_tokens=row.num_generated_tokens + j,
+                output_token_ids=[*row.output_token_ids, *drafts[:j]]
+                if row.params.penalized
+                else row.output_token_ids,
+            )
+            for j in range(len(drafts) + 1)
+        ]
+        return DraftedRequest(drafts, tuple(rows))
 
     def _sample_isolating_requests(
         self, plan: SchedulerOutput, logits: StepLogits
@@ -370,8 +439,67 @@ class LLMEngine:
                     self.outputs.add_prompt_logprobs(self._states[request_id], start, prompt_rows)
                 except Exception as e:
                     self._fail_request(request_id, f"its prompt logprobs failed: {e!r}")
+        tokens, logprobs, accepted = self._step_tokens(step, sampled)
+        results: list[RequestOutput] = []
+        for update in self.scheduler.update_from_output(step.plan, tokens, accepted):
+            state = self._states.get(update.request_id)
+            if state is None:
+                continue
+            try:
+                processed = self.outputs.process_tokens(
+                    state, update, logprobs.get(update.request_id, ())
+                )
+            except Exception as e:
+                self._fail_request(update.request_id, f"processing its output failed: {e!r}")
+                continue
+            if processed.stop_string is not None:
+                self.scheduler.finish(update.request_id, FinishReason.STOP, processed.stop_string)
+            if processed.output.finished:
+                self._forget(update.request_id)
+            results.append(processed.output)
+        self._propose_drafts(results)
+        return results
+
+    def _propose_drafts(self, outputs: list[RequestOutput]) -> None:
+        """Ask the proposer for drafts for every request that got tokens and goes on."""
+        proposer, config, lengths = self.proposer, self.speculative, self.draft_lengths
+        if proposer is None or config is None or lengths is None:
+            return
+        limit = config.disable_by_batch_size
+        if limit is not None and self.scheduler.num_running > limit:
+            return
+        for output in outputs:
+            state = self._states.get(output.request_id)
+            if output.finished or state is None or not _may_speculate(state.params):
+                continue
+            request = self.scheduler.get_request(output.request_id)
+            if request is None or request.prefill_only:
+                continue
+            drafts = proposer.propose(
+                output.request_id,
+                request.all_token_ids,
+                request.num_prompt_tokens,
+                lengths.next(output.request_id),
+            )
+            if drafts:
+                self.scheduler.set_draft_tokens(output.request_id, drafts)
+
+    def _step_tokens(
+        self, step: InFlightStep, sampled: SamplerOutput
+    ) -> tuple[dict[str, int], dict[str, Sequence[TokenLogprob | None]], dict[str, int]]:
+        """Each request's token (the last of a verify row's), its tokens' logprobs and, for
+        verify rows, how many drafts were accepted; requests whose logits are not finite, or
+        whose grammar refuses the token, fail alone."""
         tokens: dict[str, int] = {}
-        logprobs: dict[str, TokenLogprob | None] = {}
+        logprobs: dict[str, Sequence[TokenLogprob | None]] = {}
+        accepted: dict[str, int] = {}
+        for request_id, verified in step.verified.items():
+            if not verified.finite:
+                self._fail_request(request_id, "the model's logits for it are not finite (NaN/inf)")
+                continue
+            tokens[request_id] = verified.token_ids[-1]
+            accepted[request_id] = verified.num_accepted
+            logprobs[request_id] = verified.logprobs
         for request_id, token_id, logprob, finite in zip(
             step.request_ids, sampled.token_ids, sampled.logprobs, sampled.finite, strict=True
         ):
@@ -383,23 +511,8 @@ class LLMEngine:
             except Exception as e:
                 self._fail_request(request_id, f"its grammar failed on token {token_id}: {e!r}")
                 continue
-            tokens[request_id], logprobs[request_id] = token_id, logprob
-        results: list[RequestOutput] = []
-        for update in self.scheduler.update_from_output(step.plan, tokens):
-            state = self._states.get(update.request_id)
-            if state is None:
-                continue
-            try:
-                processed = self.outputs.process(state, update, logprobs.get(update.request_id))
-            except Exception as e:
-                self._fail_request(update.request_id, f"processing its output failed: {e!r}")
-                continue
-            if processed.stop_string is not None:
-                self.scheduler.finish(update.request_id, FinishReason.STOP, processed.stop_string)
-            if processed.output.finished:
-                self._forget(update.request_id)
-            results.append(processed.output)
-        return results
+            tokens[request_id], logprobs[request_id] = token_id, (logprob,)
+        return tokens, logprobs, accepted
 
     def _ends_prefill(self, plan: SchedulerOutput) -> bool:
         """True when a prefill-only request samples its first token in ``plan``: its blocks are
@@ -475,6 +588,16 @@ class LLMEngine:
             self._generators[request_id] = generator
 
     def _forget(self, request_id: str) -> None:
+        if self.proposer is not None and request_id in self._states:
+            self.proposer.finish(request_id)
+        if self.draft_lengths is not None:
+            self.draft_lengths.forget(request_id)
         self._states.pop(request_id, None)
         self._generators.pop(request_id, None)
         self.grammars.forget(request_id)
+
+
+def _may_speculate(params: SamplingParams) -> bool:
+    """Structured output (the grammar must see each token before the next is scored) and
+    prompt logprobs (read back in full with the prompt) never speculate."""
+    return params.structured_output is None and params.prompt_logprobs is None

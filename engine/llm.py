@@ -9,7 +9,8 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from core.config import DType, EngineConfig, KVTiersConfig, ModelConfig
+from core.config import DType, EngineConfig, KVTiersConfig, ModelConfig, SpeculativeConfig
+from core.config.files import validate_mapping
 from core.sampling import SamplingParams
 from engine.engine_builder import build_engine
 from engine.offline_batch import (
@@ -36,6 +37,9 @@ class LLM:
     directory. Engine options are the fields of :class:`core.config.EngineConfig`.
     ``tensor_parallel_size=N`` splits the model over N ranks: this process is rank 0 and
     starts ranks 1..N-1 as local processes (one GPU each on CUDA), stopped by :meth:`shutdown`.
+    ``speculative_config`` is vLLM's mapping (``{"method": "ngram", "num_speculative_tokens":
+    4}``, the fields of :class:`core.config.SpeculativeConfig`); a bad one raises
+    ``ConfigError`` naming every wrong field on one line.
     ``generate`` and ``chat`` return vLLM-shaped :class:`RequestOutput` s, one per prompt, in
     input order: ``outs[0].outputs[0].text``.
     """
@@ -61,7 +65,16 @@ class LLM:
         kv_cache_dtype: Literal["auto", "fp8_e4m3", "int8"] = "auto",
         async_scheduling: Literal["auto", "on", "off"] = "auto",
         tensor_parallel_size: int = 1,
+        speculative_config: Mapping[str, Any] | None = None,
     ) -> None:
+        speculative = None
+        if speculative_config is not None:
+            speculative = validate_mapping(
+                SpeculativeConfig,
+                speculative_config,
+                kind="speculative_config",
+                source="LLM(speculative_config=...)",
+            )
         model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed, quantization=quantization)
         engine_cfg = EngineConfig(
             max_model_len=max_model_len,
@@ -80,6 +93,7 @@ class LLM:
             kv_cache_dtype=kv_cache_dtype,
             async_scheduling=async_scheduling,
             tensor_parallel_size=tensor_parallel_size,
+            speculative=speculative,
         )
         self.engine = build_engine(model_cfg, engine_cfg).engine
         # NOTE: a tensor-parallel engine's followers stop when the LLM is collected, too

@@ -6,7 +6,9 @@ tables, slot mapping) and the indices of the last position of each request that 
 
 Three ways to run a step: eagerly, through the compiled model (``compile_model``), or — for a
 decode step that fits a captured bucket, on CUDA — by replaying a CUDA graph
-(:mod:`engine.cuda_graphs`), which records the eager or the compiled forward.
+(:mod:`engine.cuda_graphs`), which records the eager or the compiled forward. A step with a
+verify row (a request's last token plus its draft tokens, speculative decoding) is multi-token,
+so it runs eagerly or compiled like a chunked prefill: no graph buckets for verify steps yet.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class StepLogits:
     prompt_logits: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
     """Requests asking for prompt logprobs: (first position, logits [chunk tokens, vocab]) of
     every position this step computed for them."""
+    verify_logits: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Verify rows (requests with draft tokens; not in ``request_ids``): logits
+    [k + 1, vocab] float32 of the last known token's and each draft's position."""
 
 
 class ModelRunner:
@@ -96,10 +101,14 @@ class ModelRunner:
         positions: list[int] = []
         sample_rows: list[int] = []
         sample_ids: list[str] = []
+        verify_rows: dict[str, list[int]] = {}
         for item in scheduled:
             token_ids.extend(item.token_ids)
             positions.extend(range(item.start_position, item.end_position))
-            if item.samples_token:
+            if item.draft_token_ids:
+                first = len(token_ids) - len(item.draft_token_ids) - 1
+                verify_rows[item.request_id] = list(range(first, len(token_ids)))
+            elif item.samples_token:
                 sample_rows.append(len(token_ids) - 1)
                 sample_ids.append(item.request_id)
         meta = AttentionMetadata.build(
@@ -112,19 +121,20 @@ class ModelRunner:
         input_ids = upload(token_ids, torch.long, self.device)  # [T]
         self._fill_pending(input_ids, scheduled, pending)
         pos = upload(positions, torch.long, self.device)  # [T]
+        logit_rows = sample_rows + [row for rows in verify_rows.values() for row in rows]
         if self.compiled is not None and not wanted:
             # NOTE: always at least one row (the last token), so the graph never sees S == 0.
-            rows = upload(sample_rows or [len(token_ids) - 1], torch.long, self.device)
+            rows = upload(logit_rows or [len(token_ids) - 1], torch.long, self.device)
             logits = self.compiled(input_ids, pos, self.storage.kv, meta, rows)
-            return StepLogits(sample_ids, logits if sample_rows else logits[:0])
+            return _split(sample_ids, logits if logit_rows else logits[:0], verify_rows, {})
         hidden = self.model(input_ids, pos, self.storage.kv, meta)  # [T, hidden]
         prompt_logits = self._prompt_logits(scheduled, wanted, hidden)
-        if not sample_rows:
+        if not logit_rows:
             empty = hidden.new_empty((0, 0), dtype=torch.float32)
             return StepLogits([], empty, prompt_logits)
-        rows = upload(sample_rows, torch.long, self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows))  # [S, vocab]
-        return StepLogits(sample_ids, logits, prompt_logits)
+        rows = upload(logit_rows, torch.long, self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))  # [S + verify, vocab]
+        return _split(sample_ids, logits, verify_rows, prompt_logits)
 
     def _fill_pending(
         self,
@@ -233,3 +243,20 @@ class ModelRunner:
             return self.compiled(input_ids, positions, self.storage.kv, meta, rows)
         hidden = self.model(input_ids, positions, self.storage.kv, meta)  # [B, hidden]
         return self.model.compute_logits(hidden)
+
+
+def _split(
+    sample_ids: list[str],
+    logits: torch.Tensor,  # [S + sum(k + 1), vocab]: sampling rows, then each verify row's
+    verify_rows: Mapping[str, Sequence[int]],
+    prompt_logits: dict[str, tuple[int, torch.Tensor]],
+) -> StepLogits:
+    """The step's logits as :class:`StepLogits`: the first ``len(sample_ids)`` rows sample,
+    each verify row's ``k + 1`` follow in ``verify_rows`` order."""
+    num_sampling = len(sample_ids)
+    verify: dict[str, torch.Tensor] = {}
+    offset = num_sampling
+    for request_id, rows in verify_rows.items():
+        verify[request_id] = logits[offset : offset + len(rows)]
+        offset += len(rows)
+    return StepLogits(sample_ids, logits[:num_sampling], prompt_logits, verify)

@@ -11,7 +11,9 @@ sampled position becomes vLLM's ``{token_id: Logprob}`` (the sampled token and t
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -139,6 +141,36 @@ class OutputProcessor:
             new_text="".join(pieces),
         )
         return ProcessedUpdate(output, check.stop if check.stopped else None)
+
+    def process_tokens(
+        self,
+        state: RequestState,
+        update: RequestUpdate,
+        logprobs: Sequence[TokenLogprob | None],
+    ) -> ProcessedUpdate:
+        """:meth:`process` for an update of any number of tokens (a verify row's accepted
+        drafts and its own token; ``logprobs`` one per token, or empty): each token is applied
+        as if it came from its own step, up to the first stop string, which drops the tokens
+        after it as decoding without drafts would never have made them. One output, whose
+        ``new_token_ids`` and ``new_text`` cover every token applied."""
+        new_ids = list(update.new_token_ids)
+        if len(new_ids) <= 1:
+            return self.process(state, update, logprobs[0] if logprobs else None)
+        running = dataclasses.replace(
+            update, status=RequestStatus.RUNNING, finish_reason=None, stop_reason=None
+        )
+        texts: list[str] = []
+        for j, token_id in enumerate(new_ids):
+            last = j == len(new_ids) - 1
+            step = dataclasses.replace(update if last else running, new_token_ids=[token_id])
+            processed = self.process(state, step, logprobs[j] if logprobs else None)
+            texts.append(processed.output.new_text)
+            if last or processed.stop_string is not None:
+                break
+        output = dataclasses.replace(
+            processed.output, new_token_ids=tuple(new_ids[: j + 1]), new_text="".join(texts)
+        )
+        return ProcessedUpdate(output, processed.stop_string)
 
     def failed(self, state: RequestState, error: str) -> RequestOutput:
         """The final output of a request that failed alone: what it generated so far (text

@@ -5,7 +5,8 @@ recomputing it; the second half of that ratio comes from here. Each step's wall 
 and sampling, which waits for the device) is split between its prompt tokens and its decode
 tokens in proportion to their counts; the prompt share accumulates in
 :attr:`PrefillRate.seconds_total`. A request's scheduled chunk counts as prompt work when it
-computes more than one token (a decode step computes exactly one).
+computes more than one token (a decode step computes exactly one) and is not a verify row (a
+decode's last token plus its speculative drafts).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ class PrefillRate:
 
     def record(self, scheduled: Sequence[ScheduledRequest], seconds: float) -> None:
         """Count one step that ran ``scheduled`` in ``seconds``."""
-        num_prompt = sum(len(s.token_ids) for s in scheduled if len(s.token_ids) > 1)
+        num_prompt = sum(
+            len(s.token_ids) for s in scheduled if len(s.token_ids) > 1 and not s.draft_token_ids
+        )
         num_all = sum(len(s.token_ids) for s in scheduled)
         if num_prompt == 0 or num_all == 0 or seconds <= 0.0:
             return

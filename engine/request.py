@@ -3,7 +3,8 @@
 The scheduler owns every :class:`Request` it was given and mutates it; everyone else reads.
 ``num_computed_tokens`` counts leading tokens of ``all_token_ids`` whose KV is in the request's
 blocks. A request whose every token is computed samples its next token, so a decode step
-computes exactly one token: the one sampled by the step before.
+computes exactly one token: the one sampled by the step before — plus, when the request
+speculates, the draft tokens it verifies (:attr:`Request.draft_token_ids`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,9 @@ class Request:
     """Tokens sampled by a step still on the device (overlapped steps): they count as known
     for planning (the next decode computes the KV of one, whose id the device fills in) but
     are in neither token list until :meth:`resolve_placeholder`."""
+    draft_token_ids: list[int] = field(default_factory=list, init=False)
+    """Tokens a speculative proposer guessed to follow ``all_token_ids``, for the next step to
+    verify; consumed by the plan that schedules them (in no token list until accepted)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

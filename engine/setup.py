@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from core import env
-from core.config import EngineConfig, ModelConfig
+from core.config import EngineConfig, ModelConfig, SpeculativeConfig
 from core.errors import ConfigError
 from core.kv_events import KVEventBatch
 from core.kv_layout import KVLayout
@@ -54,6 +54,7 @@ class EngineParts:
     seed: int
     compiled: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] = ()  # empty: every step runs eagerly (or compiled)
+    speculative: SpeculativeConfig | None = None  # None: the engine never drafts
 
 
 def pick_device(index: int = 0) -> torch.device:
@@ -72,7 +73,11 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 def overlaps_steps(engine_cfg: EngineConfig, device: torch.device) -> bool:
     """``engine.async_scheduling`` resolved: auto overlaps steps on CUDA only (a
     tensor-parallel gang too: rank 0 shares each step's pending sampled ids over the model's
-    collective, on the device)."""
+    collective, on the device). A speculating engine never overlaps (auto: off): its drafts
+    are proposed on the host from the last accepted token, which an overlapped step would only
+    learn one step later."""
+    if engine_cfg.speculative is not None:
+        return False
     if engine_cfg.async_scheduling == "auto":
         return device.type == "cuda"
     return engine_cfg.async_scheduling == "on"
@@ -181,6 +186,7 @@ def build_engine_parts(
         model_cfg.seed,
         compiled=engine_cfg.compile_model,
         cuda_graph_batch_sizes=graph_sizes,
+        speculative=engine_cfg.speculative,
     )
 
 

@@ -21,6 +21,7 @@ import torch
 
 from engine.device_io import PendingRead
 from engine.model_runner import PendingTokens
+from engine.sampling.rejection import VerifiedTokens
 from engine.sampling.sampler import DeviceSample, SamplerOutput
 from engine.scheduler.output import SchedulerOutput
 
@@ -28,7 +29,9 @@ from engine.scheduler.output import SchedulerOutput
 @dataclass(frozen=True)
 class InFlightStep:
     """A step queued on the device: its plan, which requests it samples (in row order), its
-    prompt logits, its device-side samples and their read-back (None: it samples nothing)."""
+    prompt logits, its device-side samples and their read-back (None: it samples nothing),
+    and its verify rows' outcomes (speculative decoding; those steps are never overlapped,
+    so their outcomes are on the host already)."""
 
     plan: SchedulerOutput
     request_ids: list[str]
@@ -36,6 +39,7 @@ class InFlightStep:
     sample: DeviceSample | None
     read: PendingRead | None
     launched_s: float
+    verified: dict[str, VerifiedTokens] = field(default_factory=dict)
     _rows: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

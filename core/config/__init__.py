@@ -1,8 +1,9 @@
 """The configuration schema: pydantic models, unknown keys rejected, every field described.
 
 One schema for one YAML file, split by section: ``base`` (the strict base), ``engine`` (model and
-engine), ``transfer`` (the KV data plane), ``cluster`` (the root), ``pools``, ``models``,
-``routing`` (routing and disaggregation), ``planner``, ``server``, ``ray_cluster``. Import
+engine), ``speculative`` (the engine's draft methods), ``transfer`` (the KV data plane),
+``cluster`` (the root), ``pools``, ``models``, ``routing`` (routing and disaggregation),
+``planner``, ``server``, ``ray_cluster``. Import
 from ``core.config``; ``files`` reads any YAML into a schema (the load tester's own included).
 """
 
@@ -25,6 +26,7 @@ from core.config.pools import (
 from core.config.ray_cluster import RayClusterConfig
 from core.config.routing import DisaggregationConfig, RoutingConfig
 from core.config.server import ServerConfig
+from core.config.speculative import SpeculativeConfig, SpeculativeMethod
 from core.config.transfer import TransferConfig
 from core.config.virtual_models import CascadeConfig, RouteRuleConfig, VirtualModelConfig
 
@@ -53,6 +55,8 @@ __all__ = [
     "ServedModel",
     "ServedModelConfig",
     "ServerConfig",
+    "SpeculativeConfig",
+    "SpeculativeMethod",
     "StrictModel",
     "TransferConfig",
     "VirtualModelConfig",

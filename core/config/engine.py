@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from core.config.base import DType, StrictModel
 from core.config.kv_tiers import KVTiersConfig
+from core.config.speculative import SpeculativeConfig
 
 
 class EngineConfig(StrictModel):
@@ -75,7 +76,15 @@ class EngineConfig(StrictModel):
         "later (a request that ends may compute one extra token, never emitted). Batches that "
         "need the previous token on the host (structured output, penalties) and the last "
         "step of a prefill-only request run synchronously. auto: on for CUDA, off on a CPU "
-        "(nothing to overlap there).",
+        "(nothing to overlap there). A speculating engine never overlaps: auto resolves to "
+        "off and on is refused (a draft needs the last accepted token on the host).",
+    )
+
+    speculative: SpeculativeConfig | None = Field(
+        None,
+        description="Speculative decoding (vLLM's speculative_config): draft tokens per "
+        "running request and verify them in the next step. None: off. Not yet with "
+        "tensor_parallel_size > 1.",
     )
 
     tensor_parallel_size: int = Field(
@@ -104,12 +113,23 @@ class EngineConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _speculation_without_overlap(self) -> EngineConfig:
+        if self.speculative is not None and self.async_scheduling == "on":
+            raise ValueError(
+                "async_scheduling 'on' cannot be combined with speculative decoding (drafts "
+                "need the last accepted token on the host): use 'auto' or 'off'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tensor_parallel_combinations(self) -> EngineConfig:
         size = self.tensor_parallel_size
         if size == 1:
             return self
         refused = {
             "compile_model": self.compile_model,
+            # NOTE: followers rebuild each step from a broadcast that carries no drafts yet
+            "speculative decoding": self.speculative is not None,
         }
         for name, present in refused.items():
             if present:

@@ -58,6 +58,33 @@ def sample_from_logits(
     return sorted_ids.gather(1, positions.unsqueeze(1)).squeeze(1)
 
 
+def filtered_probs(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_ks: torch.Tensor | None,
+    top_ps: torch.Tensor | None,
+) -> torch.Tensor:
+    """The distribution [B, V] (vocabulary order, rows sum to 1) that
+    :func:`sample_from_logits` draws from with the same arguments."""
+    scaled = logits / temperatures.unsqueeze(1)  # [B, V]
+    if top_ks is None and top_ps is None:
+        return torch.softmax(scaled, dim=-1)
+    sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)  # [B, V] each
+    if top_ks is not None:
+        sorted_logits = _apply_top_k(sorted_logits, top_ks)
+    probs = torch.softmax(sorted_logits, dim=-1)  # [B, V], descending
+    if top_ps is not None:
+        probs = _apply_top_p(probs, top_ps)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(1, sorted_ids, probs)
+
+
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One index [B] per row of ``probs`` [B, V] (non-negative, not necessarily normalised)
+    by inverse-CDF sampling with ``uniforms`` [B] in [0, 1)."""
+    return _inverse_cdf(probs, uniforms)
+
+
 def _apply_top_k(sorted_logits: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
     """Keep logits >= the k-th largest (ties at the k-th value are all kept, as in HF)."""
     vocab_size = sorted_logits.shape[-1]

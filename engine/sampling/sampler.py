@@ -142,9 +142,9 @@ class Sampler:
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
         logits = logits.float()  # no-op for float32 logits
         processed = grammar.apply_masks(penalties.apply(logits, rows), [r.grammar for r in rows])
-        masked = ops.mask_tokens(processed, [_banned_token_ids(row) for row in rows])
+        masked = ops.mask_tokens(processed, [banned_token_ids(row) for row in rows])
         token_ids = masked.argmax(dim=-1)  # [B]
-        random_rows = [i for i, row in enumerate(rows) if not _is_greedy(row.params)]
+        random_rows = [i for i, row in enumerate(rows) if not is_greedy(row.params)]
         if random_rows:
             index = upload(random_rows, torch.long, logits.device)
             drawn = self._sample_random(masked, rows, random_rows, index)
@@ -171,7 +171,7 @@ class Sampler:
         """
         failures: dict[int, Exception] = {}
         # NOTE: only rows that draw move a generator; a greedy batch saves no state at all
-        drawing = [i for i, row in enumerate(rows) if not _is_greedy(row.params)]
+        drawing = [i for i, row in enumerate(rows) if not is_greedy(row.params)]
         shared = self._generator.get_state() if drawing else None
         saved: dict[int, torch.Tensor] = {}
         for i in drawing:
@@ -243,6 +243,13 @@ class Sampler:
             logits.index_select(0, index), temperatures, top_ks, top_ps, uniforms
         )
 
+    def draw_uniforms(self, generator: torch.Generator | None, count: int) -> list[float]:
+        """``count`` uniforms in [0, 1) from ``generator``, else from the shared one (the
+        rejection sampler's draws)."""
+        source = self._generator if generator is None else generator
+        values: list[float] = torch.rand(count, generator=source, dtype=torch.float64).tolist()
+        return values
+
     def _uniforms(self, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
         """One float64 uniform [R] per row: from its own generator, else the shared one."""
         num_shared = sum(g is None for g in generators)
@@ -254,12 +261,12 @@ class Sampler:
         return torch.stack(values) if values else torch.empty(0, dtype=torch.float64)
 
 
-def _is_greedy(params: SamplingParams) -> bool:
+def is_greedy(params: SamplingParams) -> bool:
     # NOTE: temperatures this small overflow ``logits / t``; they mean greedy in practice.
     return params.temperature < GREEDY_TEMPERATURE_EPS
 
 
-def _banned_token_ids(row: SamplingRow) -> tuple[int, ...]:
+def banned_token_ids(row: SamplingRow) -> tuple[int, ...]:
     """Ids that may not be sampled now: EOS and stop tokens until ``min_tokens`` is reached."""
     if row.num_generated_tokens >= row.params.held_open_for:
         return ()

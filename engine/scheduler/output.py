@@ -28,7 +28,8 @@ class ScheduledRequest:
     its ``num_computed_tokens`` before the step; everything before it is already in
     ``block_ids``). ``block_ids`` is the whole block table and covers ``end_position`` tokens.
     When ``samples_token`` is true the step ends the known tokens (last prompt chunk, or a
-    decode), so the runner samples one token for it from the last position's logits.
+    decode), so the runner samples one token for it from the last position's logits (a
+    verify row, with ``draft_token_ids``: from the last k + 1 positions' logits).
     A ``token_ids`` entry may be :data:`PENDING_TOKEN_ID` (overlapped steps).
     """
 
@@ -39,6 +40,10 @@ class ScheduledRequest:
     samples_token: bool
     sampling_params: SamplingParams
     num_output_tokens: int  # output tokens before this step, pending ones included (min_tokens)
+    draft_token_ids: tuple[int, ...] = ()
+    """A verify row: the last ``len(draft_token_ids)`` entries of ``token_ids`` are these
+    drafts (after the last known token); the runner returns logits at those k + 1 positions
+    and the engine keeps a prefix of the drafts plus one token of its own."""
 
     @property
     def num_new_tokens(self) -> int:
@@ -139,6 +144,27 @@ class ImportAllocation:
 
 
 @dataclass(frozen=True)
+class SpecDecodeStats:
+    """Speculative decoding counters since the engine started (vLLM's ``spec_decode_*``)."""
+
+    num_drafts: int = 0
+    """Verify rows run (``vllm:spec_decode_num_drafts_total``)."""
+    num_draft_tokens: int = 0
+    """Draft tokens verified (``vllm:spec_decode_num_draft_tokens_total``)."""
+    num_accepted_tokens: int = 0
+    """Draft tokens accepted (``vllm:spec_decode_num_accepted_tokens_total``)."""
+    num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    """Accepted drafts by position in the draft, first first
+    (``vllm:spec_decode_num_accepted_tokens_per_pos``)."""
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a verify row yields on average: 1 + accepted drafts per draft (1.0: none
+        ran or none was accepted)."""
+        return 1.0 + (self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0)
+
+
+@dataclass(frozen=True)
 class SchedulerStats:
     """A snapshot for metrics and ``pdserve status``."""
 
@@ -157,3 +183,5 @@ class SchedulerStats:
     """Prompt tokens of waiting and running requests not computed yet (the prefill backlog)."""
     kv_tiers: tuple[KVTierStats, ...] = ()
     """Every KV tier, device first (occupancy and counters)."""
+    spec_decode: SpecDecodeStats = SpecDecodeStats()
+    """Speculative decoding counters (all zero when the engine does not speculate)."""

@@ -228,14 +228,35 @@ class Scheduler:
     # -- applying a step ---------------------------------------------------------------------
 
     def update_from_output(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Mapping[str, int],
+        num_accepted_drafts: Mapping[str, int] | None = None,
     ) -> list[RequestUpdate]:
         """Apply a computed step (:mod:`~engine.scheduler.step_results`): progress, full
         blocks cached, sampled tokens recorded, token-level stops. Requests aborted or finished
-        since ``schedule`` are skipped. Returns one update per request that got a token."""
-        updates = self._results.apply(output, sampled_token_ids)
+        since ``schedule`` are skipped. Returns one update per request that got a token.
+        ``num_accepted_drafts``: for each verify row, how many of its drafts were accepted
+        (missing: none); its update carries those drafts, then its sampled token."""
+        updates = self._results.apply(output, sampled_token_ids, num_accepted_drafts or {})
         self.events.flush()
         return updates
+
+    def set_draft_tokens(self, request_id: str, draft_token_ids: Sequence[int]) -> bool:
+        """Speculative decoding: tokens guessed to follow a running request's tokens, for the
+        next plan to verify (it may verify fewer: budget, ``max_tokens``, ``max_model_len``).
+        False, and nothing kept, unless the request is running and decoding on plain steps."""
+        request = self._queues.get(request_id)
+        if (
+            request is None
+            or request.status is not RequestStatus.RUNNING
+            or request.num_uncomputed_tokens != 1
+            or request.num_output_placeholders
+            or request.prefill_only
+        ):
+            return False
+        request.draft_token_ids[:] = draft_token_ids
+        return True
 
     # -- ending requests ----------------------------------------------------------------------
 
@@ -354,6 +375,11 @@ class Scheduler:
         """True while any request waits, runs or waits for imported KV (pins do not count)."""
         return self._queues.has_unfinished()
 
+    @property
+    def num_running(self) -> int:
+        """Requests running now."""
+        return len(self._queues.running)
+
     def get_request(self, request_id: str) -> Request | None:
         """A tracked request (pinned ones included), for reading only."""
         return self._queues.get(request_id)
@@ -385,6 +411,7 @@ class Scheduler:
                 + self._imports.num_writing()
             ),
             kv_tiers=self.tier_stats(),
+            spec_decode=self._results.spec_decode.snapshot(),
         )
 
     def tier_stats(self) -> tuple[KVTierStats, ...]:

@@ -2,7 +2,9 @@
 
 In order:
 
-1. **Running** requests in arrival order. A decode costs one token; a partly computed prompt
+1. **Running** requests in arrival order. A decode costs one token, plus its draft tokens
+   when it speculates (a verify row; drafts only take the budget the decodes still to come
+   leave, and never reach past ``max_tokens`` or ``max_model_len``); a partly computed prompt
    gets ``min(remaining, budget - decodes still to come)`` tokens, so decodes of running
    requests are never starved by a long prefill (chunked prefill). With
    ``long_prefill_token_threshold`` a prompt's chunk is capped at it (admission too), which
@@ -83,9 +85,11 @@ class StepPlanner:
             if self._ends_at_pending_token(request):
                 index += 1
                 continue
+            num_drafts = 0
             if remaining == 1:
                 decodes_left -= 1
-                num_new = 1
+                num_drafts = self._num_drafts(request, budget - 1 - decodes_left)
+                num_new = 1 + num_drafts
             else:
                 num_new = min(remaining, budget - decodes_left, self.max_prefill_chunk)
                 num_new = self._follow_recorded_chunk(request, num_new, budget - decodes_left)
@@ -97,10 +101,25 @@ class StepPlanner:
                 break  # the request preempted itself; it was the last one running
             if len(preempted) > num_preempted:  # victims may have been counted decodes
                 decodes_left = sum(1 for r in running[index + 1 :] if self._decodes_next(r))
-            scheduled.append(self._plan(request, num_new))
+            scheduled.append(self._plan(request, num_new, num_drafts))
             budget -= num_new
             index += 1
         return budget
+
+    def _num_drafts(self, request: Request, room: int) -> int:
+        """How many of the request's draft tokens this step verifies: what the budget's
+        ``room`` allows, and no more than the tokens it may still generate less one (the
+        step always yields one token of its own). Drafts beyond are dropped."""
+        drafts = request.draft_token_ids
+        if not drafts or request.num_output_placeholders:
+            return 0
+        num_tokens_left = min(
+            request.sampling_params.max_tokens - request.num_output_tokens,
+            self.max_model_len - request.num_tokens,
+        )
+        num = max(0, min(len(drafts), room, num_tokens_left - 1))
+        del drafts[num:]
+        return num
 
     def _decodes_next(self, request: Request) -> bool:
         return request.num_uncomputed_tokens == 1 and not self._ends_at_pending_token(request)
@@ -129,6 +148,7 @@ class StepPlanner:
     def _preempt(self, request: Request) -> None:
         self._kv.free(request.request_id)
         request.num_computed_tokens = 0
+        request.draft_token_ids.clear()
         request.prompt_chunk_ends.clear()
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
@@ -193,18 +213,24 @@ class StepPlanner:
         self._overshoot = True
         return span
 
-    def _plan(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _plan(self, request: Request, num_new: int, num_drafts: int = 0) -> ScheduledRequest:
+        """``num_new`` tokens of ``request``, the last ``num_drafts`` of them its drafts (which
+        this consumes: every step proposes afresh)."""
         start = request.num_computed_tokens
-        token_ids = request.all_token_ids[start : start + num_new]
-        token_ids += [PENDING_TOKEN_ID] * (num_new - len(token_ids))  # sampled, still on device
+        num_known = num_new - num_drafts
+        drafts = tuple(request.draft_token_ids[:num_drafts])
+        request.draft_token_ids.clear()
+        token_ids = request.all_token_ids[start : start + num_known]
+        token_ids += [PENDING_TOKEN_ID] * (num_known - len(token_ids))  # sampled, on device
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=token_ids,
+            token_ids=token_ids + list(drafts),
             start_position=start,
             block_ids=self._kv.block_ids(request.request_id),
-            samples_token=start + num_new == request.num_tokens_with_placeholders,
+            samples_token=start + num_known == request.num_tokens_with_placeholders,
             sampling_params=request.sampling_params,
             num_output_tokens=request.num_output_tokens + request.num_output_placeholders,
+            draft_token_ids=drafts,
         )
 
     # -- lower KV tiers -----------------------------------------------------------------------

@@ -7,6 +7,12 @@ as computed the moment it is made and each sampling request holds a placeholder 
 (:attr:`~engine.request.Request.num_output_placeholders`); the ids fill the placeholders later.
 Either way the update then offers the blocks now full of known tokens to the prefix cache,
 frees the blocks a sliding window left behind, and applies the token-level stops.
+
+A verify row (speculative decoding, plain steps only) yields the drafts the engine accepted
+plus its own token, each checked against the stops in turn as if it came from its own step;
+the request's progress rewinds to the accepted tokens, so the KV the rejected drafts left in
+its blocks is overwritten by the next steps (those blocks stay its own, reused) and their ids
+never reach a block hash, the prefix cache or a KV event.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from engine.request import Request, RequestStatus
 from engine.scheduler.chunk_plan import record_chunk
 from engine.scheduler.output import RequestUpdate, ScheduledRequest, SchedulerOutput
 from engine.scheduler.queue import RequestQueues
-from engine.scheduler.stop import check_stop
+from engine.scheduler.spec_counters import SpecDecodeCounters
+from engine.scheduler.stop import StopDecision, check_stop
 
 Finish = Callable[[Request, RequestStatus], None]
 
@@ -40,14 +47,19 @@ class StepResults:
         self._max_model_len = max_model_len
         self._sliding_window = sliding_window
         self._finish = finish
+        self.spec_decode = SpecDecodeCounters()
 
     def planned(self, scheduled: list[ScheduledRequest]) -> None:
         """A plan was just made."""
 
     def apply(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Mapping[str, int],
+        num_accepted_drafts: Mapping[str, int],
     ) -> list[RequestUpdate]:
-        """A plan was computed: one update per request that got a token."""
+        """A plan was computed: one update per request that got a token (a verify row's
+        request: its ``num_accepted_drafts`` first drafts, then its sampled token)."""
         raise NotImplementedError
 
     def after_token(self, request: Request, token_id: int) -> RequestUpdate:
@@ -79,7 +91,10 @@ class PlainStepResults(StepResults):
     """A plan takes effect in :meth:`apply`."""
 
     def apply(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Mapping[str, int],
+        num_accepted_drafts: Mapping[str, int],
     ) -> list[RequestUpdate]:
         """Advance progress, keep blocks, append sampled tokens; requests aborted, finished or
         preempted since the plan are skipped."""
@@ -92,6 +107,11 @@ class PlainStepResults(StepResults):
                 or request.num_computed_tokens != item.start_position
             ):
                 continue
+            if item.draft_token_ids:
+                updates.append(
+                    self._apply_verified(request, item, sampled_token_ids, num_accepted_drafts)
+                )
+                continue
             if item.start_position < request.num_prompt_tokens:
                 record_chunk(request, item.start_position, item.end_position)
             request.num_computed_tokens = item.end_position
@@ -101,6 +121,37 @@ class PlainStepResults(StepResults):
                 request.append_output_token(token_id)
                 updates.append(self.after_token(request, token_id))
         return updates
+
+    def _apply_verified(
+        self,
+        request: Request,
+        item: ScheduledRequest,
+        sampled_token_ids: Mapping[str, int],
+        num_accepted_drafts: Mapping[str, int],
+    ) -> RequestUpdate:
+        """A verify row: append the accepted drafts and the sampled token one by one until a
+        stop; the KV computed is that of every token but the newest."""
+        drafts = item.draft_token_ids
+        num_accepted = num_accepted_drafts.get(item.request_id, 0)
+        if not 0 <= num_accepted <= len(drafts):
+            raise ValueError(
+                f"request {item.request_id}: {num_accepted} of {len(drafts)} drafts accepted"
+            )
+        self.spec_decode.record(len(drafts), num_accepted)
+        new_token_ids: list[int] = []
+        decision: StopDecision | None = None
+        for token_id in [*drafts[:num_accepted], sampled(sampled_token_ids, item)]:
+            request.append_output_token(token_id)
+            new_token_ids.append(token_id)
+            decision = check_stop(request, self._max_model_len)
+            if decision is not None:
+                break
+        request.num_computed_tokens = request.num_tokens - 1
+        self._keep_blocks(request)
+        if decision is not None:
+            request.stop_reason = decision.stop_reason
+            self._finish(request, decision.status)
+        return RequestUpdate.of(request, new_token_ids)
 
 
 class OverlappedStepResults(StepResults):
@@ -119,11 +170,16 @@ class OverlappedStepResults(StepResults):
                 request.num_output_placeholders += 1
 
     def apply(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int]
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Mapping[str, int],
+        num_accepted_drafts: Mapping[str, int],
     ) -> list[RequestUpdate]:
         """Record the sampled tokens (a request preempted since the plan gets its token too,
         and keeps it for the recompute), keep blocks of running requests, apply stops.
         Requests that ended since the plan are skipped, their token dropped."""
+        if any(item.draft_token_ids for item in output.scheduled) or num_accepted_drafts:
+            raise ValueError("overlapped steps never verify drafts (a speculating engine syncs)")
         updates: list[RequestUpdate] = []
         for item in output.scheduled:
             request = self._queues.get(item.request_id)

@@ -1,5 +1,8 @@
 """Speculative decoding: draft proposers and the acceptance of drafted tokens."""
 
+from engine.spec_decode.draft_length import DraftLengths
+from engine.spec_decode.ngram import NgramProposer
 from engine.spec_decode.proposer import Proposer
+from engine.spec_decode.registry import PROPOSERS, build_proposer
 
-__all__ = ["Proposer"]
+__all__ = ["PROPOSERS", "DraftLengths", "NgramProposer", "Proposer", "build_proposer"]

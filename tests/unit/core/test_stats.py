@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from core.codec import from_plain, to_plain
@@ -61,3 +63,12 @@ def test_prefill_rate_charges_prompt_tokens_their_share_of_a_step() -> None:
     assert rate.tokens_total == 6
     assert rate.seconds_total == pytest.approx(0.6)
     assert rate.seconds_per_token == pytest.approx(0.1)
+
+
+def test_prefill_rate_leaves_verify_rows_out() -> None:
+    rate = PrefillRate()
+    verify = dataclasses.replace(scheduled(4), draft_token_ids=(1, 1, 1))
+    rate.record([verify, scheduled(1)], 0.5)  # a last token + 3 drafts: decode work
+    assert rate.tokens_total == 0
+    rate.record([scheduled(4), verify], 0.8)  # 4 of 8 tokens are prompt
+    assert rate.seconds_total == pytest.approx(0.4)
