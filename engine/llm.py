@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, cast
 
 from core.config import DType, EngineConfig, KVTiersConfig, ModelConfig
+from core.errors import InvalidRequestError
 from core.sampling import SamplingParams
 from engine.engine_builder import build_engine
+from engine.lora import LoRARequest
 from engine.offline_batch import (
     PromptInput,
     PromptJob,
@@ -36,6 +38,8 @@ class LLM:
     directory. Engine options are the fields of :class:`core.config.EngineConfig`.
     ``tensor_parallel_size=N`` splits the model over N ranks: this process is rank 0 and
     starts ranks 1..N-1 as local processes (one GPU each on CUDA), stopped by :meth:`shutdown`.
+    ``enable_lora=True`` (with ``max_loras``, ``max_lora_rank``, ``max_cpu_loras``) serves PEFT
+    adapters: ``generate(..., lora_request=LoRARequest(name, int_id, path))``.
     ``generate`` and ``chat`` return vLLM-shaped :class:`RequestOutput` s, one per prompt, in
     input order: ``outs[0].outputs[0].text``.
     """
@@ -61,6 +65,10 @@ class LLM:
         kv_cache_dtype: Literal["auto", "fp8_e4m3", "int8"] = "auto",
         async_scheduling: Literal["auto", "on", "off"] = "auto",
         tensor_parallel_size: int = 1,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
+        max_cpu_loras: int | None = None,
     ) -> None:
         model_cfg = ModelConfig(name=model, dtype=dtype, seed=seed, quantization=quantization)
         engine_cfg = EngineConfig(
@@ -80,6 +88,10 @@ class LLM:
             kv_cache_dtype=kv_cache_dtype,
             async_scheduling=async_scheduling,
             tensor_parallel_size=tensor_parallel_size,
+            enable_lora=enable_lora,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
         )
         self.engine = build_engine(model_cfg, engine_cfg).engine
         # NOTE: a tensor-parallel engine's followers stop when the LLM is collected, too
@@ -96,22 +108,28 @@ class LLM:
         *,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text, ``{"prompt": text}``, ``{"prompt_token_ids": ids}``,
         either dict optionally with ``"cache_salt"``, or ids via ``prompt_token_ids``); one
         output per prompt with ``n`` sequences each.
         ``sampling_params`` is one for all prompts or one per prompt. ``use_tqdm`` shows a
-        progress bar on stderr (when tqdm is installed)."""
+        progress bar on stderr (when tqdm is installed). ``lora_request``: the LoRA adapter
+        of every prompt, or one per prompt (None: the base model); needs ``enable_lora``."""
         texts, token_lists = parse_prompts(prompts, prompt_token_ids, self.tokenizer.encode)
         params = params_list(sampling_params, len(token_lists))
         salts = prompt_salts(prompts, len(token_lists))
+        loras = _lora_list(lora_request, len(token_lists))
         jobs = [
             plan_prompt(f"offline-{next(self._ids)}", text, ids, p, salt)
             for text, ids, p, salt in zip(texts, token_lists, params, salts, strict=True)
         ]
+        lora_of = {job.request_id: lora for job, lora in zip(jobs, loras, strict=True)}
         sequences = [(job, seq) for job in jobs for seq in job.sequences]
         for job, seq in sequences:  # refuse a bad batch before queueing any of it
             self.engine.check_request(seq.request_id, job.prompt_token_ids, seq.params)
+        for lora in dict.fromkeys(lora for lora in loras if lora is not None):
+            self.engine.add_lora(lora)
         try:
             for job, seq in sequences:
                 self.engine.add_request(
@@ -120,6 +138,7 @@ class LLM:
                     seq.params,
                     prompt=job.prompt,
                     cache_salt=job.cache_salt,
+                    lora_request=lora_of[job.request_id],
                 )
             return self._run(jobs, use_tqdm)
         except BaseException:
@@ -133,9 +152,11 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation (one, or a list of them) with the model's chat template and
-        generate its reply; one output per conversation."""
+        generate its reply; one output per conversation (``lora_request`` as in
+        :meth:`generate`)."""
         conversations = _conversations(messages)
         token_lists = []
         for conversation in conversations:
@@ -144,7 +165,10 @@ class LLM:
             )
             token_lists.append(self.tokenizer.encode(prompt, add_special_tokens=False))
         return self.generate(
-            prompt_token_ids=token_lists, sampling_params=sampling_params, use_tqdm=use_tqdm
+            prompt_token_ids=token_lists,
+            sampling_params=sampling_params,
+            use_tqdm=use_tqdm,
+            lora_request=lora_request,
         )
 
     def shutdown(self) -> None:
@@ -177,6 +201,21 @@ class LLM:
                     if left[job.request_id] == 0:
                         advance()
         return [gather(job, finals) for job in jobs]
+
+
+def _lora_list(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, num_prompts: int
+) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt from one for all or a list of them."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise InvalidRequestError(
+            f"lora_request has {len(loras)} entries for {num_prompts} prompts",
+            param="lora_request",
+        )
+    return loras
 
 
 def _conversations(messages: Messages | Sequence[Messages]) -> list[Messages]:

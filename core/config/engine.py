@@ -9,7 +9,6 @@ from pydantic import Field, model_validator
 from core.config.base import DType, StrictModel
 from core.config.kv_tiers import KVTiersConfig
 
-
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The adapter ranks ``max_lora_rank`` may name (vLLM's list)."""
 

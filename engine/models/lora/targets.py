@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from engine.models.decoder import CausalLM
+from engine.models.decoder import CausalLM, DecoderLayer
 from engine.models.layers import GatedMLP, Linear
 from engine.models.lora.batch import LoRAStepState
 from engine.models.lora.slots import LoRASlots
@@ -48,6 +46,7 @@ class LoRATarget:
 
 def _linears(model: CausalLM, layer_idx: int) -> dict[str, Linear]:
     layer = model.layers[layer_idx]
+    assert isinstance(layer, DecoderLayer)  # for mypy: a ModuleList holds Modules
     found = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj}
     if isinstance(layer.mlp, GatedMLP):
         found["gate_up_proj"] = layer.mlp.gate_up_proj
@@ -111,8 +110,3 @@ def attach_lora_slots(
             linear.lora = slots
             attached[(layer_idx, name)] = slots
     return attached
-
-
-def model_device(model: CausalLM) -> torch.device:
-    """Where the model's weights live."""
-    return model.embed_tokens.weight.device
