@@ -2,22 +2,23 @@
 between them, and the step's row -> slot mapping the model's LoRA linears read.
 
 Residency is device (in a slot: its requests run without a copy), host (loaded, copied into a
-slot when a step needs it) or cold (not loaded: the next request naming it loads it from disk).
-Requests pin their adapter from ``bind`` to ``unbind``: a pinned adapter never leaves host
-memory, and an adapter a step uses never leaves its device slot during that step. The
-scheduler admits at most ``max_loras`` distinct adapters into its running set, so a step never
-needs more slots than there are.
+slot when a step needs it) or cold (not loaded: the next request or step naming it loads it
+from disk). A request's adapter is loaded and checked when it is admitted; should it have left
+host memory by the time a step runs the request, the step loads it again. Eviction is least
+recently used: from host memory, adapters without a device slot go first; from the device,
+any adapter the step does not need. The scheduler admits at most ``max_loras`` distinct
+adapters into its running set, so a step never needs more slots than there are.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
-from core.errors import InvalidRequestError, OverloadedError
+from core.errors import InvalidRequestError
 from engine.lora.adapter import LoRAAdapter, ServedBase, load_adapter
 from engine.lora.request import LoRARequest
 from engine.models import CausalLM
@@ -84,14 +85,16 @@ class LoRAManager:
         self._host: OrderedDict[str, LoRAAdapter] = OrderedDict()  # least recent first
         self._device: OrderedDict[str, int] = OrderedDict()  # name -> slot, least recent first
         self._free_slots = list(range(max_loras - 1, -1, -1))
-        self._bound: dict[str, str] = {}  # request id -> adapter name
-        self._pins: Counter[str] = Counter()
+        self._bound: dict[str, LoRARequest] = {}  # request id -> its adapter
 
     # -- adapters ---------------------------------------------------------------------------
 
     def add_adapter(self, request: LoRARequest) -> LoRAAdapter:
         """The adapter of ``request`` in host memory, loaded (and checked) if it is not; a
         name already loaded from another path or id is refused."""
+        return self._load(request, keep=())
+
+    def _load(self, request: LoRARequest, keep: Sequence[str]) -> LoRAAdapter:
         name = request.lora_name
         adapter = self._host.get(name)
         if adapter is not None:
@@ -111,7 +114,8 @@ class LoRAManager:
             served=self.served,
             dtype=self.dtype,
         )
-        self._make_host_room()
+        while len(self._host) >= self.max_cpu_loras:
+            self._evict(self._host_victim(keep))
         self._host[name] = adapter
         logger.info("LoRA adapter %s loaded (rank %d) from %s", name, adapter.rank, adapter.path)
         return adapter
@@ -121,9 +125,10 @@ class LoRAManager:
         requests run under it."""
         if name not in self._host:
             return False
-        if self._pins[name]:
+        in_use = sum(1 for bound in self._bound.values() if bound.lora_name == name)
+        if in_use:
             raise InvalidRequestError(
-                f"adapter {name!r} is in use by {self._pins[name]} request(s)", param=name
+                f"adapter {name!r} is in use by {in_use} request(s)", param=name
             )
         self._evict(name)
         return True
@@ -144,32 +149,31 @@ class LoRAManager:
         """``request_id`` runs under ``request``'s adapter (loaded now if needed) until
         :meth:`unbind`."""
         self.add_adapter(request)
-        self._bound[request_id] = request.lora_name
-        self._pins[request.lora_name] += 1
+        self._bound[request_id] = request
 
     def unbind(self, request_id: str) -> None:
-        """The request ended: its adapter may be evicted again (no-op for a base request)."""
-        name = self._bound.pop(request_id, None)
-        if name is not None:
-            self._pins[name] -= 1
-            if not self._pins[name]:
-                del self._pins[name]
+        """The request ended (no-op for a base request)."""
+        self._bound.pop(request_id, None)
 
     def adapter_of(self, request_id: str) -> str | None:
         """The adapter a request runs under (None: the base model)."""
-        return self._bound.get(request_id)
+        bound = self._bound.get(request_id)
+        return None if bound is None else bound.lora_name
 
     def prepare_step(self, scheduled: Sequence[StepItem]) -> None:
         """Put the step's adapters into device slots and publish its row -> slot mapping to
         the model's LoRA linears (once per step; the layers do no host work)."""
-        names = [self._bound.get(item.request_id) for item in scheduled]
-        needed = list(dict.fromkeys(n for n in names if n is not None))
+        requests = [self._bound.get(item.request_id) for item in scheduled]
+        wanted = {r.lora_name: r for r in requests if r is not None}
+        needed = list(wanted)
         if len(needed) > self.max_loras:
             raise ValueError(
                 f"a step needs {len(needed)} adapters but max_loras is {self.max_loras}"
             )
-        for name in needed:
+        for name, request in wanted.items():
+            self._load(request, keep=needed)  # back from disk if it left host memory
             self._place(name, keep=needed)
+        names = [None if r is None else r.lora_name for r in requests]
         slots = [BASE_SLOT if n is None else self._device[n] for n in names]
         counts = [item.num_new_tokens for item in scheduled]
         self.step.batch = build_lora_batch(counts, slots, self.device)
@@ -198,16 +202,11 @@ class LoRAManager:
         found = [t for (i, _), t in self.targets.items() if i == layer_idx and t.linear == linear]
         return sorted(found, key=lambda t: t.segment)
 
-    def _make_host_room(self) -> None:
-        while len(self._host) >= self.max_cpu_loras:
-            victim = next((n for n in self._host if not self._pins[n]), None)
-            if victim is None:
-                raise OverloadedError(
-                    f"all {self.max_cpu_loras} host LoRA slots (max_cpu_loras) hold adapters "
-                    "of running requests",
-                    retry_after_s=1.0,
-                )
-            self._evict(victim)
+    def _host_victim(self, keep: Sequence[str]) -> str:
+        """The least recently used adapter in host memory, one without a device slot first,
+        never one in ``keep``."""
+        spare = [n for n in self._host if n not in keep]
+        return next((n for n in spare if n not in self._device), spare[0])
 
     def _evict(self, name: str) -> None:
         del self._host[name]

@@ -3,6 +3,7 @@ PEFT adapters of it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,12 +16,19 @@ from tests.unit.engine.models.hf_checkpoints import (
     save_checkpoint,
 )
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
 
 @pytest.fixture(scope="session")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> HFCheckpoint:
-    """The ``llama`` preset (GQA 4:2, 2 layers) saved with a byte tokenizer."""
+    """The ``llama`` preset (GQA 4:2, 2 layers) saved with a byte tokenizer and a chat
+    template."""
     saved = save_checkpoint("llama", tmp_path_factory.mktemp("lora-llama"))
     add_byte_tokenizer(saved.path)
+    (saved.path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
     return saved
 
 
