@@ -8,6 +8,7 @@ against the target's; a failure raises one typed error and leaves nothing behind
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,8 +72,9 @@ def base_model_matches(adapter_base: str | None, served: ServedBase) -> bool:
     if adapter_base == served.name:
         return True
     candidate = Path(adapter_base).expanduser()
-    if candidate.is_dir() and candidate.resolve() == served.model_dir.resolve():
-        return True
+    with contextlib.suppress(OSError):  # not a path this machine can stat: compare names
+        if candidate.is_dir() and candidate.resolve() == served.model_dir.resolve():
+            return True
     tail = adapter_base.rstrip("/").rsplit("/", 1)[-1]
     served_tails = {served.model_dir.name, served.name.rstrip("/").rsplit("/", 1)[-1]}
     return tail in served_tails
@@ -90,7 +92,11 @@ def load_adapter(
     (:class:`~core.errors.LoRAAdapterError` subclasses) name what is wrong."""
     name = request.lora_name
     adapter_dir = Path(request.lora_path).expanduser()
-    if not adapter_dir.is_dir():
+    try:
+        found = adapter_dir.is_dir()
+    except OSError as e:  # a name too long, a path through a file, ...
+        raise LoRAFileError(f"adapter {name!r}: bad path {adapter_dir}: {e}", param=name) from e
+    if not found:
         raise LoRAFileError(f"adapter {name!r}: no directory {adapter_dir}", param=name)
     config = read_peft_config(adapter_dir, name)
     if config.rank > max_rank:
