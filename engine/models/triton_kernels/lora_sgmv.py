@@ -20,7 +20,7 @@ import triton.language as tl
 
 from engine.attention.triton_kernels.common import check_launchable
 from engine.models.lora.batch import LoRABatch
-from engine.triton_launch import FUSED_MULTIPLY_ADD, KernelLaunch
+from engine.triton_launch import FUSED_MULTIPLY_ADD, KernelLaunch, kernel_target
 
 _BLOCK_M = 16  # rows per program (tl.dot needs >= 16)
 _BLOCK_N = 32  # output columns per program
@@ -45,7 +45,8 @@ def _shrink_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     group = tl.program_id(0)
     length = tl.load(group_lens_ptr + group)
@@ -72,10 +73,10 @@ def _shrink_kernel(
             mask=n_mask[None, :] & k_mask[:, None],
             other=0.0,
         )  # [BK, BN]: A^T
-        if IEEE:
-            acc += tl.dot(xs, at, input_precision="ieee")
-        else:
-            acc += tl.dot(xs, at)
+        if FP32_DOT:
+            xs = xs.to(tl.float32)
+            at = at.to(tl.float32)
+        acc = tl.dot(xs, at, acc, input_precision=INPUT_PRECISION)
     tl.store(
         buf_ptr + rows[:, None] * stride_buf + n[None, :],
         acc,
@@ -102,7 +103,7 @@ def _expand_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
-    IEEE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     group = tl.program_id(0)
     length = tl.load(group_lens_ptr + group)
@@ -129,10 +130,7 @@ def _expand_kernel(
             mask=n_mask[None, :] & r_mask[:, None],
             other=0.0,
         ).to(tl.float32)  # [BR, BN]: B^T
-        if IEEE:
-            acc += tl.dot(shrunk, bt, input_precision="ieee")
-        else:
-            acc += tl.dot(shrunk, bt)
+        acc = tl.dot(shrunk, bt, acc, input_precision=INPUT_PRECISION)
     scale = tl.load(scales_ptr + slot)
     mask = row_mask[:, None] & n_mask[None, :]
     y_ptrs = y_ptr + rows[:, None] * stride_y + n[None, :]
@@ -156,7 +154,9 @@ def add_lora_delta_triton(
     num_rows, rank = y.shape[0], b.shape[-1]
     width = a.shape[1]
     buf = torch.empty((num_rows, width), dtype=torch.float32, device=x.device)  # [T, G * R]
-    ieee = x.dtype == torch.float32
+    # float32 models multiply in full float32 (torch's F.linear), not TF32
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    target = kernel_target(x.device)
     row_tiles = triton.cdiv(batch.max_group_len, _BLOCK_M)
     group_args = (batch.sorted_rows, batch.group_slots, batch.group_starts, batch.group_lens)
     KernelLaunch(
@@ -169,7 +169,8 @@ def add_lora_delta_triton(
             "BLOCK_M": _BLOCK_M,
             "BLOCK_N": _BLOCK_N,
             "BLOCK_K": _BLOCK_K,
-            "IEEE": ieee,
+            "FP32_DOT": target.interpreted and x.dtype != torch.float32,  # numpy: no bf16
+            "INPUT_PRECISION": precision,
         },
         FUSED_MULTIPLY_ADD,
     ).run()
@@ -195,7 +196,7 @@ def add_lora_delta_triton(
                 "BLOCK_M": _BLOCK_M,
                 "BLOCK_N": _BLOCK_N,
                 "BLOCK_R": block_r,
-                "IEEE": ieee,
+                "INPUT_PRECISION": precision,
             },
             FUSED_MULTIPLY_ADD,
         ).run()
