@@ -154,6 +154,12 @@ def _pair_up(
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.match(key)
+        if match is None and (".lora_A." in key or ".lora_B." in key):
+            raise LoRATargetError(
+                f"adapter {name!r}: {key} targets a module pdserve cannot adapt (it adapts "
+                f"{', '.join(SUPPORTED_MODULES)} of the decoder layers)",
+                param=name,
+            )
         if match is None:
             raise LoRAConfigError(f"adapter {name!r}: unsupported tensor {key}", param=name)
         layer, module, half = int(match[1]), match[2], match[3]

@@ -70,3 +70,47 @@ def test_kernels_match_the_torch_path(
 
 def test_no_adapter_rows_is_no_batch() -> None:
     assert build_lora_batch([3, 4], [BASE_SLOT, BASE_SLOT], torch.device("cpu")) is None
+
+
+def test_a_fused_linear_with_slots_matches_the_torch_one() -> None:
+    """Through ``Linear`` and ``LoRASlots.set_slot``: adapters of ranks below the slots' rank,
+    one of them leaving a segment untargeted, the kernels against the torch path."""
+    from engine.models.layers import Linear
+    from engine.models.lora import LoRASlots, LoRAStepState
+
+    generator = torch.Generator().manual_seed(1)
+    segments = [(0, 32), (32, 48), (48, 64)]  # a q/k/v-like fused projection
+    step = LoRAStepState()
+    outputs = []
+    for fused in (False, True):
+        linear = Linear(40, 64, bias=True, dtype=torch.float32, device="cpu")
+        slots = LoRASlots(
+            40,
+            segments,
+            num_slots=2,
+            max_rank=16,
+            step=step,
+            fused=fused,
+            dtype=torch.float32,
+            device="cpu",
+        )
+        generator.manual_seed(1)
+        linear.weight.data.copy_(torch.randn(64, 40, generator=generator))
+        linear.bias.data.copy_(torch.randn(64, generator=generator))  # type: ignore[union-attr]
+        for slot, rank in ((0, 8), (1, 4)):
+            weights: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+            for first, end in segments:
+                lora_a = torch.randn(rank, 40, generator=generator)
+                weights.append((lora_a, torch.randn(end - first, rank, generator=generator)))
+            weights[1] = None if slot == 1 else weights[1]  # slot 1 leaves k alone
+            slots.set_slot(slot, weights, scale=0.5 * (slot + 1))
+        linear.lora = slots
+        step.batch = build_lora_batch([3, 2, 4], [1, BASE_SLOT, 0], torch.device("cpu"))
+        x = torch.randn(9, 40, generator=generator)
+        outputs.append(linear(x))
+        step.batch = None
+        plain = linear(x)
+        assert torch.equal(outputs[-1][3:5], plain[3:5])  # base rows: no delta
+        assert torch.equal(outputs[-1][0:3, 32:48], plain[0:3, 32:48])  # slot 1's k untouched
+        assert not torch.equal(outputs[-1][5:], plain[5:])
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-4, rtol=1e-4)
