@@ -57,11 +57,6 @@ class LoRAAdapter:
     scale: float
     weights: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
-    @property
-    def num_bytes(self) -> int:
-        """Host bytes of its tensors."""
-        return sum(t.numel() * t.element_size() for pair in self.weights.values() for t in pair)
-
 
 def base_model_matches(adapter_base: str | None, served: ServedBase) -> bool:
     """True when the adapter names no base, or names the served model: the same configured
