@@ -81,6 +81,31 @@ class UnsupportedArchitectureError(ConfigError):
     """``config.json`` names an architecture pdserve cannot run."""
 
 
+class LoRAAdapterError(InvalidRequestError):
+    """A LoRA adapter cannot be served; ``param`` names the adapter. Nothing of it was loaded.
+    The subclasses say why."""
+
+
+class LoRARankError(LoRAAdapterError):
+    """The adapter's rank is above the engine's ``max_lora_rank``."""
+
+
+class LoRATargetError(LoRAAdapterError):
+    """The adapter targets modules the served model lacks (or pdserve cannot adapt)."""
+
+
+class LoRABaseModelError(LoRAAdapterError):
+    """The adapter was trained on another base model than the one served."""
+
+
+class LoRAFileError(LoRAAdapterError):
+    """The adapter's directory or files are missing, unreadable, corrupt or misshapen."""
+
+
+class LoRAConfigError(LoRAAdapterError):
+    """The adapter's ``adapter_config.json`` asks for something pdserve does not support."""
+
+
 class WeightLoadError(PdserveError):
     """A checkpoint is missing a file or tensor, has an unexpected one, or a wrong shape."""
 
@@ -162,6 +187,12 @@ _KINDS: dict[str, type[PdserveError]] = {
         ModelNotFoundError,
         UnsupportedArchitectureError,
         WeightLoadError,
+        LoRAAdapterError,
+        LoRARankError,
+        LoRATargetError,
+        LoRABaseModelError,
+        LoRAFileError,
+        LoRAConfigError,
         KVCacheError,
         LayoutMismatchError,
         TransferError,

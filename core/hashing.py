@@ -9,6 +9,8 @@ A **cache salt** (a request's ``cache_salt``, or the tenant salt the ingress der
 key) enters the root the chain starts from, so requests with different salts never share a
 block hash: not in any engine's prefix cache or KV tier, not in the cluster index. This closes
 the prefix-cache timing side channel between tenants (the reason vLLM added ``cache_salt``).
+A request's **LoRA adapter** enters the root the same way: KV computed under one adapter is
+never a prefix hit for another adapter or the base model.
 """
 
 from __future__ import annotations
@@ -25,14 +27,19 @@ HASH_ALGORITHM = "blake2b-64-v1"
 _ROOT_TAG = b"pdserve-block-hash-v1"
 
 
-def root_hash(seed: int = 0, salt: str | None = None) -> BlockHash:
+def root_hash(seed: int = 0, salt: str | None = None, lora_name: str | None = None) -> BlockHash:
     """The parent of the first block; ``seed`` separates incompatible caches (model, layout),
-    ``salt`` separates tenants (``None`` and ``""`` are the unsalted root)."""
+    ``salt`` separates tenants (``None`` and ``""`` are the unsalted root), ``lora_name``
+    separates the KV computed under a LoRA adapter from the base model's and other adapters'
+    (``None``: the base model)."""
     data = _ROOT_TAG + struct.pack("<q", seed)
     if salt:
         data += b"\x01salt:" + salt.encode("utf-8", "surrogatepass")
     digest = hashlib.blake2b(data, digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+    root = int.from_bytes(digest, "little")
+    if lora_name:  # a digest of the root, never the root of any salt
+        root = hash_block(root, (), ("lora:" + lora_name,))
+    return root
 
 
 def hash_block(
@@ -55,13 +62,14 @@ def hash_prompt_blocks(
     seed: int = 0,
     extra_keys: Sequence[int | str] = (),
     salt: str | None = None,
+    lora_name: str | None = None,
 ) -> list[BlockHash]:
     """Chained hashes of every *full* block of ``token_ids`` (a partial tail block has none),
-    from the root of ``seed`` and ``salt``."""
+    from the root of ``seed``, ``salt`` and ``lora_name``."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     hashes: list[BlockHash] = []
-    parent = root_hash(seed, salt)
+    parent = root_hash(seed, salt, lora_name)
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash_block(parent, token_ids[start : start + block_size], extra_keys)
         hashes.append(parent)

@@ -13,13 +13,23 @@ if TYPE_CHECKING:
     from core.sampling import SamplingParams
     from engine.engine import LLMEngine
     from engine.llm import LLM
+    from engine.lora.request import LoRARequest
     from engine.outputs import CompletionOutput, Logprob, RequestOutput
 
-__all__ = ["LLM", "CompletionOutput", "LLMEngine", "Logprob", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "LLMEngine",
+    "LoRARequest",
+    "Logprob",
+    "RequestOutput",
+    "SamplingParams",
+]
 
 _HOMES = {
     "LLM": "engine.llm",
     "LLMEngine": "engine.engine",
+    "LoRARequest": "engine.lora.request",
     "CompletionOutput": "engine.outputs",
     "Logprob": "engine.outputs",
     "RequestOutput": "engine.outputs",

@@ -27,6 +27,7 @@ from core.shared_memory import SHM_DIR
 from engine.admission import check_request, request_generator
 from engine.device_io import DeviceReader, upload
 from engine.kv.storage import KVStorage
+from engine.lora import LoRARequest
 from engine.model_runner import ModelRunner, StepLogits
 from engine.output_processor import OutputProcessor, RequestState
 from engine.outputs import RequestOutput, TokenLogprob
@@ -68,6 +69,7 @@ class LLMEngine:
             compiled=parts.compiled,
             graph_batch_sizes=parts.cuda_graph_batch_sizes,
             max_model_len=parts.scheduler.max_model_len,
+            lora=parts.lora,
         )
         self.sampler = Sampler(seed=parts.seed)
         self.rejection = RejectionSampler(self.sampler)
@@ -106,13 +108,18 @@ class LLMEngine:
         prompt: str | None = None,
         prefill_only: bool = False,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request; raises ``InvalidRequestError`` (``PromptTooLongError``, ...) naming
         the field. Everything that can refuse it runs before it is queued; should anything
         raise once the scheduler holds it, it is aborted (blocks freed) before the error
         propagates — a request is either fully admitted or not in the engine at all.
-        ``cache_salt`` keeps its cached blocks apart from those of other salts."""
+        ``cache_salt`` keeps its cached blocks apart from those of other salts.
+        ``lora_request``: run under that adapter (loaded now if it is not; a bad adapter
+        raises its :class:`~core.errors.LoRAAdapterError`)."""
         self.check_request(request_id, prompt_token_ids, params)
+        if lora_request is not None:
+            self.add_lora(lora_request)
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -120,11 +127,14 @@ class LLMEngine:
             eos_token_ids=self.parts.eos_token_ids,
             prefill_only=prefill_only,
             cache_salt=cache_salt,
+            lora_name=lora_request.lora_name if lora_request is not None else None,
         )
         state = self.outputs.new_state(request_id, prompt_token_ids, params, prompt)
         generator = request_generator(params)
         with self._admitting(request):
             self.scheduler.add_request(request)
+            if self.parts.lora is not None and lora_request is not None:
+                self.parts.lora.bind(request_id, lora_request)
             self._track(request_id, state, generator)
             self.grammars.start(request_id, params.structured_output)
 
@@ -146,6 +156,16 @@ class LLMEngine:
             first_token_id=first_token_id,
         )
         self.grammars.check(params.structured_output)
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load (and check) an adapter into host memory now, vLLM's ``add_lora``; raises its
+        :class:`~core.errors.LoRAAdapterError`, or ``InvalidRequestError`` without
+        ``enable_lora``. Its residency: ``parts.lora``."""
+        if self.parts.lora is None:
+            raise InvalidRequestError(
+                "this engine serves no LoRA adapters (enable_lora is off)", param="lora_request"
+            )
+        self.parts.lora.add_adapter(lora_request)
 
     # -- disaggregation hooks (prefill role: pin and release; decode role: import) -----------
 
@@ -592,6 +612,8 @@ class LLMEngine:
             self.proposer.finish(request_id)
         if self.draft_lengths is not None:
             self.draft_lengths.forget(request_id)
+        if self.parts.lora is not None:
+            self.parts.lora.unbind(request_id)
         self._states.pop(request_id, None)
         self._generators.pop(request_id, None)
         self.grammars.forget(request_id)

@@ -11,8 +11,10 @@ from typing import Any, Literal, cast
 
 from core.config import DType, EngineConfig, KVTiersConfig, ModelConfig, SpeculativeConfig
 from core.config.files import validate_mapping
+from core.errors import InvalidRequestError
 from core.sampling import SamplingParams
 from engine.engine_builder import build_engine
+from engine.lora import LoRARequest
 from engine.offline_batch import (
     PromptInput,
     PromptJob,
@@ -40,6 +42,8 @@ class LLM:
     ``speculative_config`` is vLLM's mapping (``{"method": "ngram", "num_speculative_tokens":
     4}``, the fields of :class:`core.config.SpeculativeConfig`); a bad one raises
     ``ConfigError`` naming every wrong field on one line.
+    ``enable_lora=True`` (with ``max_loras``, ``max_lora_rank``, ``max_cpu_loras``) serves PEFT
+    adapters: ``generate(..., lora_request=LoRARequest(name, int_id, path))``.
     ``generate`` and ``chat`` return vLLM-shaped :class:`RequestOutput` s, one per prompt, in
     input order: ``outs[0].outputs[0].text``.
     """
@@ -66,6 +70,10 @@ class LLM:
         async_scheduling: Literal["auto", "on", "off"] = "auto",
         tensor_parallel_size: int = 1,
         speculative_config: Mapping[str, Any] | None = None,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
+        max_cpu_loras: int | None = None,
     ) -> None:
         speculative = None
         if speculative_config is not None:
@@ -94,6 +102,10 @@ class LLM:
             async_scheduling=async_scheduling,
             tensor_parallel_size=tensor_parallel_size,
             speculative=speculative,
+            enable_lora=enable_lora,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
         )
         self.engine = build_engine(model_cfg, engine_cfg).engine
         # NOTE: a tensor-parallel engine's followers stop when the LLM is collected, too
@@ -110,22 +122,28 @@ class LLM:
         *,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text, ``{"prompt": text}``, ``{"prompt_token_ids": ids}``,
         either dict optionally with ``"cache_salt"``, or ids via ``prompt_token_ids``); one
         output per prompt with ``n`` sequences each.
         ``sampling_params`` is one for all prompts or one per prompt. ``use_tqdm`` shows a
-        progress bar on stderr (when tqdm is installed)."""
+        progress bar on stderr (when tqdm is installed). ``lora_request``: the LoRA adapter
+        of every prompt, or one per prompt (None: the base model); needs ``enable_lora``."""
         texts, token_lists = parse_prompts(prompts, prompt_token_ids, self.tokenizer.encode)
         params = params_list(sampling_params, len(token_lists))
         salts = prompt_salts(prompts, len(token_lists))
+        loras = _lora_list(lora_request, len(token_lists))
         jobs = [
             plan_prompt(f"offline-{next(self._ids)}", text, ids, p, salt)
             for text, ids, p, salt in zip(texts, token_lists, params, salts, strict=True)
         ]
+        lora_of = {job.request_id: lora for job, lora in zip(jobs, loras, strict=True)}
         sequences = [(job, seq) for job in jobs for seq in job.sequences]
         for job, seq in sequences:  # refuse a bad batch before queueing any of it
             self.engine.check_request(seq.request_id, job.prompt_token_ids, seq.params)
+        for lora in dict.fromkeys(lora for lora in loras if lora is not None):
+            self.engine.add_lora(lora)
         try:
             for job, seq in sequences:
                 self.engine.add_request(
@@ -134,6 +152,7 @@ class LLM:
                     seq.params,
                     prompt=job.prompt,
                     cache_salt=job.cache_salt,
+                    lora_request=lora_of[job.request_id],
                 )
             return self._run(jobs, use_tqdm)
         except BaseException:
@@ -147,9 +166,11 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation (one, or a list of them) with the model's chat template and
-        generate its reply; one output per conversation."""
+        generate its reply; one output per conversation (``lora_request`` as in
+        :meth:`generate`)."""
         conversations = _conversations(messages)
         token_lists = []
         for conversation in conversations:
@@ -158,7 +179,10 @@ class LLM:
             )
             token_lists.append(self.tokenizer.encode(prompt, add_special_tokens=False))
         return self.generate(
-            prompt_token_ids=token_lists, sampling_params=sampling_params, use_tqdm=use_tqdm
+            prompt_token_ids=token_lists,
+            sampling_params=sampling_params,
+            use_tqdm=use_tqdm,
+            lora_request=lora_request,
         )
 
     def shutdown(self) -> None:
@@ -191,6 +215,21 @@ class LLM:
                     if left[job.request_id] == 0:
                         advance()
         return [gather(job, finals) for job in jobs]
+
+
+def _lora_list(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, num_prompts: int
+) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt from one for all or a list of them."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise InvalidRequestError(
+            f"lora_request has {len(loras)} entries for {num_prompts} prompts",
+            param="lora_request",
+        )
+    return loras
 
 
 def _conversations(messages: Messages | Sequence[Messages]) -> list[Messages]:

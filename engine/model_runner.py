@@ -23,6 +23,7 @@ from engine.compiled_forward import CompiledForward
 from engine.cuda_graphs import CudaGraphRunner, pad_decode, pick_bucket
 from engine.device_io import upload
 from engine.kv.storage import KVStorage
+from engine.lora import LoRAManager
 from engine.models import CausalLM
 from engine.scheduler.output import PENDING_TOKEN_ID, ScheduledRequest
 
@@ -65,8 +66,10 @@ class ModelRunner:
         compiled: bool = False,
         graph_batch_sizes: Sequence[int] = (),
         max_model_len: int | None = None,
+        lora: LoRAManager | None = None,
     ) -> None:
         self.model = model
+        self.lora = lora  # publishes each step's row -> adapter slot mapping to the model
         self.storage = storage
         self.device = storage.device
         self.block_size = storage.layout.block_size
@@ -93,6 +96,8 @@ class ModelRunner:
         """One forward over every scheduled token; logits only where a request samples.
         :data:`PENDING_TOKEN_ID` inputs take their ids from ``pending`` on the device."""
         self.storage.fence_uploads()  # imported KV still copying in: order it before the step
+        if self.lora is not None:
+            self.lora.prepare_step(scheduled)
         replayed = self._replay(scheduled, pending)
         if replayed is not None:
             return replayed

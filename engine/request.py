@@ -78,6 +78,7 @@ class Request:
     ``follow_chunk_ends`` (a recompute of another replica's prefill) never lets a chunk cross one
     of those positions, so its prompt is computed in the same chunks. ``cache_salt`` enters the
     root of its block-hash chain: it shares cached blocks only with requests of the same salt.
+    ``lora_name`` (the LoRA adapter it runs under, None: the base model) enters that root too.
     """
 
     request_id: str
@@ -86,6 +87,7 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     prefill_only: bool = False
     cache_salt: str | None = None
+    lora_name: str | None = None
     output_token_ids: list[int] = field(default_factory=list, init=False)
     all_token_ids: list[int] = field(default_factory=list, init=False)
     num_computed_tokens: int = field(default=0, init=False)

@@ -2,7 +2,8 @@
 
 The one place that decides the device (CUDA when present), the ``auto`` dtype (fp32 on CPU,
 bf16 on CUDA), the attention backend (Triton on CUDA, the torch reference on CPU), the decode
-batch sizes captured as CUDA graphs (on CUDA unless ``enforce_eager``; never on CPU), which
+batch sizes captured as CUDA graphs (on CUDA unless ``enforce_eager`` or ``enable_lora``;
+never on CPU), the LoRA adapter manager, which
 projections ``quantization: int8`` quantizes, the KV budget and the effective ``max_model_len``.
 """
 
@@ -30,6 +31,7 @@ from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_bloc
 from engine.kv.tiers.device_rows import DeviceRows
 from engine.kv.tiers.store import KVTiers
 from engine.loader import load_model
+from engine.lora import LoRAManager, ServedBase
 from engine.models import CausalLM, ModelArchConfig, MoELayer
 from engine.models.layers import Linear
 from engine.models.tp_shard import TPShard
@@ -55,6 +57,7 @@ class EngineParts:
     compiled: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] = ()  # empty: every step runs eagerly (or compiled)
     speculative: SpeculativeConfig | None = None  # None: the engine never drafts
+    lora: LoRAManager | None = None  # the adapters (enable_lora), attached to the model
 
 
 def pick_device(index: int = 0) -> torch.device:
@@ -130,6 +133,7 @@ def build_engine_parts(
     )
     if model_cfg.quantization == "int8":
         quantize_model_int8(model)
+    lora = _lora_manager(model_cfg, engine_cfg, model, model_dir, expert_ids is not None)
     tokenizer = Tokenizer.from_dir(model_dir)
     layout = arch.kv_layout(
         model_id_of(model_cfg.name, model_dir),
@@ -165,7 +169,7 @@ def build_engine_parts(
     graph_sizes = graph_batch_sizes(
         engine_cfg.cuda_graph_batch_sizes,
         max_num_seqs=engine_cfg.max_num_seqs,
-        enforce_eager=engine_cfg.enforce_eager,
+        enforce_eager=engine_cfg.enforce_eager or lora is not None,
         on_cuda=device.type == "cuda",
         backend_supports_graphs=backend.supports_cuda_graphs,
         moe_syncs_host=moe_syncs_host(
@@ -187,6 +191,31 @@ def build_engine_parts(
         compiled=engine_cfg.compile_model,
         cuda_graph_batch_sizes=graph_sizes,
         speculative=engine_cfg.speculative,
+        lora=lora,
+    )
+
+
+def _lora_manager(
+    model_cfg: ModelConfig,
+    engine_cfg: EngineConfig,
+    model: CausalLM,
+    model_dir: Path,
+    expert_parallel: bool,
+) -> LoRAManager | None:
+    """The adapter manager when ``enable_lora`` (its slots attached to ``model``'s linears).
+    Steps with adapters run eagerly: the per-step slot mapping is not part of a CUDA graph."""
+    if not engine_cfg.enable_lora:
+        return None
+    if expert_parallel:
+        raise ConfigError(
+            "enable_lora cannot be combined with expert parallelism yet", param="enable_lora"
+        )
+    return LoRAManager(
+        model,
+        max_loras=engine_cfg.max_loras,
+        max_cpu_loras=engine_cfg.num_cpu_loras,
+        max_lora_rank=engine_cfg.max_lora_rank,
+        served=ServedBase(model_cfg.name, model_dir),
     )
 
 

@@ -10,6 +10,9 @@ from core.config.base import DType, StrictModel
 from core.config.kv_tiers import KVTiersConfig
 from core.config.speculative import SpeculativeConfig
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The adapter ranks ``max_lora_rank`` may name (vLLM's list)."""
+
 
 class EngineConfig(StrictModel):
     """Options of the inference engine that both roles run."""
@@ -98,6 +101,28 @@ class EngineConfig(StrictModel):
         "Not yet with compile_model.",
     )
 
+    # -- multi-LoRA (vLLM's option names) --------------------------------------------------
+    enable_lora: bool = Field(
+        False,
+        description="Serve PEFT LoRA adapters on top of the base model: a request may name an "
+        "adapter, and requests of different adapters (and the base) share a batch. Not with "
+        "tensor_parallel_size > 1, compile_model or MoE layers' experts (attention only there).",
+    )
+    max_loras: int = Field(
+        1, ge=1, description="Adapters held on the device at once (one batch uses at most these)."
+    )
+    max_lora_rank: int = Field(
+        16,
+        description="Largest adapter rank accepted; sizes each device slot. One of vLLM's "
+        f"allowed ranks: {', '.join(map(str, LORA_RANKS))}.",
+    )
+    max_cpu_loras: int | None = Field(
+        None,
+        ge=1,
+        description="Adapters kept loaded in host memory (least recently used evicted); must be "
+        ">= max_loras. None: max_loras.",
+    )
+
     kv_tiers: KVTiersConfig = Field(
         default_factory=KVTiersConfig,
         description="Host-RAM and disk tiers under the prefix cache, and idle TTLs per tier.",
@@ -137,6 +162,27 @@ class EngineConfig(StrictModel):
                     f"tensor_parallel_size ({size}) cannot be combined with {name} yet"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _lora_limits(self) -> EngineConfig:
+        if self.max_lora_rank not in LORA_RANKS:
+            raise ValueError(
+                f"max_lora_rank ({self.max_lora_rank}) must be one of {list(LORA_RANKS)}"
+            )
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("enable_lora cannot be combined with tensor_parallel_size > 1 yet")
+        if self.enable_lora and self.compile_model:
+            raise ValueError("enable_lora cannot be combined with compile_model yet")
+        return self
+
+    @property
+    def num_cpu_loras(self) -> int:
+        """Host slots for adapters: ``max_cpu_loras``, or ``max_loras`` when unset."""
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
 
     @model_validator(mode="after")
     def _graph_sizes_fit(self) -> EngineConfig:

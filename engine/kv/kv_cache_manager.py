@@ -125,7 +125,10 @@ class KVCacheManager:
         has fewer full blocks); extends ``request.block_hashes`` incrementally."""
         hashes = request.block_hashes
         target = min(num_blocks, request.num_tokens // self.block_size)
-        parent = hashes[-1] if hashes else root_hash(self.hash_seed, request.cache_salt)
+        if hashes:
+            parent = hashes[-1]
+        else:
+            parent = root_hash(self.hash_seed, request.cache_salt, request.lora_name)
         tokens = request.all_token_ids
         for index in range(len(hashes), target):
             start = index * self.block_size

@@ -6,6 +6,8 @@ them from the checkpoint and refuses a checkpoint that lacks any, so random init
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,6 +15,9 @@ from torch import nn
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.quant import int8_linear, quantize_rows
 from engine.models.tp_shard import TPShard
+
+if TYPE_CHECKING:  # the slots' package imports the decoder, which imports this module
+    from engine.models.lora.slots import LoRASlots
 
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -22,9 +27,11 @@ def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> 
 
 class Linear(nn.Module):
     """``y = x @ W.T (+ b)`` with ``W`` [out, in]; after :meth:`quantize_int8`, ``W`` is int8
-    with a scale per output channel (``engine.models.quant``)."""
+    with a scale per output channel (``engine.models.quant``). With ``lora`` slots attached
+    (:mod:`engine.models.lora`), each row of the step under an adapter gains its delta."""
 
     weight_scale: torch.Tensor | None
+    lora: LoRASlots | None
 
     def __init__(
         self,
@@ -39,6 +46,7 @@ class Linear(nn.Module):
         self.weight = empty_param(out_features, in_features, dtype=dtype, device=device)
         self.bias = empty_param(out_features, dtype=dtype, device=device) if bias else None
         self.register_buffer("weight_scale", None)
+        self.lora = None
 
     def quantize_int8(self) -> None:
         """Replace the loaded weight by int8 rows and float32 per-row scales."""
@@ -49,8 +57,12 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., in] -> [..., out]."""
         if self.weight_scale is not None:
-            return int8_linear(x, self.weight, self.weight_scale, self.bias)
-        return F.linear(x, self.weight, self.bias)
+            y = int8_linear(x, self.weight, self.weight_scale, self.bias)
+        else:
+            y = F.linear(x, self.weight, self.bias)
+        if self.lora is not None:
+            self.lora.add_delta(x, y)  # x: [T, in], y: [T, out]
+        return y
 
 
 class Embedding(nn.Module):

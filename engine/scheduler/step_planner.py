@@ -53,6 +53,7 @@ class StepPlanner:
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
+        self.max_loras = config.max_loras if config.enable_lora else None
         self.max_prefill_chunk = (
             config.long_prefill_token_threshold or config.max_num_batched_tokens
         )
@@ -166,6 +167,8 @@ class StepPlanner:
             and len(queues.running) + len(queues.loading) < self.max_num_seqs
         ):
             request = queues.waiting[0]
+            if not self._adapter_fits(request):
+                break
             computed: ComputedBlocks = NO_HIT
             # NOTE: a request asking for prompt logprobs computes every prompt position
             wants_all = request.sampling_params.prompt_logprobs is not None
@@ -190,6 +193,15 @@ class StepPlanner:
             queues.add_running(request)
             scheduled.append(self._plan(request, num_new))
             budget -= num_new
+
+    def _adapter_fits(self, request: Request) -> bool:
+        """False when admitting ``request`` would put more than ``max_loras`` distinct LoRA
+        adapters in the running set (every step's adapters must fit the device slots)."""
+        if self.max_loras is None or request.lora_name is None:
+            return True
+        queues = self._queues
+        names = {r.lora_name for r in (*queues.running, *queues.loading.values()) if r.lora_name}
+        return request.lora_name in names or len(names) < self.max_loras
 
     def _adopt_hit(self, request: Request, computed: ComputedBlocks) -> None:
         request.num_computed_tokens += computed.num_tokens
