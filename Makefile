@@ -42,13 +42,20 @@ lint: install
 	$(BIN)/lint-imports
 
 unit: install
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/unit -n $(TEST_WORKERS)
 
 integration: install install-eval
 	$(BIN)/pytest tests/integration
 
+# The tests without Ray (unit, and the GPU tests, skipped without CUDA) on TEST_WORKERS processes;
+# then the Ray tests, one cluster at a time. Both parts run; either failing fails the target.
+TEST_WORKERS ?= 2
+
 test: install install-eval lint
-	$(BIN)/pytest tests --durations=25
+	$(BIN)/pytest tests/unit tests/gpu -n $(TEST_WORKERS) --durations=25; \
+	status=$$?; \
+	$(BIN)/pytest tests/integration tests/chaos --durations=25 || status=1; \
+	exit $$status
 
 # The full chaos suite (replica kills, stalls, scaling, long fuzzing) and the integration tests
 # that only prove their point at full size (marker chaos_full, e.g. the 32K-token prompt; make
