@@ -128,8 +128,9 @@ def _running(pid: int) -> bool:
     return True
 
 
-def sweep_orphans() -> list[str]:
-    """Unlink the segments whose creator, in this pid namespace, no longer runs; their names."""
+def sweep_orphans(*, expected: bool = False) -> list[str]:
+    """Unlink the segments whose creator, in this pid namespace, no longer runs; their names.
+    ``expected``: the caller knows their creators just stopped (logged as info, not a warning)."""
     namespace = _pid_namespace()
     removed: list[str] = []
     try:
@@ -148,5 +149,6 @@ def sweep_orphans() -> list[str]:
         except FileNotFoundError:
             continue  # another process swept it first
     if removed:
-        logger.warning("removed %d shared KV segments left by dead processes", len(removed))
+        log = logger.info if expected else logger.warning
+        log("removed %d shared KV segments left by dead processes", len(removed))
     return removed

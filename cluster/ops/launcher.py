@@ -2,9 +2,9 @@
 
 ``up`` on ``cluster.address: local`` starts a Ray owned by this process, deploys through
 Serve's REST API, waits until ``/ready`` answers, records a :class:`RunState` and then holds
-the Ray until SIGINT/SIGTERM; then it removes the app (Serve stops every replica the graceful
-way, and each frees what it holds outside its process: a prefill's KV segment in ``/dev/shm``),
-stops that Ray and waits until every process of it has exited. ``--detach`` runs that same
+the Ray until SIGINT/SIGTERM; then it stops that Ray, waits until every process of it has
+exited and removes what they left in ``/dev/shm`` (the replicas' KV segments, which a stopping
+Ray gives them no time to unlink). ``--detach`` runs that same
 foreground process in the background (its own session, output to a log file) and returns once
 it is ready. On an existing cluster (``auto``, ``ray://``) ``up`` only deploys; in the
 foreground it removes the app on Ctrl-C. ``down`` signals the recorded owner process (by pid)
@@ -38,10 +38,6 @@ logger = logging.getLogger(__name__)
 
 DEPLOY_TIMEOUT_S = 600.0
 """How long ``up`` waits for the app to run and answer ``/ready``."""
-
-APP_REMOVAL_TIMEOUT_S = 90.0
-"""How long a stopping local ``up`` waits for Serve to stop the app's replicas (each within its
-pool's ``graceful_shutdown_timeout_s``) before it stops Ray under them."""
 
 
 class StopRequested(BaseException):
@@ -127,9 +123,8 @@ def run_foreground(config: ClusterConfig, on_ready: Callable[[RunState], None]) 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a 2nd Ctrl-C interrupts
         if cluster.is_local:
-            _remove_and_wait(dashboard_url, cluster.app_name)
             stop_local_ray()
-            sweep_orphans()  # segments of replicas that died before their own stop
+            sweep_orphans(expected=True)  # the replicas' KV segments: their processes are gone
         else:
             _remove_quietly(dashboard_url, cluster.app_name)
             shutdown()  # only disconnects
@@ -207,16 +202,6 @@ def _stop_owner(
     if process_tree.wait_stopped([owner], timeout_s, clock=clock):
         raise UnavailableError(f"pdserve (pid {pid}) did not stop within {timeout_s:.0f}s")
     return True
-
-
-def _remove_and_wait(dashboard_url: str, app_name: str) -> None:
-    """Remove the app and wait until Serve has stopped its replicas (logged when it cannot)."""
-    try:
-        rest = ServeRest(dashboard_url)
-        rest.remove(app_name)
-        rest.wait_removed(app_name, APP_REMOVAL_TIMEOUT_S)
-    except (ConfigError, UnavailableError) as e:
-        logger.warning("app %s not stopped before Ray: %s", app_name, e.message)
 
 
 def _remove_quietly(dashboard_url: str, app_name: str) -> None:

@@ -71,14 +71,6 @@ class ServeRest:
         elif len(kept) < len(apps):
             self._call(self._client.deploy_applications, {**current, "applications": kept})
 
-    def wait_removed(self, app_name: str, timeout_s: float, poll_s: float = 0.5) -> None:
-        """Poll until ``app_name`` is gone (its replicas stopped); UnavailableError on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self.app_details(app_name) is not None:
-            if time.monotonic() >= deadline:
-                raise UnavailableError(f"app {app_name} still deployed after {timeout_s:.0f}s")
-            time.sleep(poll_s)
-
     def wait_running(self, app_name: str, timeout_s: float, poll_s: float = 1.0) -> dict[str, Any]:
         """Poll until ``app_name`` is RUNNING; UnavailableError on failure or timeout."""
         deadline = time.monotonic() + timeout_s
