@@ -32,7 +32,7 @@ from core.kv_handle import TransferFailure
 from core.messages import DecodeRequest, StageTimes, TokenChunk
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
-from decode.chunks import aborted_chunk, error_chunk, token_chunk
+from decode.token_chunks import aborted_chunk, error_chunk, token_chunk
 from engine.async_engine import AsyncEngine
 from engine.kv_connector.base import ImportEnded, ImportResult
 from replica.kv_connector.kv_import import KVImport

@@ -26,7 +26,7 @@ from core.kv_layout import KVLayout
 from engine.attention import get_backend
 from engine.builtin import resolve_model
 from engine.cuda_graphs import graph_batch_sizes, moe_syncs_host
-from engine.kv.quant import KV_CACHE_DTYPES, SCALE_BYTES
+from engine.kv.quantized_rows import KV_CACHE_DTYPES, SCALE_BYTES
 from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
 from engine.kv.tiers.device_rows import DeviceRows
 from engine.kv.tiers.store import KVTiers

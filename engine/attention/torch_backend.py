@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from engine.attention.backend import register_backend
 from engine.attention.metadata import AttentionMetadata
-from engine.kv.quant import is_quantized, pack_rows, unpack_rows
+from engine.kv.quantized_rows import is_quantized, pack_rows, unpack_rows
 
 
 def write_kv_cache(

@@ -16,8 +16,8 @@ import torch
 
 from engine.checkpoint.safetensors_files import SafetensorsTensors, checkpoint_files
 from engine.gguf.file import GGUFFile
+from engine.gguf.gguf_tensors import GGUFTensors
 from engine.gguf.sidecar import gguf_file_of
-from engine.gguf.tensors import GGUFTensors
 from engine.models.config import ModelArchConfig
 
 

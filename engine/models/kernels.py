@@ -16,8 +16,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from engine.models.int8_weights import int8_linear
 from engine.models.op_shapes import moe_experts_fake
-from engine.models.quant import int8_linear
 
 
 class ModelKernels(Protocol):

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.int8_weights import int8_linear, quantize_rows
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
-from engine.models.quant import int8_linear, quantize_rows
 from engine.models.tp_shard import TPShard
 
 if TYPE_CHECKING:  # the slots' package imports the decoder, which imports this module
@@ -27,7 +27,7 @@ def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> 
 
 class Linear(nn.Module):
     """``y = x @ W.T (+ b)`` with ``W`` [out, in]; after :meth:`quantize_int8`, ``W`` is int8
-    with a scale per output channel (``engine.models.quant``). With ``lora`` slots attached
+    with a scale per output channel (``engine.models.int8_weights``). With ``lora`` slots attached
     (:mod:`engine.models.lora`), each row of the step under an adapter gains its delta."""
 
     weight_scale: torch.Tensor | None

@@ -26,9 +26,9 @@ from torch import nn
 
 from core.errors import ConfigError
 from engine.models.config import ModelArchConfig
+from engine.models.int8_weights import quantize_rows
 from engine.models.kernels import TORCH_KERNELS, ModelKernels
 from engine.models.layers import GatedMLP, Linear, empty_param
-from engine.models.quant import quantize_rows
 from engine.models.tp_shard import TPShard
 
 

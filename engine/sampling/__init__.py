@@ -4,7 +4,7 @@ speculative drafts, and stop-string matching."""
 from engine.sampling.rejection import DraftedRequest, RejectionSampler, VerifiedTokens
 from engine.sampling.row import SamplingRow
 from engine.sampling.sampler import Sampler, SamplerOutput, make_generator
-from engine.sampling.stop import StopCheck, StopStringMatcher
+from engine.sampling.stop_strings import StopCheck, StopStringMatcher
 
 __all__ = [
     "DraftedRequest",

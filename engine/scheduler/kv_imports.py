@@ -20,7 +20,7 @@ from engine.request import Request, RequestStatus
 from engine.scheduler.kv_import_loads import ImportLoads, ImportOutcome
 from engine.scheduler.output import ImportAllocation
 from engine.scheduler.queue import RequestQueues
-from engine.scheduler.stop import check_stop
+from engine.scheduler.stop_tokens import check_stop
 from engine.scheduler.tier_loading import TierLoading
 
 logger = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from engine.scheduler.output import (
 from engine.scheduler.queue import RequestQueues
 from engine.scheduler.step_planner import StepPlanner
 from engine.scheduler.step_results import OverlappedStepResults, PlainStepResults
-from engine.scheduler.stop import check_stop
+from engine.scheduler.stop_tokens import check_stop
 from engine.scheduler.tier_loading import tier_loading
 
 if TYPE_CHECKING:

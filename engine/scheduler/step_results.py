@@ -25,7 +25,7 @@ from engine.scheduler.chunk_plan import record_chunk
 from engine.scheduler.output import RequestUpdate, ScheduledRequest, SchedulerOutput
 from engine.scheduler.queue import RequestQueues
 from engine.scheduler.spec_counters import SpecDecodeCounters
-from engine.scheduler.stop import StopDecision, check_stop
+from engine.scheduler.stop_tokens import StopDecision, check_stop
 
 Finish = Callable[[Request, RequestStatus], None]
 

@@ -12,7 +12,7 @@ import torch
 from engine.attention import AttentionMetadata, TorchAttentionBackend
 from engine.attention.triton_kernels import write_kv_cache
 from engine.attention.triton_kernels.decode import paged_decode_attention
-from engine.kv.quant import pack_rows
+from engine.kv.quantized_rows import pack_rows
 from tests.gpu.helpers import fresh_seed
 from tests.gpu.paged_batches import DEVICE, TOLERANCE, make_batch
 

@@ -1,6 +1,6 @@
 """Triton kernels: scatter new tokens' K and V into their paged-cache slots (reshape_and_cache).
 
-An 8-bit cache (``engine.kv.quant``) takes the quantizing variant: one program per tile of
+An 8-bit cache (``engine.kv.quantized_rows``) takes the quantizing variant: one program per tile of
 tokens and one KV head computes each row's scale (``amax / qmax``, rounded to float16), stores
 the row's 8-bit values and then the scale's two bytes — the same bytes the torch path writes
 (an fp8 cache on a GPU without native e4m3 gets them as bytes: ``common``).

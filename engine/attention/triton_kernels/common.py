@@ -1,8 +1,8 @@
 """Constants, launch-time helpers and jit functions shared by the Triton attention kernels.
 
-8-bit caches (``engine.kv.quant``): each head row is ``head_dim`` 8-bit values then a float16
-scale. An int8 or e4m3 value is exact in bfloat16 and float16, so the kernels convert a K/V tile
-to the model's dtype as it is (:func:`load_kv_tile`, no multiply, both attention dots stay
+8-bit caches (``engine.kv.quantized_rows``): each head row is ``head_dim`` 8-bit values then a
+float16 scale. An int8 or e4m3 value is exact in bfloat16 and float16, so the kernels convert a
+K/V tile to the model's dtype as it is (:func:`load_kv_tile`, no multiply, both attention dots stay
 tensor-core dots on 16-bit operands) and apply the per-token scales to the much smaller score and
 probability tiles instead (:func:`load_row_scales`): ``q . (s_n k_n) = s_n (q . k_n)`` and
 ``sum_n p_n (s_n v_n) = sum_n (p_n s_n) v_n``. That is one rounding fewer than dequantizing first,

@@ -15,8 +15,8 @@ from core.errors import ConfigError
 from core.sampling import SamplingParams
 from engine.builtin import resolve_model
 from engine.llm import LLM
+from engine.models.int8_weights import quantize_rows
 from engine.models.layers import Linear
-from engine.models.quant import quantize_rows
 
 
 def test_rows_round_trip_within_half_a_step() -> None:

@@ -29,7 +29,7 @@ from engine.attention.triton_kernels.decode import paged_decode_launches
 from engine.cuda_graphs import DecodeBuffers, pad_decode
 from engine.cuda_graphs.block_table_rows import BlockTableRows
 from engine.cuda_graphs.buckets import PADDING_ROW
-from engine.kv.quant import pack_rows
+from engine.kv.quantized_rows import pack_rows
 from engine.triton_launch import INTERPRETER, kernel_target
 from engine.triton_launch import target as launch_target
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import engine.gguf.tensors
+import engine.gguf.gguf_tensors
 from core.sampling import SamplingParams
 from engine.builtin import resolve_model
 from engine.builtin.resolve import ensure_gguf_dir
@@ -124,13 +124,13 @@ def test_experts_a_rank_does_not_own_are_never_read(
 ) -> None:
     *_, gguf_dir = written("qwen2moe-q8_0", tmp_path)
     reads: list[tuple[str, int | None]] = []
-    real = engine.gguf.tensors.dequantize
+    real = engine.gguf.gguf_tensors.dequantize
 
     def spy(tensor: Any, expert: int | None = None) -> np.ndarray:
         reads.append((tensor.name, expert))
         return real(tensor, expert)
 
-    monkeypatch.setattr(engine.gguf.tensors, "dequantize", spy)
+    monkeypatch.setattr(engine.gguf.gguf_tensors, "dequantize", spy)
     model = load(gguf_dir, expert_ids=[5, 1])
     expert_reads = [(name, e) for name, e in reads if re.search(r"_exps\.", name)]
     assert expert_reads and {e for _, e in expert_reads} == {1, 5}

@@ -9,7 +9,7 @@ import torch
 from core.config import HostTierConfig, KVTiersConfig
 from core.errors import LayoutMismatchError
 from core.sampling import SamplingParams
-from engine.kv.quant import pack_rows, unpack_rows
+from engine.kv.quantized_rows import pack_rows, unpack_rows
 from engine.llm import LLM
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)

@@ -27,7 +27,7 @@ from engine.attention import AttentionMetadata, get_backend
 from engine.attention.opaque import OpaqueAttention, attention_step
 from engine.attention.torch_backend import write_kv_cache as torch_write_kv_cache
 from engine.attention.triton_kernels import interpreter_active, rope_and_write_kv_cache
-from engine.kv.quant import SCALE_BYTES
+from engine.kv.quantized_rows import SCALE_BYTES
 from engine.models import CausalLM, ModelArchConfig
 from engine.models.kernels import TORCH_KERNELS
 from engine.models.rope import RotaryEmbedding, apply_rope
