@@ -1,12 +1,14 @@
 """Speculative decoding on vs off in one run: TPOT at batch 1, throughput at batch 32,
 acceptance length per workload and method, and whether greedy output stayed identical.
 
-Two workloads: ``repetitive`` (answers that reuse their prompt: repeat a list with one change,
-edit a piece of code, quote a passage) and ``chat`` (open questions). Every method in
-``--methods`` runs against the same engine without speculation, all greedy, on the same model
-(the built-in tiny model until the real one loads; a random-weight model's answers rarely reuse
-their prompts, so its acceptance says little about a trained model's). A method this build does
-not have is reported as unavailable rather than failing the run.
+Two workloads, ``benchmarks/spec_workloads.py``'s six cases each: ``repetitive`` (answers that
+reuse their prompt: repeat a list with one change, edit a piece of code, quote a passage) and
+``chat`` (open questions), each a user message through the model's chat template (a model
+without one reads the text as it is, and then generates past EOS so every run is as long).
+Every method in ``--methods`` runs against the same engine without speculation, all greedy, on
+the same model (a random-weight model's answers rarely reuse their prompts, so its acceptance
+says little about a trained model's: run ``--model builtin:smollm2-135m-instruct``). A method
+this build does not have is reported as unavailable rather than failing the run.
 
 Measured per method: ``spec_tpot_b1_ratio_<workload>_<method>`` (mean time per output token after
 the first, one request at a time, speculation on / off), ``spec_throughput_b32_ratio_<method>``
@@ -32,28 +34,15 @@ from typing import Any
 
 import torch
 
-from core.errors import ConfigError
+from benchmarks.spec_workloads import WORKLOADS as WORKLOAD_NAMES
+from benchmarks.spec_workloads import text_cases
+from core.errors import ConfigError, InvalidRequestError
 from core.sampling import SamplingParams
 from engine import LLM
 from engine.scheduler.output import SpecDecodeStats
 
 WORKLOADS: dict[str, list[str]] = {
-    "repetitive": [
-        "Repeat this list with one change (replace cherry by kiwi): apple, banana, cherry, "
-        "date, elderberry, fig, grape, honeydew, apple, banana, cherry, date.",
-        "Edit this code so that it returns the sum instead of the product:\n"
-        "def combine(values):\n    result = 1\n    for value in values:\n"
-        "        result = result * value\n    return result\n",
-        "Quote the passage exactly: the quick brown fox jumps over the lazy dog; the quick "
-        "brown fox jumps over the lazy dog again and again.",
-        "Copy the table: | id | name | | 1 | ada | | 2 | alan | | 3 | grace | | 4 | edsger |",
-    ],
-    "chat": [
-        "What makes a good cup of tea?",
-        "Why is the sky blue during the day?",
-        "Suggest three names for a small bakery.",
-        "How do plants know which way is up?",
-    ],
+    workload: [case.prompt for case in text_cases(workload)] for workload in WORKLOAD_NAMES
 }
 TARGETS = {
     "spec_tpot_b1_ratio_repetitive": ("<=", 0.6),
@@ -66,9 +55,20 @@ TARGETS = {
 def _llm(model: str, speculative: dict[str, Any] | None) -> LLM:
     """The engine, warmed up on every prompt (first-step costs and prefix caches alike)."""
     llm = LLM(model, max_model_len=1024, speculative_config=speculative)
-    prompts = [p for workload in WORKLOADS.values() for p in workload]
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+    prompts = [_prompt_ids(llm, p) for workload in WORKLOADS.values() for p in workload]
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     return llm
+
+
+def _prompt_ids(llm: LLM, text: str) -> list[int]:
+    """``text`` as a user message through the model's chat template (a model without one, such
+    as the random-weight built-ins, reads the text as it is)."""
+    try:
+        rendered = llm.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    except InvalidRequestError:
+        return list(llm.tokenizer.encode(text))
+    return list(llm.tokenizer.encode(rendered, add_special_tokens=False))
 
 
 def _spec_stats(llm: LLM) -> SpecDecodeStats:
@@ -81,7 +81,7 @@ def _tpot_b1(llm: LLM, prompts: Sequence[str], params: SamplingParams) -> tuple[
     total_s, total_tokens = 0.0, 0
     outputs: list[Any] = []
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"b1-{id(llm)}-{i}", llm.tokenizer.encode(prompt), params)
+        engine.add_request(f"b1-{id(llm)}-{i}", _prompt_ids(llm, prompt), params)
         first_s: float | None = None
         num_first = 0
         token_ids: tuple[int, ...] = ()
@@ -101,8 +101,9 @@ def _throughput(
     llm: LLM, prompts: Sequence[str], params: SamplingParams
 ) -> tuple[float, list[Any]]:
     """Output tokens/s of all ``prompts`` at once; the token ids."""
+    token_lists = [_prompt_ids(llm, prompt) for prompt in prompts]
     start = time.perf_counter()
-    outputs = llm.generate(list(prompts), params, use_tqdm=False)
+    outputs = llm.generate(prompt_token_ids=token_lists, sampling_params=params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     token_ids = [o.outputs[0].token_ids for o in outputs]
     return sum(len(t) for t in token_ids) / elapsed, token_ids
@@ -116,10 +117,15 @@ def _acceptance(before: SpecDecodeStats, after: SpecDecodeStats) -> float:
 
 def run(model: str, methods: Sequence[str], k: int, max_tokens: int, batch: int) -> dict[str, Any]:
     """Every measurement, as the JSON object the script prints."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    result: dict[str, Any] = {"benchmark": "speculative", "model": model, "k": k}
     base = _llm(model, None)
-    mixed = [p for i in range(batch) for p in [WORKLOADS[list(WORKLOADS)[i % 2]][i % 4]]]
+    chat_model = _prompt_ids(base, "x") != list(base.tokenizer.encode("x"))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=not chat_model)
+    result: dict[str, Any] = {"benchmark": "speculative", "model": model, "k": k}
+    mixed = [
+        WORKLOADS[name][i // 2 % len(WORKLOADS[name])]
+        for i in range(batch)
+        for name in [WORKLOAD_NAMES[i % 2]]
+    ]
     base_b1 = {w: _tpot_b1(base, prompts, params) for w, prompts in WORKLOADS.items()}
     base_tput, base_batch = _throughput(base, mixed, params)
     identical = True
