@@ -17,7 +17,7 @@ the first, one request at a time, speculation on / off), ``spec_throughput_b32_r
 ``greedy_identical`` over everything. The headline keys without a method suffix are the
 ``--headline`` method's (the first available of ``--methods`` by default).
 
-    .venv/bin/python benchmarks/speculative.py --model builtin:tiny-llama
+    PYTHONPATH=. .venv/bin/python benchmarks/speculative.py --model builtin:smollm2-135m-instruct
 
 The last line is one JSON object.
 """
