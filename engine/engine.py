@@ -3,18 +3,13 @@
 Plain Python, no Ray: ``add_request`` / ``step()`` / ``abort`` / ``has_unfinished``. The prefill
 and decode roles drive it through the same calls plus the scheduler's disaggregation hooks
 (prefill-only requests that pin their KV, import requests whose KV arrives from outside).
-
-With ``engine.speculative`` the engine drafts after each step: every running request that may
-speculate gets its proposer's guesses (:mod:`engine.spec_decode`), the next plan verifies them
-as one multi-token row, and the rejection sampler (:mod:`engine.sampling.rejection`) keeps a
-prefix of them plus one token of the model's own. Requests with structured output or prompt
-logprobs never speculate, nor does any request while more than ``disable_by_batch_size`` run.
+With ``engine.speculative`` each step also verifies the drafts it scored and asks for the next
+ones (:mod:`engine.speculation`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,9 +28,8 @@ from engine.output_processor import OutputProcessor, RequestState
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.prefill_rate import PrefillRate
 from engine.request import FinishReason, Request
-from engine.sampling import DraftedRequest, RejectionSampler, Sampler, SamplingRow
+from engine.sampling import Sampler, SamplingRow
 from engine.sampling.grammar import GrammarStates
-from engine.sampling.rejection import VerifiedTokens
 from engine.sampling.sampler import DeviceSample, SamplerOutput
 from engine.scheduler import Scheduler
 from engine.scheduler.output import (
@@ -45,7 +39,7 @@ from engine.scheduler.output import (
     SchedulerOutput,
 )
 from engine.setup import EngineParts
-from engine.spec_decode import DraftLengths, Proposer, build_proposer
+from engine.speculation import Speculation
 from engine.step_overlap import InFlightStep, needs_host_before
 
 logger = logging.getLogger(__name__)
@@ -72,16 +66,9 @@ class LLMEngine:
             lora=parts.lora,
         )
         self.sampler = Sampler(seed=parts.seed)
-        self.rejection = RejectionSampler(self.sampler)
-        self.speculative = parts.speculative
-        self.proposer: Proposer | None = None
-        self.draft_lengths: DraftLengths | None = None
-        if parts.speculative is not None:
-            self.proposer = build_proposer(parts.speculative)
-            self.draft_lengths = DraftLengths(
-                parts.speculative.num_speculative_tokens,
-                adaptive=parts.speculative.adaptive_draft_length,
-            )
+        self.speculation = (
+            None if parts.speculative is None else Speculation(parts.speculative, self.sampler)
+        )
         self.async_scheduling = parts.scheduler.async_scheduling
         """Overlapped steps: a step's samples are read after the next step is queued."""
         self.reader = DeviceReader(parts.storage.device)
@@ -362,7 +349,11 @@ class LLMEngine:
             sample, request_ids = self._sample_isolating_requests(plan, logits)
             if sample is not None:
                 read = self.reader.start(sample.tensors())
-        verified = self._verify(plan, logits.verify_logits) if logits.verify_logits else {}
+        verified = {}
+        if logits.verify_logits and self.speculation is not None:
+            verified = self.speculation.verify(
+                plan, logits.verify_logits, self._sampling_row, self._fail_request
+            )
         return InFlightStep(
             plan,
             request_ids,
@@ -372,49 +363,6 @@ class LLMEngine:
             time.perf_counter(),
             verified=verified,
         )
-
-    def _verify(
-        self, plan: SchedulerOutput, verify_logits: dict[str, torch.Tensor]
-    ) -> dict[str, VerifiedTokens]:
-        """Accept a prefix of each verify row's drafts plus one token (host-side: a
-        speculating engine never overlaps steps). Should the batch raise, each request is
-        verified alone and those that still raise fail alone (a seeded request verified in
-        the failed batch has drawn its uniforms twice)."""
-        by_id = {item.request_id: item for item in plan.scheduled}
-        try:
-            drafted = {rid: self._drafted_request(by_id[rid]) for rid in verify_logits}
-            values = torch.cat([verify_logits[rid] for rid in drafted])
-            outcomes = self.rejection.verify(values, list(drafted.values()))
-            verified = dict(zip(drafted, outcomes, strict=True))
-        except Exception:
-            verified = {}
-            for request_id, logits in verify_logits.items():
-                try:
-                    one = self._drafted_request(by_id[request_id])
-                    verified[request_id] = self.rejection.verify(logits, [one])[0]
-                except Exception as e:
-                    self._fail_request(request_id, f"verifying its drafts failed: {e!r}")
-        if self.draft_lengths is not None:
-            for request_id, outcome in verified.items():
-                num_drafted = len(by_id[request_id].draft_token_ids)
-                self.draft_lengths.record(request_id, num_drafted, outcome.num_accepted)
-        return verified
-
-    def _drafted_request(self, item: ScheduledRequest) -> DraftedRequest:
-        """``item``'s k + 1 sampling rows: row j as if drafts 0..j-1 had been sampled."""
-        row = self._sampling_row(item)
-        drafts = item.draft_token_ids
-        rows = [
-            dataclasses.replace(
-                row,
-                num_generated_tokens=row.num_generated_tokens + j,
-                output_token_ids=[*row.output_token_ids, *drafts[:j]]
-                if row.params.penalized
-                else row.output_token_ids,
-            )
-            for j in range(len(drafts) + 1)
-        ]
-        return DraftedRequest(drafts, tuple(rows))
 
     def _sample_isolating_requests(
         self, plan: SchedulerOutput, logits: StepLogits
@@ -477,32 +425,13 @@ class LLMEngine:
             if processed.output.finished:
                 self._forget(update.request_id)
             results.append(processed.output)
-        self._propose_drafts(results)
+        if self.speculation is not None:
+            self.speculation.propose(results, self._params_of, self.scheduler)
         return results
 
-    def _propose_drafts(self, outputs: list[RequestOutput]) -> None:
-        """Ask the proposer for drafts for every request that got tokens and goes on."""
-        proposer, config, lengths = self.proposer, self.speculative, self.draft_lengths
-        if proposer is None or config is None or lengths is None:
-            return
-        limit = config.disable_by_batch_size
-        if limit is not None and self.scheduler.num_running > limit:
-            return
-        for output in outputs:
-            state = self._states.get(output.request_id)
-            if output.finished or state is None or not _may_speculate(state.params):
-                continue
-            request = self.scheduler.get_request(output.request_id)
-            if request is None or request.prefill_only:
-                continue
-            drafts = proposer.propose(
-                output.request_id,
-                request.all_token_ids,
-                request.num_prompt_tokens,
-                lengths.next(output.request_id),
-            )
-            if drafts:
-                self.scheduler.set_draft_tokens(output.request_id, drafts)
+    def _params_of(self, request_id: str) -> SamplingParams | None:
+        state = self._states.get(request_id)
+        return None if state is None else state.params
 
     def _step_tokens(
         self, step: InFlightStep, sampled: SamplerOutput
@@ -608,18 +537,10 @@ class LLMEngine:
             self._generators[request_id] = generator
 
     def _forget(self, request_id: str) -> None:
-        if self.proposer is not None and request_id in self._states:
-            self.proposer.finish(request_id)
-        if self.draft_lengths is not None:
-            self.draft_lengths.forget(request_id)
+        if self.speculation is not None:
+            self.speculation.forget(request_id)
         if self.parts.lora is not None:
             self.parts.lora.unbind(request_id)
         self._states.pop(request_id, None)
         self._generators.pop(request_id, None)
         self.grammars.forget(request_id)
-
-
-def _may_speculate(params: SamplingParams) -> bool:
-    """Structured output (the grammar must see each token before the next is scored) and
-    prompt logprobs (read back in full with the prompt) never speculate."""
-    return params.structured_output is None and params.prompt_logprobs is None

@@ -182,7 +182,9 @@ def test_a_verification_that_fails_only_in_batch_is_retried_per_request(
 ) -> None:
     base, spec = pairs(MODELS[0])
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    monkeypatch.setattr(spec.engine, "rejection", _FailingVerifier(spec.engine.rejection, 1))
+    speculation = spec.engine.speculation
+    assert speculation is not None
+    monkeypatch.setattr(speculation, "rejection", _FailingVerifier(speculation.rejection, 1))
     _same(_generate(base, params), _generate(spec, params))
 
 
@@ -191,7 +193,9 @@ def test_a_verification_that_always_fails_fails_its_requests_alone(
 ) -> None:
     _base, spec = pairs(MODELS[0])
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
-    monkeypatch.setattr(spec.engine, "rejection", _FailingVerifier(spec.engine.rejection, -1))
+    speculation = spec.engine.speculation
+    assert speculation is not None
+    monkeypatch.setattr(speculation, "rejection", _FailingVerifier(speculation.rejection, -1))
     before = spec.engine.scheduler.stats().spec_decode.num_drafts
     outputs = _generate(spec, params)  # every block given back, checked inside
     failed = [o for o in outputs if o.outputs[0].finish_reason == "error"]
