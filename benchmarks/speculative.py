@@ -38,8 +38,8 @@ from benchmarks.spec_workloads import WORKLOADS as WORKLOAD_NAMES
 from benchmarks.spec_workloads import text_cases
 from core.errors import ConfigError, InvalidRequestError
 from core.sampling import SamplingParams
+from core.stats import SpecDecodeStats
 from engine import LLM
-from engine.scheduler.output import SpecDecodeStats
 
 WORKLOADS: dict[str, list[str]] = {
     workload: [case.prompt for case in text_cases(workload)] for workload in WORKLOAD_NAMES

@@ -83,6 +83,27 @@ class RoutingStats:
 
 
 @dataclass(frozen=True)
+class SpecDecodeStats:
+    """Speculative decoding counters since the engine started (vLLM's ``spec_decode_*``)."""
+
+    num_drafts: int = 0
+    """Verify rows run (``vllm:spec_decode_num_drafts_total``)."""
+    num_draft_tokens: int = 0
+    """Draft tokens verified (``vllm:spec_decode_num_draft_tokens_total``)."""
+    num_accepted_tokens: int = 0
+    """Draft tokens accepted (``vllm:spec_decode_num_accepted_tokens_total``)."""
+    num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    """Accepted drafts by position in the draft, first first
+    (``vllm:spec_decode_num_accepted_tokens_per_pos``)."""
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a verify row yields on average: 1 + accepted drafts per draft (1.0: none
+        ran or none was accepted)."""
+        return 1.0 + (self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0)
+
+
+@dataclass(frozen=True)
 class ReplicaStats:
     """KV blocks, queues, transfers and request counts of one replica."""
 
@@ -112,6 +133,8 @@ class ReplicaStats:
     """Their share of step time (``engine.prefill_rate``)."""
     pending_prompt_tokens: int = 0
     """Prompt tokens queued or being prefilled, not computed yet (the planner's prefill load)."""
+    spec_decode: SpecDecodeStats = SpecDecodeStats()
+    """Speculative decoding's counters (all zero when the engine does not speculate)."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""

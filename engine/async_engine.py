@@ -340,6 +340,7 @@ class AsyncEngine:
             pending_prompt_tokens=s.num_pending_prompt_tokens,
             prefill_tokens_total=self._prefill_totals[0],
             prefill_seconds_total=self._prefill_totals[1],
+            spec_decode=s.spec_decode,
         )
 
     @property

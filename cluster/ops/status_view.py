@@ -186,13 +186,14 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
         "running",
         "waiting",
         "xfers",
+        "spec accept (drafts)",
     )
     for pool in status["pools"]:
         label = _pool_label(pool)
         for i, replica in enumerate(pool["replicas"]):
             stats = _stats_of(replica)
             columns = (
-                ["-"] * 5
+                ["-"] * 6
                 if stats is None
                 else [
                     f"{stats.kv_blocks_used}/{stats.kv_blocks_total}",
@@ -200,6 +201,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                     str(stats.num_running),
                     str(stats.num_waiting),
                     str(stats.transfer.in_flight),
+                    spec_cell(stats),
                 ]
             )
             table.add_row(
@@ -210,7 +212,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                 *columns,
             )
         if not pool["replicas"]:
-            table.add_row(label, *["-"] * 8)
+            table.add_row(label, *["-"] * 9)
     # NOTE: asked for wide, it is never squeezed into the terminal: the lines run long instead
     # (rich clamps a print to the console's width, so the console widens for this one print)
     natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
@@ -256,6 +258,9 @@ def _render_narrow(status: dict[str, Any], console: Console) -> None:
             tiers = "off" if stats is None else tiers_cell(stats)
             if tiers != "off":
                 table.add_row(f"    tiers {tiers}", *[""] * 6)
+            spec = "off" if stats is None else spec_cell(stats)
+            if spec != "off":
+                table.add_row(f"    spec accept {spec}", *[""] * 6)
     console.print(table)
 
 
@@ -290,3 +295,12 @@ def tiers_cell(stats: ReplicaStats) -> str:
     return " ".join(
         f"{t.medium} {t.blocks_used}/{t.blocks_capacity} ({t.hits_total})" for t in lower
     )
+
+
+def spec_cell(stats: ReplicaStats) -> str:
+    """``2.85 (1204)``: speculative decoding's mean acceptance length (tokens per verify row)
+    and how many verify rows ran; ``off`` when none did."""
+    spec = stats.spec_decode
+    if not spec.num_drafts:
+        return "off"
+    return f"{spec.mean_acceptance_length:.2f} ({spec.num_drafts})"

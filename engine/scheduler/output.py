@@ -7,11 +7,11 @@ tensors; the engine turns :class:`RequestUpdate` s into client outputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.hashing import BlockHash
 from core.sampling import SamplingParams
-from core.stats import KVTierStats
+from core.stats import KVTierStats, SpecDecodeStats
 from engine.request import FinishReason, Request, RequestStatus
 
 PENDING_TOKEN_ID = -1
@@ -144,27 +144,6 @@ class ImportAllocation:
 
 
 @dataclass(frozen=True)
-class SpecDecodeStats:
-    """Speculative decoding counters since the engine started (vLLM's ``spec_decode_*``)."""
-
-    num_drafts: int = 0
-    """Verify rows run (``vllm:spec_decode_num_drafts_total``)."""
-    num_draft_tokens: int = 0
-    """Draft tokens verified (``vllm:spec_decode_num_draft_tokens_total``)."""
-    num_accepted_tokens: int = 0
-    """Draft tokens accepted (``vllm:spec_decode_num_accepted_tokens_total``)."""
-    num_accepted_tokens_per_pos: tuple[int, ...] = ()
-    """Accepted drafts by position in the draft, first first
-    (``vllm:spec_decode_num_accepted_tokens_per_pos``)."""
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens a verify row yields on average: 1 + accepted drafts per draft (1.0: none
-        ran or none was accepted)."""
-        return 1.0 + (self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0)
-
-
-@dataclass(frozen=True)
 class SchedulerStats:
     """A snapshot for metrics and ``pdserve status``."""
 
@@ -183,5 +162,5 @@ class SchedulerStats:
     """Prompt tokens of waiting and running requests not computed yet (the prefill backlog)."""
     kv_tiers: tuple[KVTierStats, ...] = ()
     """Every KV tier, device first (occupancy and counters)."""
-    spec_decode: SpecDecodeStats = SpecDecodeStats()
+    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     """Speculative decoding counters (all zero when the engine does not speculate)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.scheduler.output import SpecDecodeStats
+from core.stats import SpecDecodeStats
 
 
 class SpecDecodeCounters:

@@ -80,6 +80,21 @@ _COUNTERS: tuple[_Family, ...] = (
         lambda s: s.transfer.seconds_total,
     ),
     _Family("pdserve:transfers", "KV transfers finished.", lambda s: s.transfer.transfers_total),
+    _Family(
+        "pdserve:spec_decode_num_drafts",
+        "Verify rows run by speculative decoding (vLLM's spec_decode_num_drafts).",
+        lambda s: s.spec_decode.num_drafts,
+    ),
+    _Family(
+        "pdserve:spec_decode_num_draft_tokens",
+        "Draft tokens verified (vLLM's spec_decode_num_draft_tokens).",
+        lambda s: s.spec_decode.num_draft_tokens,
+    ),
+    _Family(
+        "pdserve:spec_decode_num_accepted_tokens",
+        "Draft tokens accepted (vLLM's spec_decode_num_accepted_tokens).",
+        lambda s: s.spec_decode.num_accepted_tokens,
+    ),
 )
 
 
@@ -170,6 +185,13 @@ _LABELLED_COUNTERS: tuple[_LabelledFamily, ...] = (
         "(off, no_region, other_node, unmapped).",
         "reason",
         lambda s: s.transfer.same_node_fallbacks_by_reason,
+    ),
+    _LabelledFamily(
+        "pdserve:spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted by their position in the draft, 0 first (vLLM's "
+        "spec_decode_num_accepted_tokens_per_pos).",
+        "position",
+        lambda s: {str(i): n for i, n in enumerate(s.spec_decode.num_accepted_tokens_per_pos)},
     ),
 )
 

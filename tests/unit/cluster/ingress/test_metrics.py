@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.ingress.telemetry.worker_stats import WorkerStatsCollector
-from core.stats import KVTierStats, ReplicaStats, TransferStats
+from core.stats import KVTierStats, ReplicaStats, SpecDecodeStats, TransferStats
 from tests.unit.cluster.ingress.fakes import MODEL, FakeDecode, Harness, run
 
 LONG = "hello world, this is a long prompt"
@@ -223,3 +223,21 @@ def test_tier_metrics_per_role_and_tier() -> None:
     assert worker(scraped, "pdserve:kv_tier_blocks_capacity", "decode", tier="device") == 100
     assert worker(scraped, "pdserve:kv_tier_onload_bytes_total", "decode", tier="host") == 8192
     assert worker(scraped, "pdserve:kv_tier_ttl_expiries_total", "decode", tier="host") == 2.0
+
+
+def test_speculative_decoding_counters_sum_over_the_decode_replicas() -> None:
+    collector = WorkerStatsCollector(MODEL)
+    registry = CollectorRegistry()
+    registry.register(collector)
+
+    def decode(drafts: int, accepted_per_pos: tuple[int, ...]) -> ReplicaStats:
+        spec = SpecDecodeStats(drafts, 4 * drafts, sum(accepted_per_pos), accepted_per_pos)
+        return ReplicaStats(spec_decode=spec)
+
+    collector.update({"decode": {"a": decode(10, (8, 5, 2)), "b": decode(6, (4, 1))}})
+    scraped = samples(generate_latest(registry).decode())
+    assert worker(scraped, "pdserve:spec_decode_num_drafts_total", "decode") == 16
+    assert worker(scraped, "pdserve:spec_decode_num_draft_tokens_total", "decode") == 64
+    assert worker(scraped, "pdserve:spec_decode_num_accepted_tokens_total", "decode") == 20
+    per_pos = "pdserve:spec_decode_num_accepted_tokens_per_pos_total"
+    assert [worker(scraped, per_pos, "decode", position=str(i)) for i in range(3)] == [12, 6, 2]

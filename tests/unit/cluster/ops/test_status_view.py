@@ -6,9 +6,9 @@ import time
 
 from rich.console import Console
 
-from cluster.ops.status_view import render_status, tiers_cell
+from cluster.ops.status_view import render_status, spec_cell, tiers_cell
 from core.codec import to_plain
-from core.stats import KVTierStats, ReplicaStats
+from core.stats import KVTierStats, ReplicaStats, SpecDecodeStats
 
 
 def _status(stats: ReplicaStats | None) -> dict[str, object]:
@@ -53,6 +53,20 @@ def test_tiers_cell_lists_the_lower_tiers() -> None:
     )
     assert tiers_cell(stats) == "host 120/4096 (37) disk 900/65536 (12)"
     assert tiers_cell(ReplicaStats()) == "off"
+
+
+def test_a_speculating_replica_shows_its_mean_acceptance_length() -> None:
+    stats = ReplicaStats(spec_decode=SpecDecodeStats(40, 160, 75, (30, 25, 20)))
+    assert spec_cell(stats) == "2.88 (40)"
+    assert spec_cell(ReplicaStats()) == "off"
+    narrow = Console(record=True, width=80)
+    render_status(_status(stats), narrow)
+    lines = narrow.export_text().splitlines()
+    assert any(line.split() == ["spec", "accept", "2.88", "(40)"] for line in lines), lines
+    wide = Console(record=True, width=200)
+    render_status(_status(stats), wide, wide=True)
+    text = wide.export_text()
+    assert "spec accept (drafts)" in text and "2.88 (40)" in text
 
 
 def test_status_table_shows_tiers_per_replica() -> None:
