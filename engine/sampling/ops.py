@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from core.sampling import SamplingParams
 from engine.device_io import upload
 
 
@@ -56,6 +57,21 @@ def sample_from_logits(
         probs = _apply_top_p(probs, top_ps)
     positions = _inverse_cdf(probs, uniforms)  # [B]
     return sorted_ids.gather(1, positions.unsqueeze(1)).squeeze(1)
+
+
+def filter_params(
+    params: Sequence[SamplingParams], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The rows' temperatures [R], and their top-k [R] / top-p [R] (None when no row filters
+    that way), on ``device``: the filters :func:`filtered_probs` takes."""
+    temperatures = upload([p.temperature for p in params], torch.float32, device)
+    top_ks = None
+    if any(p.top_k > 0 for p in params):
+        top_ks = upload([p.top_k for p in params], torch.long, device)
+    top_ps = None
+    if any(p.top_p < 1.0 for p in params):
+        top_ps = upload([p.top_p for p in params], torch.float32, device)
+    return temperatures, top_ks, top_ps
 
 
 def filtered_probs(

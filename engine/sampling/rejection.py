@@ -125,13 +125,7 @@ class RejectionSampler:
         row_ids = [starts[i] + j for i in random for j in range(len(requests[i].rows))]
         params = [row.params for i in random for row in requests[i].rows]
         device = masked.device
-        temperatures = upload([p.temperature for p in params], torch.float32, device)
-        top_ks = None
-        if any(p.top_k > 0 for p in params):
-            top_ks = upload([p.top_k for p in params], torch.long, device)
-        top_ps = None
-        if any(p.top_p < 1.0 for p in params):
-            top_ps = upload([p.top_p for p in params], torch.float32, device)
+        temperatures, top_ks, top_ps = ops.filter_params(params, device)
         index = upload(row_ids, torch.long, device)
         flat = ops.filtered_probs(masked.index_select(0, index), temperatures, top_ks, top_ps)
         probs: dict[int, torch.Tensor] = {}

@@ -229,13 +229,7 @@ class Sampler:
         """Token ids [R] for the non-greedy rows ``indices``."""
         device = logits.device
         params = [rows[i].params for i in indices]
-        temperatures = upload([p.temperature for p in params], torch.float32, device)
-        top_ks = None
-        if any(p.top_k > 0 for p in params):
-            top_ks = upload([p.top_k for p in params], torch.long, device)
-        top_ps = None
-        if any(p.top_p < 1.0 for p in params):
-            top_ps = upload([p.top_p for p in params], torch.float32, device)
+        temperatures, top_ks, top_ps = ops.filter_params(params, device)
         uniforms = self._uniforms([rows[i].generator for i in indices])
         if device.type == "cuda":
             uniforms = uniforms.pin_memory().to(device, non_blocking=True)
