@@ -319,6 +319,7 @@ class LLMEngine:
             raise
 
     def _run(self, plan: SchedulerOutput) -> list[RequestOutput]:
+        started_s = time.perf_counter()
         outputs: list[RequestOutput] = []
         previous = self._in_flight
         if previous is not None and needs_host_before(plan):
@@ -330,6 +331,8 @@ class LLMEngine:
             self._in_flight = step
         else:
             outputs += self._settle(step)
+            if self.speculation is not None:  # its drafts pay by this measurement
+                self.speculation.step_done(plan, time.perf_counter() - started_s)
         return outputs
 
     def _launch(self, plan: SchedulerOutput, previous: InFlightStep | None) -> InFlightStep:

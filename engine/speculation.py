@@ -8,11 +8,19 @@ and the rejection sampler (:mod:`engine.sampling.rejection`) keeps a prefix of t
 token of the model's own. Requests with structured output or prompt logprobs never speculate
 (the grammar must see each token before the next is scored; prompt logprobs are read back with
 the whole prompt), nor does any request while more than ``disable_by_batch_size`` run.
+
+Never slower (``pause_unprofitable_drafts``): the engine reports how long each step took
+(:meth:`Speculation.step_done`); decode-only steps feed a fit of what rows and drafts cost
+(:class:`~engine.spec_decode.StepCosts`), and a request drafts only while its measured
+acceptance beats its verify row's measured cost at the current batch size
+(:class:`~engine.spec_decode.DraftPayoff`). A seeded request is exempt: its output must not
+depend on timings.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -24,7 +32,7 @@ from engine.sampling import DraftedRequest, RejectionSampler, Sampler, SamplingR
 from engine.sampling.rejection import VerifiedTokens
 from engine.scheduler import Scheduler
 from engine.scheduler.output import ScheduledRequest, SchedulerOutput
-from engine.spec_decode import DraftLengths, build_proposer
+from engine.spec_decode import DraftLengths, DraftPayoff, StepCosts, build_proposer
 
 
 class Speculation:
@@ -37,6 +45,10 @@ class Speculation:
             config.num_speculative_tokens, adaptive=config.adaptive_draft_length
         )
         self.rejection = RejectionSampler(sampler)
+        self.payoff = DraftPayoff(StepCosts()) if config.pause_unprofitable_drafts else None
+        self._propose_s = 0.0
+        """Seconds the latest :meth:`propose` took (the next step's cost, not this one's)."""
+        self._carried_propose_s = 0.0
 
     def verify(
         self,
@@ -66,7 +78,22 @@ class Speculation:
         for request_id, outcome in verified.items():
             num_drafted = len(by_id[request_id].draft_token_ids)
             self.draft_lengths.record(request_id, num_drafted, outcome.num_accepted)
+            if self.payoff is not None:
+                self.payoff.record(request_id, num_drafted, outcome.num_accepted)
         return verified
+
+    def step_done(self, plan: SchedulerOutput, seconds: float) -> None:
+        """``plan``'s step took ``seconds`` of wall clock, from its launch to the end of the
+        proposals made after it. A decode-only step feeds the cost fit, charged with the
+        proposals that made its drafts (made in the step before) instead of its own."""
+        own_propose_s, self._propose_s = self._propose_s, 0.0
+        cost_s = seconds - own_propose_s + self._carried_propose_s
+        self._carried_propose_s = own_propose_s
+        if self.payoff is None or not _decode_only(plan):
+            return
+        drafted = [len(item.draft_token_ids) for item in plan.scheduled]
+        num_verify_rows = sum(1 for n in drafted if n)
+        self.payoff.costs.record(len(drafted), num_verify_rows, sum(drafted), cost_s)
 
     def propose(
         self,
@@ -76,8 +103,21 @@ class Speculation:
     ) -> None:
         """Draft for every request of ``outputs`` that goes on and may speculate
         (``params_of``: a live request's sampling parameters, None once it is forgotten)."""
+        started = time.perf_counter()
+        try:
+            self._propose(outputs, params_of, scheduler)
+        finally:
+            self._propose_s = time.perf_counter() - started
+
+    def _propose(
+        self,
+        outputs: Sequence[RequestOutput],
+        params_of: Callable[[str], SamplingParams | None],
+        scheduler: Scheduler,
+    ) -> None:
+        num_rows = scheduler.num_running
         limit = self.config.disable_by_batch_size
-        if limit is not None and scheduler.num_running > limit:
+        if limit is not None and num_rows > limit:
             return
         for output in outputs:
             params = params_of(output.request_id)
@@ -86,11 +126,16 @@ class Speculation:
             request = scheduler.get_request(output.request_id)
             if request is None or request.prefill_only:
                 continue
+            num_tokens = self.draft_lengths.next(output.request_id)
+            # NOTE: a seeded request's draws depend on which of its steps verify drafts; a
+            # rule read from timings would make its output differ run to run
+            payoff = self.payoff if params.seed is None else None
+            if payoff is not None and not payoff.should_draft(
+                output.request_id, num_rows, num_tokens
+            ):
+                continue
             drafts = self.proposer.propose(
-                output.request_id,
-                request.all_token_ids,
-                request.num_prompt_tokens,
-                self.draft_lengths.next(output.request_id),
+                output.request_id, request.all_token_ids, request.num_prompt_tokens, num_tokens
             )
             if drafts:
                 scheduler.set_draft_tokens(output.request_id, drafts)
@@ -99,11 +144,21 @@ class Speculation:
         """The request ended: drop its proposer state and draft length (idempotent)."""
         self.proposer.finish(request_id)
         self.draft_lengths.forget(request_id)
+        if self.payoff is not None:
+            self.payoff.forget(request_id)
 
 
 def may_speculate(params: SamplingParams) -> bool:
     """False for structured output and prompt logprobs (see the module docstring)."""
     return params.structured_output is None and params.prompt_logprobs is None
+
+
+def _decode_only(plan: SchedulerOutput) -> bool:
+    """True when every request of ``plan`` decodes one token (plus its drafts, if any)."""
+    return bool(plan.scheduled) and all(
+        item.samples_token and item.num_new_tokens == 1 + len(item.draft_token_ids)
+        for item in plan.scheduled
+    )
 
 
 def _drafted(

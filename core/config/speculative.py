@@ -67,6 +67,13 @@ class SpeculativeConfig(StrictModel):
         "more than it accepted after a rejection, one more than before after a full "
         "acceptance (at most num_speculative_tokens). False: always num_speculative_tokens.",
     )
+    pause_unprofitable_drafts: bool = Field(
+        True,
+        description="A request drafts only while its measured acceptance pays for what its "
+        "verify row measurably costs at the current batch size (a least-squares fit of the "
+        "engine's own decode step timings); otherwise it decodes plainly for a pause that "
+        "doubles at each failed retry. False: every request always drafts.",
+    )
     disable_by_batch_size: int | None = Field(
         None,
         ge=1,
