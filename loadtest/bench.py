@@ -20,6 +20,7 @@ from loadtest.fault_schedule import FaultSchedule
 from loadtest.http_client import OpenAIStreamClient, first_model
 from loadtest.server_timing import breakdown_summary
 from loadtest.session_driver import OnDone, run_sessions
+from loadtest.spec_decode_report import spec_decode_summary
 from loadtest.summary import DEFAULT_PERCENTILE_METRICS, summarize
 from loadtest.text import TextSynthesizer
 from loadtest.token_counter_choice import counting_report
@@ -103,6 +104,7 @@ async def run_benchmark(
         model = target.model or await first_model(http, target.base_url, api_key)
         client = OpenAIStreamClient(http, target, model, api_key)
         schedule = FaultSchedule(http, target.base_url, config.events, config.control, api_key)
+        counters_before = await schedule.counters()
         started_s = now_s()
         firing = asyncio.create_task(schedule.run(started_s))
         try:
@@ -117,6 +119,7 @@ async def run_benchmark(
         finally:
             firing.cancel()  # events planned after the last request never fire
             await asyncio.gather(firing, return_exceptions=True)
+        counters_after = await schedule.counters()
         if config.events:
             await schedule.finish()
     metrics = summarize(
@@ -128,6 +131,7 @@ async def run_benchmark(
     )
     counting = counting_report(result.records, counter)
     summary = {**run_settings(config, model), **counting, **metrics}
+    summary |= spec_decode_summary(counters_before, counters_after)
     timings = [r.server_timing for r in result.records if r.server_timing is not None]
     if timings:
         summary["ttft_breakdown"] = breakdown_summary(timings)

@@ -91,6 +91,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
     for metric in METRIC_NAMES:
         for key in sorted(k for k in summary if k.endswith(f"_{metric}_ms")):
             table.add_row(key, _fmt(summary[key]))
+    for key in ("spec_decode_acceptance_length", "spec_decode_acceptance_rate"):
+        if key in summary:  # the server speculated during the run
+            table.add_row(key, _fmt(summary[key]))
     return table
 
 

@@ -53,6 +53,8 @@ class FakeBehaviour:
     """Sent in ``usage`` as pdserve does."""
     uuid_request_ids: bool = False
     """Refuse an ``x-request-id`` that is not a UUID (an empty 400), as llama-cpp-python does."""
+    metrics_text: Callable[[], str] | None = None
+    """``GET /metrics`` answers this Prometheus text (None: 404, as a server without it)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,9 @@ class FakeOpenAIServer:
                 model["max_model_len"] = self.behaviour.max_model_len
             await self._send_json(writer, 200, {"object": "list", "data": [model]})
             return
+        if method == "GET" and path == "/metrics":
+            await self._metrics(writer)
+            return
         body = json.loads(body_bytes or b"{}")
         if path == "/tokenize":
             await self._tokenize(writer, body)
@@ -179,6 +184,18 @@ class FakeOpenAIServer:
             count += 5  # a chat template's role markers
         data = {"count": count, "max_model_len": self.behaviour.max_model_len, "tokens": []}
         await self._send_json(writer, 200, data)
+
+    async def _metrics(self, writer: asyncio.StreamWriter) -> None:
+        if self.behaviour.metrics_text is None:
+            await self._send_json(writer, 404, {"detail": "Not Found"})
+            return
+        payload = self.behaviour.metrics_text().encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+            + f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+            + payload
+        )
+        await writer.drain()
 
     async def _send_json(self, writer: asyncio.StreamWriter, status: int, data: Any) -> None:
         payload = json.dumps(data).encode()
