@@ -27,9 +27,10 @@ MAX_TOKENS = 40
 def engines() -> Iterator[tuple[LLM, LLM]]:
     """The tiny model without and with n-gram drafts."""
     kw = {"max_model_len": 512, "kv_cache_memory_bytes": 8 << 20}
-    with LLM("builtin:tiny-llama", **kw) as base, LLM(
-        "builtin:tiny-llama", speculative_config=NGRAM, **kw
-    ) as spec:
+    with (
+        LLM("builtin:tiny-llama", **kw) as base,
+        LLM("builtin:tiny-llama", speculative_config=NGRAM, **kw) as spec,
+    ):
         yield base, spec
 
 
