@@ -8,7 +8,9 @@ without one reads the text as it is, and then generates past EOS so every run is
 Every method in ``--methods`` runs against the same engine without speculation, all greedy, on
 the same model (a random-weight model's answers rarely reuse their prompts, so its acceptance
 says little about a trained model's: run ``--model builtin:smollm2-135m-instruct``). A method
-this build does not have is reported as unavailable rather than failing the run.
+this build does not have is reported as unavailable rather than failing the run. The engines
+take turns prompt by prompt at batch 1 and batch by batch at batch 32 (``--rounds`` batches
+each), so a shared machine whose load changes during the run slows every engine alike.
 
 Measured per method: ``spec_tpot_b1_ratio_<workload>_<method>`` (mean time per output token after
 the first, one request at a time, speculation on / off), ``spec_throughput_b32_ratio_<method>``
@@ -30,6 +32,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -75,81 +78,110 @@ def _spec_stats(llm: LLM) -> SpecDecodeStats:
     return llm.engine.scheduler.stats().spec_decode
 
 
-def _tpot_b1(llm: LLM, prompts: Sequence[str], params: SamplingParams) -> tuple[float, list[Any]]:
-    """Mean seconds per output token after the first, one request at a time; the token ids."""
+def _tpot_one(llm: LLM, request_id: str, prompt: str, params: SamplingParams) -> _Timed:
+    """One request alone: seconds and output tokens after its first token, and its token ids."""
     engine = llm.engine
-    total_s, total_tokens = 0.0, 0
-    outputs: list[Any] = []
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"b1-{id(llm)}-{i}", _prompt_ids(llm, prompt), params)
-        first_s: float | None = None
-        num_first = 0
-        token_ids: tuple[int, ...] = ()
-        while engine.has_unfinished():
-            for output in engine.step():
-                token_ids = output.outputs[0].token_ids
-                if first_s is None and token_ids:
-                    first_s, num_first = time.perf_counter(), len(token_ids)
-        assert first_s is not None
-        total_s += time.perf_counter() - first_s
-        total_tokens += len(token_ids) - num_first
-        outputs.append(token_ids)
-    return total_s / max(total_tokens, 1), outputs
+    engine.add_request(request_id, _prompt_ids(llm, prompt), params)
+    first_s: float | None = None
+    num_first = 0
+    token_ids: tuple[int, ...] = ()
+    while engine.has_unfinished():
+        for output in engine.step():
+            token_ids = output.outputs[0].token_ids
+            if first_s is None and token_ids:
+                first_s, num_first = time.perf_counter(), len(token_ids)
+    assert first_s is not None
+    return _Timed(time.perf_counter() - first_s, len(token_ids) - num_first, [token_ids])
 
 
-def _throughput(
-    llm: LLM, prompts: Sequence[str], params: SamplingParams
-) -> tuple[float, list[Any]]:
-    """Output tokens/s of all ``prompts`` at once; the token ids."""
+def _throughput(llm: LLM, prompts: Sequence[str], params: SamplingParams) -> _Timed:
+    """All ``prompts`` at once: seconds, output tokens and the token ids."""
     token_lists = [_prompt_ids(llm, prompt) for prompt in prompts]
     start = time.perf_counter()
     outputs = llm.generate(prompt_token_ids=token_lists, sampling_params=params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     token_ids = [o.outputs[0].token_ids for o in outputs]
-    return sum(len(t) for t in token_ids) / elapsed, token_ids
+    return _Timed(elapsed, sum(len(t) for t in token_ids), token_ids)
 
 
-def _acceptance(before: SpecDecodeStats, after: SpecDecodeStats) -> float:
-    drafts = after.num_drafts - before.num_drafts
-    accepted = after.num_accepted_tokens - before.num_accepted_tokens
-    return 1.0 + (accepted / drafts if drafts else 0.0)
+@dataclass
+class _Timed:
+    """Seconds and tokens summed over measurements, with every output's token ids."""
+
+    seconds: float = 0.0
+    num_tokens: int = 0
+    token_ids: list[Any] = field(default_factory=list)
+
+    def add(self, other: _Timed) -> None:
+        self.seconds += other.seconds
+        self.num_tokens += other.num_tokens
+        self.token_ids += other.token_ids
+
+    @property
+    def per_token_s(self) -> float:
+        return self.seconds / max(self.num_tokens, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.seconds
 
 
-def run(model: str, methods: Sequence[str], k: int, max_tokens: int, batch: int) -> dict[str, Any]:
-    """Every measurement, as the JSON object the script prints."""
-    base = _llm(model, None)
+def run(
+    model: str, methods: Sequence[str], k: int, max_tokens: int, batch: int, rounds: int = 2
+) -> dict[str, Any]:
+    """Every measurement, as the JSON object the script prints. Engines with and without
+    speculation take turns prompt by prompt (and batch by batch, ``rounds`` times), so a
+    machine whose load changes during the run slows every engine alike."""
+    engines: dict[str, LLM] = {"off": _llm(model, None)}
+    base = engines["off"]
     chat_model = _prompt_ids(base, "x") != list(base.tokenizer.encode("x"))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=not chat_model)
     result: dict[str, Any] = {"benchmark": "speculative", "model": model, "k": k}
+    for method in methods:
+        try:
+            engines[method] = _llm(model, {"method": method, "num_speculative_tokens": k})
+        except ConfigError as e:
+            result[f"unavailable_{method}"] = e.message
     mixed = [
         WORKLOADS[name][i // 2 % len(WORKLOADS[name])]
         for i in range(batch)
         for name in [WORKLOAD_NAMES[i % 2]]
     ]
-    base_b1 = {w: _tpot_b1(base, prompts, params) for w, prompts in WORKLOADS.items()}
-    base_tput, base_batch = _throughput(base, mixed, params)
+    b1 = {(w, name): _Timed() for w in WORKLOADS for name in engines}
+    accepted: dict[tuple[str, str], tuple[int, int]] = {}
+    for workload, prompts in WORKLOADS.items():
+        for i, prompt in enumerate(prompts):
+            for name, llm in engines.items():
+                before = _spec_stats(llm)
+                b1[workload, name].add(_tpot_one(llm, f"b1-{workload}-{i}", prompt, params))
+                after = _spec_stats(llm)
+                drafts, tokens = accepted.get((workload, name), (0, 0))
+                accepted[workload, name] = (
+                    drafts + after.num_drafts - before.num_drafts,
+                    tokens + after.num_accepted_tokens - before.num_accepted_tokens,
+                )
+    b32 = {name: _Timed() for name in engines}
+    for _ in range(rounds):
+        for name, llm in engines.items():
+            b32[name].add(_throughput(llm, mixed, params))
     identical = True
-    available: list[str] = []
-    for method in methods:
-        try:
-            spec = _llm(model, {"method": method, "num_speculative_tokens": k})
-        except ConfigError as e:
-            result[f"unavailable_{method}"] = e.message
-            continue
-        available.append(method)
-        for workload, prompts in WORKLOADS.items():
-            before = _spec_stats(spec)
-            tpot, token_ids = _tpot_b1(spec, prompts, params)
-            result[f"acceptance_length_{workload}_{method}"] = _acceptance(
-                before, _spec_stats(spec)
+    available = [m for m in methods if m in engines]
+    for method in available:
+        for workload in WORKLOADS:
+            drafts, tokens = accepted[workload, method]
+            result[f"acceptance_length_{workload}_{method}"] = 1.0 + (
+                tokens / drafts if drafts else 0.0
             )
-            result[f"spec_tpot_b1_ratio_{workload}_{method}"] = tpot / base_b1[workload][0]
-            identical &= token_ids == base_b1[workload][1]
-        tput, batch_ids = _throughput(spec, mixed, params)
-        result[f"spec_throughput_b32_ratio_{method}"] = tput / base_tput
-        identical &= batch_ids == base_batch
-        spec.shutdown()
-    base.shutdown()
+            result[f"spec_tpot_b1_ratio_{workload}_{method}"] = (
+                b1[workload, method].per_token_s / b1[workload, "off"].per_token_s
+            )
+            identical &= b1[workload, method].token_ids == b1[workload, "off"].token_ids
+        result[f"spec_throughput_b32_ratio_{method}"] = (
+            b32[method].tokens_per_s / b32["off"].tokens_per_s
+        )
+        identical &= b32[method].token_ids == b32["off"].token_ids
+    for llm in engines.values():
+        llm.shutdown()
     result["greedy_identical"] = identical
     if available:
         headline = available[0]
@@ -181,6 +213,7 @@ def main() -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2, help="batch runs per engine")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -191,6 +224,7 @@ def main() -> None:
         args.num_speculative_tokens,
         args.max_tokens,
         args.batch,
+        args.rounds,
     )
     print(json.dumps(result))
 

@@ -45,7 +45,7 @@ def test_speculating_with_graphs_equals_no_speculation(method: str) -> None:
         replays.append(padded.num_seqs)
         return replay(padded, fill)
 
-    graphs.replay = counting  # type: ignore[method-assign]
+    graphs.replay = counting  # type: ignore[method-assign,assignment]
     steps: list[tuple[bool, bool]] = []
     execute = runner.execute
 
