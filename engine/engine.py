@@ -38,7 +38,7 @@ from engine.scheduler.output import (
     ScheduledRequest,
     SchedulerOutput,
 )
-from engine.setup import EngineParts
+from engine.setup import EngineParts, draft_target
 from engine.speculation import Speculation
 from engine.step_overlap import InFlightStep, needs_host_before
 
@@ -67,7 +67,9 @@ class LLMEngine:
         )
         self.sampler = Sampler(seed=parts.seed)
         self.speculation = (
-            None if parts.speculative is None else Speculation(parts.speculative, self.sampler)
+            None
+            if parts.speculative is None
+            else Speculation(parts.speculative, self.sampler, draft_target(parts))
         )
         self.async_scheduling = parts.scheduler.async_scheduling
         """Overlapped steps: a step's samples are read after the next step is queued."""

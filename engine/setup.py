@@ -26,6 +26,7 @@ from core.kv_layout import KVLayout
 from engine.attention import get_backend
 from engine.builtin import resolve_model
 from engine.cuda_graphs import graph_batch_sizes, moe_syncs_host
+from engine.draft_proposer import DraftTarget
 from engine.kv.quantized_rows import KV_CACHE_DTYPES, SCALE_BYTES
 from engine.kv.storage import TORCH_DTYPES, KVStorage, kv_budget_bytes, num_blocks_for_budget
 from engine.kv.tiers.device_rows import DeviceRows
@@ -58,6 +59,19 @@ class EngineParts:
     cuda_graph_batch_sizes: tuple[int, ...] = ()  # empty: every step runs eagerly (or compiled)
     speculative: SpeculativeConfig | None = None  # None: the engine never drafts
     lora: LoRAManager | None = None  # the adapters (enable_lora), attached to the model
+
+
+def draft_target(parts: EngineParts) -> DraftTarget:
+    """What a draft model must match of ``parts`` (vocabulary) and sizes its KV from."""
+    return DraftTarget(
+        vocab_size=parts.arch.vocab_size,
+        device=parts.storage.device,
+        dtype=next(parts.model.parameters()).dtype,
+        block_size=parts.layout.block_size,
+        num_blocks=parts.storage.num_blocks,
+        max_num_seqs=parts.scheduler.max_num_seqs,
+        hash_seed=parts.layout.hash_seed,
+    )
 
 
 def pick_device(index: int = 0) -> torch.device:

@@ -26,21 +26,35 @@ from collections.abc import Callable, Sequence
 import torch
 
 from core.config import SpeculativeConfig
+from core.errors import ConfigError
 from core.sampling import SamplingParams
+from engine.draft_proposer import DraftModelProposer, DraftTarget
 from engine.outputs import RequestOutput
 from engine.sampling import DraftedRequest, RejectionSampler, Sampler, SamplingRow
 from engine.sampling.rejection import VerifiedTokens
 from engine.scheduler import Scheduler
 from engine.scheduler.output import ScheduledRequest, SchedulerOutput
-from engine.spec_decode import DraftLengths, DraftPayoff, StepCosts, build_proposer
+from engine.spec_decode import (
+    BatchProposer,
+    DraftLengths,
+    DraftPayoff,
+    DraftQuery,
+    EachRequest,
+    StepCosts,
+    build_proposer,
+)
 
 
 class Speculation:
     """One engine's proposer, draft lengths and rejection sampler (the engine thread only)."""
 
-    def __init__(self, config: SpeculativeConfig, sampler: Sampler) -> None:
+    def __init__(
+        self, config: SpeculativeConfig, sampler: Sampler, target: DraftTarget | None = None
+    ) -> None:
+        """``target``: the engine's model and KV, which a draft model must match and sizes its
+        own KV from (``method: draft_model`` only)."""
         self.config = config
-        self.proposer = build_proposer(config)
+        self.proposer = _build_proposer(config, target)
         self.draft_lengths = DraftLengths(
             config.num_speculative_tokens, adaptive=config.adaptive_draft_length
         )
@@ -119,6 +133,7 @@ class Speculation:
         limit = self.config.disable_by_batch_size
         if limit is not None and num_rows > limit:
             return
+        queries: list[DraftQuery] = []
         for output in outputs:
             params = params_of(output.request_id)
             if output.finished or params is None or not may_speculate(params):
@@ -134,11 +149,19 @@ class Speculation:
                 output.request_id, num_rows, num_tokens
             ):
                 continue
-            drafts = self.proposer.propose(
-                output.request_id, request.all_token_ids, request.num_prompt_tokens, num_tokens
+            queries.append(
+                DraftQuery(
+                    output.request_id,
+                    request.all_token_ids,
+                    request.num_prompt_tokens,
+                    num_tokens,
+                )
             )
+        if not queries:
+            return
+        for query, drafts in zip(queries, self.proposer.propose_batch(queries), strict=True):
             if drafts:
-                scheduler.set_draft_tokens(output.request_id, drafts)
+                scheduler.set_draft_tokens(query.request_id, drafts)
 
     def forget(self, request_id: str) -> None:
         """The request ended: drop its proposer state and draft length (idempotent)."""
@@ -146,6 +169,17 @@ class Speculation:
         self.draft_lengths.forget(request_id)
         if self.payoff is not None:
             self.payoff.forget(request_id)
+
+
+def _build_proposer(config: SpeculativeConfig, target: DraftTarget | None) -> BatchProposer:
+    """The draft model's proposer (it needs the engine's model), else the draft-free one."""
+    if config.method != "draft_model":
+        return EachRequest(build_proposer(config))
+    if target is None:
+        raise ConfigError(
+            "method 'draft_model' needs the engine's model to match", param="speculative.method"
+        )
+    return DraftModelProposer(config, target)
 
 
 def may_speculate(params: SamplingParams) -> bool:

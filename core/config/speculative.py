@@ -1,8 +1,8 @@
 """The ``engine.speculative`` section: which draft method guesses tokens, and how many.
 
 Field names follow vLLM's ``speculative_config`` so a block written for vLLM reads the same
-here. Only the draft-free methods run today (``ngram`` prompt lookup and ``suffix`` decoding);
-``draft_model`` is refused as not yet supported.
+here. Three methods: ``ngram`` prompt lookup and ``suffix`` decoding (draft-free) and
+``draft_model`` (a smaller model with the target's vocabulary, checked when the engine loads it).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ class SpeculativeConfig(StrictModel):
         ...,
         description="ngram: prompt lookup (the tokens that followed the latest earlier "
         "occurrence of the sequence's suffix); suffix: suffix decoding over the request and "
-        "recent outputs; draft_model: a smaller model with the same tokenizer (not yet).",
+        "recent outputs; draft_model: a smaller model with the target's vocabulary, drafting "
+        "greedily with its own KV.",
     )
     num_speculative_tokens: int = Field(
         ...,
@@ -90,7 +91,8 @@ class SpeculativeConfig(StrictModel):
                 f"({self.prompt_lookup_max})"
             )
         if self.method == "draft_model":
-            raise ValueError("method 'draft_model' is not supported yet (use ngram or suffix)")
-        if self.model is not None:
+            if self.model is None:
+                raise ValueError("method 'draft_model' needs model (the draft checkpoint)")
+        elif self.model is not None:
             raise ValueError(f"model is only read by method 'draft_model', not {self.method!r}")
         return self

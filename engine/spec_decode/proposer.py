@@ -4,11 +4,14 @@ A proposer is host-side and tensor-free for the draft-free methods (n-gram promp
 suffix decoding); the engine asks it once per step for each request that may speculate and
 tells it when a request ends, so per-request state is freed and finished outputs can feed a
 shared cache. The guesses are only proposals: the target model verifies them in its next step.
+The engine asks through :class:`BatchProposer` (all of a step's requests at once, as a draft
+model needs); :class:`EachRequest` adapts a per-request proposer to it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -31,3 +34,44 @@ class Proposer(Protocol):
     def finish(self, request_id: str) -> None:
         """The request ended (any reason): free its state. Idempotent; unknown ids are fine."""
         ...
+
+
+@dataclass(frozen=True)
+class DraftQuery:
+    """One request to draft for in a batch: what :meth:`Proposer.propose` takes, as data."""
+
+    request_id: str
+    token_ids: Sequence[int]
+    num_prompt_tokens: int
+    max_num_tokens: int
+
+
+class BatchProposer(Protocol):
+    """Drafts for every speculating request of a step at once (a draft model runs them as one
+    batch); what the engine calls."""
+
+    def propose_batch(self, queries: Sequence[DraftQuery]) -> list[list[int]]:
+        """Each query's drafts (see :meth:`Proposer.propose`), in query order."""
+        ...
+
+    def finish(self, request_id: str) -> None:
+        """The request ended (any reason): free its state. Idempotent; unknown ids are fine."""
+        ...
+
+
+class EachRequest:
+    """A per-request :class:`Proposer` as a :class:`BatchProposer` (the draft-free methods)."""
+
+    def __init__(self, proposer: Proposer) -> None:
+        self.proposer = proposer
+
+    def propose_batch(self, queries: Sequence[DraftQuery]) -> list[list[int]]:
+        """Ask the proposer once per query."""
+        return [
+            self.proposer.propose(q.request_id, q.token_ids, q.num_prompt_tokens, q.max_num_tokens)
+            for q in queries
+        ]
+
+    def finish(self, request_id: str) -> None:
+        """Pass it on."""
+        self.proposer.finish(request_id)

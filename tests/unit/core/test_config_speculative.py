@@ -41,8 +41,8 @@ def test_off_by_default_and_vllm_shaped_block_accepted() -> None:
             "prompt_lookup_min (4) must be <= prompt_lookup_max (3)",
         ),
         (
-            {"method": "draft_model", "num_speculative_tokens": 2, "model": "builtin:tiny-llama"},
-            "'draft_model' is not supported yet",
+            {"method": "draft_model", "num_speculative_tokens": 2},
+            "method 'draft_model' needs model",
         ),
         ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "only read by method"),
     ],

@@ -3,19 +3,21 @@ not pay, requests stop drafting after their first verification (output unchanged
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from core.sampling import SamplingParams
 from engine.llm import LLM
 from engine.spec_decode import StepCostFit
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+NGRAM: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
 PROMPTS = ["a b c d e f a b c d e f a b c d e f a b", "one two three one two three one two"]
 # every draft token costs as much as ten whole steps: none can pay
 COSTLY = StepCostFit(base_s=0.01, per_row_s=0.001, per_verify_row_s=0.0, per_draft_s=0.1)
 
 
-def _llm(**kw: object) -> LLM:
+def _llm(**kw: Any) -> LLM:
     return LLM("builtin:tiny-llama", max_model_len=512, kv_cache_memory_bytes=8 << 20, **kw)
 
 

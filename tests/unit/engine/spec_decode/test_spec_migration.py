@@ -6,6 +6,7 @@ continuation equals the run that never moved."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ MAX_TOKENS = 40
 @pytest.fixture(scope="module")
 def engines() -> Iterator[tuple[LLM, LLM]]:
     """The tiny model without and with n-gram drafts."""
-    kw = {"max_model_len": 512, "kv_cache_memory_bytes": 8 << 20}
+    kw: dict[str, Any] = {"max_model_len": 512, "kv_cache_memory_bytes": 8 << 20}
     with (
         LLM("builtin:tiny-llama", **kw) as base,
         LLM("builtin:tiny-llama", speculative_config=NGRAM, **kw) as spec,
