@@ -13,7 +13,14 @@ from core.sampling import SamplingParams, StructuredOutput
 from engine.llm import LLM
 from engine.outputs import RequestOutput
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_min": 1,
+    # every step drafts what its n-grams give, whatever the step timings (test_payoff*.py
+    # covers the rule that pauses drafts which do not pay)
+    "pause_unprofitable_drafts": False,
+}
 PROMPTS = [
     "one two three one two three one two three one two",
     "a b c d e f a b c d e f a b c d e f a b",
