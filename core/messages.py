@@ -202,6 +202,4 @@ class WarmPrefixRequest:
         if not self.block_hashes:
             raise MessageError("WarmPrefixRequest needs at least one block hash")
         if self.source_replica_id == self.target_replica_id:
-            raise MessageError(
-                f"WarmPrefixRequest from replica {self.source_replica_id} to itself"
-            )
+            raise MessageError(f"WarmPrefixRequest from replica {self.source_replica_id} to itself")

@@ -2,8 +2,9 @@
 
 ``routing.policy`` in a cluster YAML is one of :func:`policy_names` (built in:
 :data:`BUILTIN_POLICY_NAMES`); :func:`make_policy` turns the name (plus optional weights,
-hot-spot thresholds and the ``hot_prefix`` policy's ``HotPrefixConfig``) into a :class:`RoutingPolicy`. A new policy is a class with
-``name`` and ``choose``, registered with :func:`register_policy`.
+hot-spot thresholds and the ``hot_prefix`` policy's ``HotPrefixConfig``) into a
+:class:`RoutingPolicy`. A new policy is a class with ``name`` and ``choose``, registered with
+:func:`register_policy`.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.routing.policy_registry import RoutingPolicy, make_policy
 from pydantic import ValidationError
 
+from cluster.routing.policy_registry import RoutingPolicy, make_policy
 from cluster.routing.policy_types import CostWeights, HotSpotConfig, PoolRole
 from core.config import HotPrefixConfig
 from core.errors import ConfigError

@@ -6,9 +6,9 @@ on ``/metrics`` (``pdserve:routing_decisions_total{pool,reason}``,
 ``pdserve:routing_prefix_hit_rate{pool}`` (cached over prompt blocks at the chosen replica),
 ``pdserve:routing_decision_seconds_p50{pool}``, ``pdserve:kv_index_*``, and the ``hot_prefix``
 policy's ``pdserve:hot_prefixes{pool}``, ``pdserve:prefix_copies_made_total{pool}``,
-``pdserve:prefix_copies_dropped_total{pool}``, ``pdserve:prefix_copy_bytes_total{pool}``) and returns it, as plain
-data through ``core.codec``, from its ``routing_snapshot`` Serve method. Thread-safe: Serve may
-run routers on its own loop thread while the ingress reads.
+``pdserve:prefix_copies_dropped_total{pool}``, ``pdserve:prefix_copy_bytes_total{pool}``) and
+returns it, as plain data through ``core.codec``, from its ``routing_snapshot`` Serve method.
+Thread-safe: Serve may run routers on its own loop thread while the ingress reads.
 """
 
 from __future__ import annotations

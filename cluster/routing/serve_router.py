@@ -40,9 +40,9 @@ from typing import Any, ClassVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from cluster.routing.hot_prefixes import HotPrefixes
 from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
 from cluster.routing.kv_index.holders import TierHit
-from cluster.routing.hot_prefixes import HotPrefixes
 from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.load_tracker import LoadTracker
 from cluster.routing.policy_types import (

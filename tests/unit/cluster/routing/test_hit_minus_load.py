@@ -64,8 +64,7 @@ def test_a_hit_wins_until_its_queue_costs_more_than_it_saves() -> None:
 def test_equal_costs_rotate_with_tie_break() -> None:
     loads = (ReplicaLoad("a"), ReplicaLoad("b"), ReplicaLoad("c"))
     chosen = [
-        choose_hit_minus_load(inputs(*loads, tie_break=i), CONFIG)[0].replica_id
-        for i in range(3)
+        choose_hit_minus_load(inputs(*loads, tie_break=i), CONFIG)[0].replica_id for i in range(3)
     ]
     assert chosen == ["a", "b", "c"]
 
@@ -86,9 +85,9 @@ def test_degraded_replicas_hits_count_as_zero() -> None:
         inputs(a, cache_hits={"a": 8}, degraded_replica_ids=frozenset({"a"})), CONFIG
     )
     assert scores[0].num_hit_blocks == 0
-    decision = choose_hit_minus_load(
-        inputs(a, cache_hits={"a": 8}, index_available=False), CONFIG
-    )[0]
+    decision = choose_hit_minus_load(inputs(a, cache_hits={"a": 8}, index_available=False), CONFIG)[
+        0
+    ]
     assert decision.reason is RoutingReason.DEGRADED_INDEX
 
 

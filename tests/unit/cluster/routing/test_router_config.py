@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from cluster.routing.hit_minus_load import HotPrefixPolicy
 from cluster.routing.policy_types import CostWeights, HotSpotConfig, PoolRole
 from cluster.routing.pool_router_config import request_router_config
 from cluster.routing.router_kwargs import RouterSettings
-from cluster.routing.hit_minus_load import HotPrefixPolicy
 from cluster.routing.serve_router import (
     HotPrefixRequestRouter,
     LeastLoadedRequestRouter,
