@@ -7,7 +7,10 @@ keeps
 
 - an exponentially decayed request count and token count (half-life ``heat_half_life_s``),
   read as rates: a decayed count over the decay's time constant is requests (tokens) per
-  second over the last few half-lives;
+  second over the last few half-lives. A head seen for less than a few half-lives would read
+  low (its count has not built up), so the count is divided by the weight its age can hold,
+  ``1 - exp(-age / time constant)`` (bias correction; the age counted as at least a tenth of
+  a half-life, so a head's first request reads about one request per that time, not infinity);
 - the tokens of its requests placed and not finished (queued tokens), given back by
   :meth:`PrefixHeat.finish`.
 
@@ -52,6 +55,7 @@ class _Entry:
     num_tokens: float
     num_queued_tokens: int
     updated_s: float
+    first_s: float
 
 
 class PrefixHeat:
@@ -63,6 +67,7 @@ class PrefixHeat:
         if half_life_s <= 0 or max_prefixes < 1:
             raise ValueError("PrefixHeat needs half_life_s > 0 and max_prefixes >= 1")
         self._decay_per_s = math.log(2.0) / half_life_s  # 1 / the decay's time constant
+        self._min_age_s = half_life_s / 10.0
         self.max_prefixes = max_prefixes
         self.max_in_flight = max_in_flight
         self._entries: dict[BlockHash, _Entry] = {}
@@ -77,7 +82,7 @@ class PrefixHeat:
         if entry is None:
             if len(self._entries) >= self.max_prefixes:
                 self._evict_coldest(now_s)
-            entry = self._entries[head] = _Entry(0.0, 0.0, 0, now_s)
+            entry = self._entries[head] = _Entry(0.0, 0.0, 0, now_s, now_s)
         self._decay(entry, now_s)
         entry.num_requests += 1.0
         entry.num_tokens += num_tokens
@@ -102,10 +107,12 @@ class PrefixHeat:
         if entry is None:
             return HeatReading(head, 0.0, 0.0, 0)
         self._decay(entry, now_s)
+        age_s = max(now_s - entry.first_s, self._min_age_s)
+        per_s = self._decay_per_s / -math.expm1(-self._decay_per_s * age_s)
         return HeatReading(
             head,
-            rate_per_s=entry.num_requests * self._decay_per_s,
-            tokens_per_s=entry.num_tokens * self._decay_per_s,
+            rate_per_s=entry.num_requests * per_s,
+            tokens_per_s=entry.num_tokens * per_s,
             num_queued_tokens=entry.num_queued_tokens,
         )
 

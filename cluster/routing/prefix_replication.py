@@ -6,10 +6,13 @@ prefix's heat (``prefix_heat``) and every candidate's predicted seconds for that
 made when all of these hold:
 
 1. the prefix is hot: its decayed request rate is at least ``min_copy_rate_per_s``;
-2. its holders cannot serve it within the TTFT target: the best holder's predicted time to
-   first token (queue plus uncached prefill) exceeds ``ttft_target_s``;
+2. its holders cannot serve it within the TTFT target: with ``s`` the best holder's uncached
+   prefill for this request (a hit's service time) and ``rho = rate * s / holders`` the load
+   the prefix alone puts on each holder, either ``rho >= 1`` or the predicted first-token time
+   ``s + rho * s / (2 * (1 - rho))`` (the M/D/1 queue) exceeds ``ttft_target_s``, or the best
+   holder's predicted time for this request (queue plus uncached prefill) already does;
 3. a copy helps: the least loaded replica without the prefix (never one without room) would
-   serve it sooner once it holds the blocks (its queue plus the holder's uncached prefill);
+   serve it within the target once it holds the blocks (its queue plus ``s``);
 4. bounds: fewer than ``max_copies_per_prefix`` deliberate copies, no copy of this prefix still
    landing (a copy lands when the index shows its target holding the blocks; one that has not
    landed within ``copy_interval_s`` is given up), and the copy's bytes fit what is left of
@@ -89,13 +92,13 @@ class PrefixReplicator:
         if not holders:
             return None  # nothing to copy from: the first request computes it
         best = min(holders, key=lambda s: s.cost_s)
-        if best.cost_s <= cfg.ttft_target_s:
+        if not self._holders_too_slow(reading, best, len(holders)):
             return None
         others = [s for s in scores if s.num_hit_blocks == 0 and s.no_room_s == 0.0]
         if not others:
             return None
         target = min(others, key=lambda s: s.queue_s)
-        if target.queue_s + best.prefill_s >= best.cost_s:
+        if target.queue_s + best.prefill_s > cfg.ttft_target_s:
             return None
         source = max(holders, key=lambda s: (s.num_hit_blocks, -s.queue_s))
         blocks = tuple(block_hashes[: source.num_hit_blocks])
@@ -113,6 +116,19 @@ class PrefixReplicator:
             target_replica_id=target.replica_id,
             num_bytes=num_bytes,
         )
+
+    def _holders_too_slow(
+        self, reading: HeatReading, best: CandidateSeconds, num_holders: int
+    ) -> bool:
+        """Rule 2 of the module docstring."""
+        target_s = self.config.ttft_target_s
+        if best.cost_s > target_s:
+            return True
+        service_s = best.prefill_s
+        rho = reading.rate_per_s * service_s / num_holders
+        if rho >= 1.0:
+            return True
+        return service_s + rho * service_s / (2.0 * (1.0 - rho)) > target_s
 
     def retire(self, heat: PrefixHeat, now_s: float) -> int:
         """Retire the copies of prefixes that cooled down; returns how many were dropped."""

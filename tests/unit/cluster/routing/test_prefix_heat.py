@@ -12,6 +12,11 @@ HALF_LIFE_S = 10.0
 DECAY_PER_S = math.log(2.0) / HALF_LIFE_S
 
 
+def per_s(age_s: float) -> float:
+    """A decayed count -> a rate, for a head first seen ``age_s`` ago (at least 1 s)."""
+    return DECAY_PER_S / (1.0 - math.exp(-DECAY_PER_S * max(age_s, HALF_LIFE_S / 10)))
+
+
 def test_prefix_head_names_the_first_blocks() -> None:
     assert prefix_head((11, 12, 13), head_blocks=2) == 12
     assert prefix_head((11,), head_blocks=2) == 11  # shorter prompts: all their blocks
@@ -23,11 +28,13 @@ def test_rate_and_tokens_decay_by_half_life() -> None:
     heat.record("a", 7, 100, now_s=0.0)
     heat.record("b", 7, 300, now_s=0.0)
     now = heat.reading(7, 0.0)
-    assert now.rate_per_s == pytest.approx(2 * DECAY_PER_S)
-    assert now.tokens_per_s == pytest.approx(400 * DECAY_PER_S)
+    assert now.rate_per_s == pytest.approx(2 * per_s(0.0))  # about 2 per second
+    assert now.tokens_per_s == pytest.approx(400 * per_s(0.0))
     later = heat.reading(7, HALF_LIFE_S)
-    assert later.rate_per_s == pytest.approx(DECAY_PER_S)  # halved
-    assert later.tokens_per_s == pytest.approx(200 * DECAY_PER_S)
+    assert later.rate_per_s == pytest.approx(2 * DECAY_PER_S)  # halved, over half the weight
+    assert later.tokens_per_s == pytest.approx(400 * DECAY_PER_S)
+    much_later = heat.reading(7, 10 * HALF_LIFE_S)
+    assert much_later.rate_per_s == pytest.approx(2 / 1024 * per_s(10 * HALF_LIFE_S))
     assert heat.reading(8, 0.0).rate_per_s == 0.0  # untracked
 
 
@@ -35,6 +42,8 @@ def test_steady_arrivals_read_as_their_rate() -> None:
     heat = PrefixHeat(half_life_s=HALF_LIFE_S, max_prefixes=4)
     for i in range(2000):  # 20 requests per second for 100 s (ten half-lives)
         heat.record(f"r{i}", 7, 10, now_s=i * 0.05)
+        if i == 40:  # two seconds in: already about right (bias-corrected)
+            assert heat.reading(7, i * 0.05).rate_per_s == pytest.approx(20.0, rel=0.1)
     assert heat.reading(7, 2000 * 0.05).rate_per_s == pytest.approx(20.0, rel=0.05)
 
 

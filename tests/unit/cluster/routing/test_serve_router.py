@@ -269,7 +269,7 @@ def test_hot_prefix_router_copies_a_hot_prefix_off_its_swamped_holder() -> None:
     hot_prefixes = {
         "prefill_tokens_per_s": 100.0,
         "ttft_target_s": 0.5,
-        "min_copy_rate_per_s": 0.05,  # one request reads as ln 2 / 10 s = 0.069 per s
+        "min_copy_rate_per_s": 0.5,  # one request reads as about one per second
         "retire_rate_per_s": 0.0,
     }
     router = make_router(
