@@ -75,7 +75,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--requests", type=int, default=6000)
+    p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--prefixes", type=int, default=8, help="System prompts, the hot one too.")
     p.add_argument("--system-tokens", type=int, default=1024)
     p.add_argument("--user-tokens", type=int, default=64)
@@ -395,7 +395,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
     """Run every policy on the same requests; print the table and the JSON line."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     requests = workload(args)
-    results = {policy: summary(simulate(policy, requests, args), len(requests)) for policy in POLICIES}
+    results = {
+        policy: summary(simulate(policy, requests, args), len(requests)) for policy in POLICIES
+    }
     print(f"{'policy':<14}{'ttft p50 ms':>12}{'ttft p99 ms':>12}{'hit rate':>10}{'copies':>8}")
     for policy, r in results.items():
         print(
@@ -404,7 +406,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         )
     hot = results["hot_prefix"]
     report: dict[str, object] = {
-        "ttft_p99_ratio_vs_prefix": round(hot["ttft_p99_ms"] / results["prefix_aware"]["ttft_p99_ms"], 3),
+        "ttft_p99_ratio_vs_prefix": round(
+            hot["ttft_p99_ms"] / results["prefix_aware"]["ttft_p99_ms"], 3
+        ),
         "ttft_p99_ratio_vs_sglang_style": round(
             hot["ttft_p99_ms"] / results["sglang_style"]["ttft_p99_ms"], 3
         ),

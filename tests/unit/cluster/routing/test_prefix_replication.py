@@ -156,3 +156,15 @@ def test_warm_prefix_request_validates() -> None:
 def test_config_refuses_retiring_above_the_copy_rate() -> None:
     with pytest.raises(ValueError, match="retire_rate_per_s"):
         HotPrefixConfig(min_copy_rate_per_s=1.0, retire_rate_per_s=2.0)
+
+
+def test_demand_beyond_the_holders_copies_before_their_queue_shows_it() -> None:
+    # each holder serves a hit in 0.1 s; 25 requests per second need 2.5 holders' time
+    quiet = [seconds("a", 4, 0.0), seconds("b", 4, 0.0), seconds("c", 0, 0.0)]
+    busy = HeatReading(11, 25.0, 0.0, 0)
+    replicator = PrefixReplicator(CONFIG, pool="decode")
+    warm = replicator.consider(busy, HASHES, quiet, 0.0, BLOCK_BYTES)
+    assert warm is not None and warm.target_replica_id == "c"
+    # 8 per second over two holders: rho 0.4, wait 0.1 + 0.033 s, within the 0.5 s target
+    calm = HeatReading(11, 8.0, 0.0, 0)
+    assert PrefixReplicator(CONFIG, pool="decode").consider(calm, HASHES, quiet, 0.0, 1) is None
