@@ -118,9 +118,8 @@ def test_copies_retire_when_heat_falls_and_with_their_replica() -> None:
 
 
 def test_hot_prefixes_feeds_heat_and_queues_the_copy() -> None:
-    config = CONFIG.model_copy(
-        update={"prefill_tokens_per_s": 1000.0, "heat_half_life_s": 1.0, "min_copy_rate_per_s": 25.0}
-    )
+    update = {"prefill_tokens_per_s": 1000.0, "heat_half_life_s": 1.0, "min_copy_rate_per_s": 25.0}
+    config = CONFIG.model_copy(update=update)
     hot = HotPrefixes(config, pool="decode")
     holder = ReplicaLoad("a", num_active_tokens=3000)  # 3 s queue
     idle = ReplicaLoad("b")
