@@ -39,6 +39,7 @@ policy's figures. Usage: ``python benchmarks/hot_prefix.py [--requests N]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import itertools
 import json
@@ -316,10 +317,10 @@ def simulate(policy: str, requests: Sequence[Request], args: argparse.Namespace)
     replicas = {r: Replica(r, args.cache_blocks) for r in ids}
     router = Router(policy, ids, args)
     outcome = Outcome()
-    events: list[tuple[float, int, Callable[[float], None]]] = []
+    events: list[tuple[float, int, Callable[[float], object]]] = []
     order = itertools.count()
 
-    def at(time_s: float, action: Callable[[float], None]) -> None:
+    def at(time_s: float, action: Callable[[float], object]) -> None:
         heapq.heappush(events, (time_s, next(order), action))
 
     def publish(replica_id: str, batch: KVEventBatch, t: float) -> None:
@@ -367,7 +368,7 @@ def simulate(policy: str, requests: Sequence[Request], args: argparse.Namespace)
         start_next(replica, t)
 
     for request in requests:
-        at(request.arrival_s, lambda t, r=request: arrive(r, t))  # type: ignore[misc]
+        at(request.arrival_s, functools.partial(arrive, request))
     while events:
         time_s, _, action = heapq.heappop(events)
         action(time_s)
