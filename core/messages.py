@@ -179,3 +179,27 @@ class TokenChunk:
     stage_times: StageTimes | None = None
     """On a stream's first chunk with tokens: a local prefill's queue and prefill time, or an
     import's transfer and first-decode time."""
+
+
+@dataclass(frozen=True)
+class WarmPrefixRequest:
+    """A router asks ``target_replica_id`` to hold a hot prefix's KV ahead of its requests:
+    pull ``block_hashes`` (a prompt's leading blocks, chained) from ``source_replica_id``'s
+    prefix cache over the KV transfer, or onload them from its own host or disk tier, never
+    recompute them. The blocks then live in its prefix cache under its normal LRU."""
+
+    pool: str
+    """The pool key (``core.config.pool_key``) both replicas serve."""
+    prefix_head: BlockHash
+    """The hash naming the prefix (``cluster.routing.prefix_heat.prefix_head``)."""
+    block_hashes: tuple[BlockHash, ...]
+    source_replica_id: str
+    target_replica_id: str
+    num_bytes: int = 0
+    """KV bytes the router expects to move (blocks times the source's block bytes)."""
+
+    def __post_init__(self) -> None:
+        if not self.block_hashes:
+            raise MessageError("WarmPrefixRequest needs at least one block hash")
+        if self.source_replica_id == self.target_replica_id:
+            raise MessageError(f"WarmPrefixRequest from replica {self.source_replica_id} to itself")

@@ -80,6 +80,13 @@ class RoutingStats:
     replica; ``None`` until it has both loaded from host and computed a prompt)."""
     disk_block_cost: float | None = None
     """The same for the disk tier."""
+    pending_prompt_tokens: int = 0
+    """Prompt tokens queued or being prefilled here, not computed yet."""
+    prefill_tokens_per_s: float | None = None
+    """Prompt tokens computed per second of prefill step time, measured here; ``None`` until
+    this replica has computed a prompt."""
+    kv_block_bytes: int = 0
+    """Bytes of one KV block (all layers, K and V); 0 until reported."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,8 @@ class ReplicaStats:
     """Prompt tokens queued or being prefilled, not computed yet (the planner's prefill load)."""
     spec_decode: SpecDecodeStats = SpecDecodeStats()
     """Speculative decoding's counters (all zero when the engine does not speculate)."""
+    kv_block_bytes: int = 0
+    """Bytes of one KV block on this replica (all layers, K and V)."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""
@@ -144,6 +153,13 @@ class ReplicaStats:
             self.kv_blocks_free,
             host_block_cost=self.tier_block_cost("host"),
             disk_block_cost=self.tier_block_cost("disk"),
+            pending_prompt_tokens=self.pending_prompt_tokens,
+            prefill_tokens_per_s=(
+                self.prefill_tokens_total / self.prefill_seconds_total
+                if self.prefill_tokens_total and self.prefill_seconds_total > 0.0
+                else None
+            ),
+            kv_block_bytes=self.kv_block_bytes,
         )
 
     def tier_block_cost(self, medium: str) -> float | None:

@@ -341,6 +341,7 @@ class AsyncEngine:
             prefill_tokens_total=self._prefill_totals[0],
             prefill_seconds_total=self._prefill_totals[1],
             spec_decode=s.spec_decode,
+            kv_block_bytes=self.engine.parts.layout.block_bytes,
         )
 
     @property

@@ -116,6 +116,15 @@ CONTROL_PLANE_COUNTERS = {
 """What ``pdserve status`` shows of the control plane's recoveries: key -> the ingress's
 counter."""
 
+HOT_PREFIX_COUNTERS = {
+    "hot_prefixes": "pdserve:hot_prefixes",
+    "prefix_copies_made": "pdserve:prefix_copies_made_total",
+    "prefix_copies_dropped": "pdserve:prefix_copies_dropped_total",
+    "prefix_copy_bytes": "pdserve:prefix_copy_bytes_total",
+}
+"""The ``hot prefixes`` line of ``pdserve status``: key -> the ingress's metric (summed over
+pools)."""
+
 
 def control_plane(endpoint: str) -> dict[str, float] | None:
     """The ingress's recovery counters and its own start (``ingress_started_unix_s``); None
@@ -124,7 +133,11 @@ def control_plane(endpoint: str) -> dict[str, float] | None:
         text = httpx.get(f"{endpoint}/metrics", timeout=5).text
     except httpx.HTTPError:
         return None
-    names = {**CONTROL_PLANE_COUNTERS, "ingress_started_unix_s": "process_start_time_seconds"}
+    names = {
+        **CONTROL_PLANE_COUNTERS,
+        **HOT_PREFIX_COUNTERS,
+        "ingress_started_unix_s": "process_start_time_seconds",
+    }
     found = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -274,6 +287,21 @@ def render_control_plane(counters: dict[str, float] | None, console: Console) ->
         f"{key.replace('_', ' ')} {int(counters[key])}" for key in CONTROL_PLANE_COUNTERS
     )
     console.print(f"control plane: ingress up {up_s:.0f} s; {seen}", highlight=False)
+    render_hot_prefixes(counters, console)
+
+
+def render_hot_prefixes(counters: dict[str, float], console: Console) -> None:
+    """One line: prefixes deliberately copied now, copies made and dropped, bytes moved
+    (nothing while no copy was ever made: the ``hot_prefix`` policy is off or idle)."""
+    if not counters.get("prefix_copies_made"):
+        return
+    console.print(
+        f"hot prefixes: {int(counters['hot_prefixes'])} copied now; copies made "
+        f"{int(counters['prefix_copies_made'])}, dropped "
+        f"{int(counters['prefix_copies_dropped'])}; "
+        f"{counters['prefix_copy_bytes'] / 2**20:.1f} MiB moved",
+        highlight=False,
+    )
 
 
 def render_planner(log: PlannerLog, console: Console, last: int = 5) -> None:

@@ -47,6 +47,8 @@ class ReplicaLoad:
     num_free_blocks: int | None = None  # KV blocks allocatable (reported); None = unknown
     host_block_cost: float | None = None  # host-tier load / recompute, measured; None = unknown
     disk_block_cost: float | None = None  # the same for the disk tier
+    num_pending_prompt_tokens: int = 0  # prompt tokens queued inside the replica (reported)
+    prefill_tokens_per_s: float | None = None  # measured prefill throughput; None = unknown
 
     @property
     def kv_usage(self) -> float:

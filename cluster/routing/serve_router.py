@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from cluster.routing.hot_prefixes import HotPrefixes
 from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import KVIndex
@@ -80,6 +81,13 @@ class PdserveRequestRouter(RequestRouter):
         self._num_decisions = 0
         self._rng = random.Random()
         self._stats_cache: dict[str, tuple[object, RoutingStats]] = {}
+        self._block_bytes = 0  # a KV block's bytes, as the replicas report it
+        pool = pool_key(self.settings.pool.value, self.settings.model)
+        self.hot_prefixes: HotPrefixes | None = (
+            HotPrefixes(self.settings.hot_prefixes, pool)
+            if self.settings.policy == "hot_prefix"
+            else None
+        )
         self.index_source: IndexSource = (
             ActorIndexSource(
                 self.app_name,
@@ -114,7 +122,8 @@ class PdserveRequestRouter(RequestRouter):
             scored, unscored = self._shortlist(candidate_replicas, tier_hits, pin)
             inputs = self._inputs(scored, features, index, tier_hits, pin, now_s)
             decision = self.policy.choose(inputs)
-            self._record(decision, features, pending_request, time.perf_counter() - started_s)
+            latency_s = time.perf_counter() - started_s
+            self._record(decision, features, inputs, pending_request, latency_s)
         except Exception:  # a routing bug must not strand the request: Serve's order then
             logger.exception("routing failed; falling back to Serve's replica order")
             return [[replica] for replica in candidate_replicas]
@@ -131,6 +140,8 @@ class PdserveRequestRouter(RequestRouter):
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """The request finished on ``replica_id``: its load is gone."""
         self.load.finish(internal_request_id)
+        if self.hot_prefixes is not None:
+            self.hot_prefixes.finished(internal_request_id)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Serve's new replica set; replicas that left it (died, drained, scaled down) are
@@ -152,6 +163,8 @@ class PdserveRequestRouter(RequestRouter):
         self.load.forget_replica(replica_id)
         self.sessions.forget_replica(replica_id)
         self.index_source.report_replica_gone(replica_id)
+        if self.hot_prefixes is not None:
+            self.hot_prefixes.forget_replica(replica_id)
 
     # -- one decision ---------------------------------------------------------------------
 
@@ -218,6 +231,7 @@ class PdserveRequestRouter(RequestRouter):
     def _replica_load(self, replica: RunningReplica) -> ReplicaLoad:
         replica_id = replica.replica_id.unique_id
         stats = self._routing_stats(replica)
+        self._block_bytes = stats.kv_block_bytes or self._block_bytes
         num_running = self.load.num_requests(replica_id)
         if self._use_replica_queue_len_cache:
             num_ongoing = self.replica_queue_len_cache.get(replica.replica_id) or 0
@@ -231,12 +245,15 @@ class PdserveRequestRouter(RequestRouter):
             num_free_blocks=stats.kv_blocks_free,
             host_block_cost=stats.host_block_cost,
             disk_block_cost=stats.disk_block_cost,
+            num_pending_prompt_tokens=stats.pending_prompt_tokens,
+            prefill_tokens_per_s=stats.prefill_tokens_per_s,
         )
 
     def _record(
         self,
         decision: RoutingDecision,
         features: RoutingKeys,
+        inputs: RoutingInputs,
         pending_request: PendingRequest | None,
         latency_s: float,
     ) -> None:
@@ -245,13 +262,44 @@ class PdserveRequestRouter(RequestRouter):
         self.sessions.record(features.session_id, decision.replica_id, now_s)
         if pending_request is None:
             return
-        # prefill works on the uncached part; decode holds the whole prompt's KV
+        # prefill works on the uncached part; decode holds the whole prompt's KV, except under
+        # hot_prefix, whose queue is prefill work in both pools (``hit_minus_load``)
         num_work_tokens = features.num_prompt_tokens
-        if self.settings.pool is PoolRole.PREFILL:
+        if self.settings.pool is PoolRole.PREFILL or self.hot_prefixes is not None:
             num_work_tokens -= decision.num_cached_blocks * self.settings.block_size
+        num_work_tokens = max(num_work_tokens, 0)
         request_id = pending_request.metadata.internal_request_id
-        if self.load.begin(request_id, decision.replica_id, max(num_work_tokens, 0), now_s):
+        if self.load.begin(request_id, decision.replica_id, num_work_tokens, now_s):
             self.metrics.record_decision(self.settings.pool.value, decision, latency_s)
+        if self.hot_prefixes is not None:
+            self._record_heat(request_id, inputs, num_work_tokens, now_s)
+
+    def _record_heat(
+        self, request_id: str, inputs: RoutingInputs, num_work_tokens: int, now_s: float
+    ) -> None:
+        """Feed the prefix's heat; a copy it leads to waits in ``hot_prefixes`` for delivery."""
+        assert self.hot_prefixes is not None
+        before = self.hot_prefixes.counters()
+        warm = self.hot_prefixes.placed(
+            request_id, inputs, num_work_tokens, now_s, self._block_bytes
+        )
+        after = self.hot_prefixes.counters()
+        if warm is not None:
+            logger.info(
+                "request %s: prefix %s is hot; copying %d blocks from %s to %s",
+                request_id,
+                warm.prefix_head,
+                len(warm.block_hashes),
+                warm.source_replica_id,
+                warm.target_replica_id,
+            )
+        self.metrics.record_prefix_copies(
+            self.settings.pool.value,
+            num_made=after.copies_made_total - before.copies_made_total,
+            num_dropped=after.copies_dropped_total - before.copies_dropped_total,
+            num_bytes=after.copy_bytes_total - before.copy_bytes_total,
+            num_hot=after.num_hot_prefixes,
+        )
 
     def _routing_stats(self, replica: RunningReplica) -> RoutingStats:
         """The replica's last ``record_routing_stats``; empty before the first one. Parsed
@@ -282,6 +330,12 @@ class LeastLoadedRequestRouter(PdserveRequestRouter):
     """``least_loaded``: the lowest load, cache ignored."""
 
     default_policy = "least_loaded"
+
+
+class HotPrefixRequestRouter(PdserveRequestRouter):
+    """``hot_prefix``: hit minus load in seconds, with heat and deliberate prefix copies."""
+
+    default_policy = "hot_prefix"
 
 
 class RoundRobinRequestRouter(PdserveRequestRouter):

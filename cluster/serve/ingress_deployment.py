@@ -79,7 +79,27 @@ class RoutingCollector(Collector):
             "Of those, blocks cached at the chosen replica.",
             labels=["pool"],
         )
+        hot = GaugeMetricFamily(
+            "pdserve:hot_prefixes", "Prefixes with a deliberate KV copy now.", labels=["pool"]
+        )
+        copies = {
+            "made": CounterMetricFamily(
+                "pdserve:prefix_copies_made", "Deliberate hot-prefix copies made.", labels=["pool"]
+            ),
+            "dropped": CounterMetricFamily(
+                "pdserve:prefix_copies_dropped",
+                "Deliberate hot-prefix copies retired, given up or lost.",
+                labels=["pool"],
+            ),
+            "bytes": CounterMetricFamily(
+                "pdserve:prefix_copy_bytes", "KV bytes of deliberate copies.", labels=["pool"]
+            ),
+        }
         for pool, metrics in snapshot.pools.items():
+            hot.add_metric([pool], metrics.hot_prefixes)
+            copies["made"].add_metric([pool], metrics.prefix_copies_made_total)
+            copies["dropped"].add_metric([pool], metrics.prefix_copies_dropped_total)
+            copies["bytes"].add_metric([pool], metrics.prefix_copy_bytes_total)
             for reason, count in metrics.decisions_total.items():
                 decisions.add_metric([pool, reason], count)
             hit_rate.add_metric([pool], metrics.prefix_hit_rate)
@@ -97,7 +117,7 @@ class RoutingCollector(Collector):
             value=snapshot.index_restarts_total,
         )
         yield from (decisions, hit_rate, latency_p50, prompt_blocks, cached_blocks)
-        yield from (shard_losses, restarts)
+        yield from (shard_losses, restarts, hot, *copies.values())
         if snapshot.index is not None:
             for key, value in dataclasses.asdict(snapshot.index).items():
                 yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)

@@ -131,3 +131,32 @@ def test_status_shows_the_control_planes_recoveries() -> None:
     console = Console(record=True, width=200)
     render_status(status, console)
     assert "control plane: ingress /metrics unreachable" in console.export_text()
+
+
+def test_status_shows_hot_prefix_copies_once_one_was_made() -> None:
+    status = _status(None)
+    counters = {
+        "kv_index_restarts": 0.0,
+        "stats_board_restarts": 0.0,
+        "serve_controller_restarts": 0.0,
+        "request_migrations": 0.0,
+        "ingress_started_unix_s": time.time(),
+        "hot_prefixes": 0.0,
+        "prefix_copies_made": 0.0,
+        "prefix_copies_dropped": 0.0,
+        "prefix_copy_bytes": 0.0,
+    }
+    status["control_plane"] = counters
+    console = Console(record=True, width=200)
+    render_status(status, console)
+    assert "hot prefixes" not in console.export_text()  # policy off or idle: no line
+    counters.update(
+        hot_prefixes=2.0,
+        prefix_copies_made=5.0,
+        prefix_copies_dropped=3.0,
+        prefix_copy_bytes=3 * 2**20,
+    )
+    console = Console(record=True, width=200)
+    render_status(status, console)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("hot prefixes"))
+    assert line == "hot prefixes: 2 copied now; copies made 5, dropped 3; 3.0 MiB moved"

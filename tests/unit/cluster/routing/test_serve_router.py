@@ -20,6 +20,7 @@ from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.kv_index.replication import KVIndexServer
 from cluster.routing.routing_metrics import RoutingMetrics
 from cluster.routing.serve_router import (
+    HotPrefixRequestRouter,
     PdserveRequestRouter,
     PrefixAwareRequestRouter,
     RoundRobinRequestRouter,
@@ -262,3 +263,31 @@ def test_actor_index_source_follows_the_server_and_goes_stale() -> None:
     now[0] = 6.0
     assert source.view() is None  # too stale to trust
     assert source.best_match("prefill", [1]) == 0
+
+
+def test_hot_prefix_router_copies_a_hot_prefix_off_its_swamped_holder() -> None:
+    hot_prefixes = {
+        "prefill_tokens_per_s": 100.0,
+        "ttft_target_s": 0.5,
+        "min_copy_rate_per_s": 0.5,  # one request reads as about one per second
+        "retire_rate_per_s": 0.0,
+    }
+    router = make_router(
+        HotPrefixRequestRouter, index_with("prefill", b=[1, 2, 3]), hot_prefixes=hot_prefixes
+    )
+    swamped = replica("b", pending_prompt_tokens=400, kv_block_bytes=2048)  # a 4 s queue
+    replicas = [replica("a"), swamped]
+    request = pending([1, 2, 3, 4])
+    assert choose(router, replicas, request)[0] == "a"  # the queue costs more than the hit
+    assert router.hot_prefixes is not None
+    (warm,) = router.hot_prefixes.take_warm_requests()
+    assert (warm.source_replica_id, warm.target_replica_id) == ("b", "a")
+    assert (warm.block_hashes, warm.num_bytes) == ((1, 2, 3), 3 * 2048)
+    pool = router.metrics.snapshot().pools["prefill"]
+    assert (pool.prefix_copies_made_total, pool.prefix_copy_bytes_total) == (1, 3 * 2048)
+    assert pool.hot_prefixes == 1
+    assert router.hot_prefixes.heat.reading(1, 0.0).num_queued_tokens > 0
+    router.on_request_completed(replicas[0].replica_id, request.metadata.internal_request_id)
+    assert router.hot_prefixes.heat.reading(1, 0.0).num_queued_tokens == 0
+    router.on_replica_actor_died(replicas[0].replica_id)  # the copy went with its replica
+    assert router.hot_prefixes.counters().copies_dropped_total == 1
