@@ -135,6 +135,10 @@ class ReplicaStats:
     """Prompt tokens queued or being prefilled, not computed yet (the planner's prefill load)."""
     spec_decode: SpecDecodeStats = SpecDecodeStats()
     """Speculative decoding's counters (all zero when the engine does not speculate)."""
+    # KV compatibility (rolling upgrades)
+    kv_fingerprint: str = ""
+    """``core.kv_compat.KVCompat.fingerprint()`` of this replica's KV: only replicas of one
+    fingerprint exchange KV or share prefix-cache hits (empty: undeclared)."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""

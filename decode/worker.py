@@ -28,6 +28,7 @@ from contextlib import aclosing
 
 from core.config import KVFailurePolicy
 from core.errors import InvalidRequestError, PdserveError, TransferError
+from core.kv_compat import KVCompat
 from core.kv_handle import TransferFailure
 from core.messages import DecodeRequest, StageTimes, TokenChunk
 from core.sampling import SamplingParams
@@ -53,11 +54,14 @@ class DecodeWorker:
         *,
         kv_failure_policy: KVFailurePolicy = "recompute",
         metrics: InMemoryTransferMetrics | None = None,
+        kv_compat: KVCompat | None = None,
         reserve_timeout_s: float = 30.0,
     ) -> None:
         """Attaches a connector over ``transport`` to ``engine``; ``metrics`` default to the
         transport's ``metrics`` attribute when it has one; ``reserve_timeout_s`` bounds how long
-        an import waits for free KV blocks."""
+        an import waits for free KV blocks; ``kv_compat``: the compatibility the transport was
+        given, published in the stats (None: undeclared)."""
+        self.kv_compat = kv_compat
         self.kv_failure_policy = kv_failure_policy
         self._engine = engine
         self._transport = transport
@@ -185,8 +189,14 @@ class DecodeWorker:
             return num_prompt_tokens
         # NOTE: without its first token a recompute would sample (and stream) a token the client
         # already has: the request fails here and the ingress continues it elsewhere (migration)
-        recompute = self.kv_failure_policy == "recompute" and knows_first
         reason = ended.failure or TransferFailure.INTERNAL
+        # NOTE: across fingerprints the first token is another version's: recomputing after it
+        # would mix versions in one output; the ingress continues the request elsewhere
+        recompute = (
+            self.kv_failure_policy == "recompute"
+            and knows_first
+            and reason is not TransferFailure.KV_INCOMPATIBLE
+        )
         logger.warning(
             "request %s: kv transfer %s failed (%s: %s); %s",
             request_id,
@@ -215,7 +225,11 @@ class DecodeWorker:
         """KV blocks, queues and import-side transfer metrics."""
         with self._lock:
             num_imports = len(self._imports)
-        stats = dataclasses.replace(self._engine.kv_stats(), imports_in_progress=num_imports)
+        stats = dataclasses.replace(
+            self._engine.kv_stats(),
+            imports_in_progress=num_imports,
+            kv_fingerprint="" if self.kv_compat is None else self.kv_compat.fingerprint(),
+        )
         return with_transfer_stats(stats, self._metrics, TransferSide.IMPORT)
 
     async def drain(self, timeout_s: float) -> int:
