@@ -187,13 +187,14 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
         "waiting",
         "xfers",
         "spec accept (drafts)",
+        "KV fp",
     )
     for pool in status["pools"]:
         label = _pool_label(pool)
         for i, replica in enumerate(pool["replicas"]):
             stats = _stats_of(replica)
             columns = (
-                ["-"] * 6
+                ["-"] * 7
                 if stats is None
                 else [
                     f"{stats.kv_blocks_used}/{stats.kv_blocks_total}",
@@ -202,6 +203,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                     str(stats.num_waiting),
                     str(stats.transfer.in_flight),
                     spec_cell(stats),
+                    fingerprint_cell(stats),
                 ]
             )
             table.add_row(
@@ -212,7 +214,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                 *columns,
             )
         if not pool["replicas"]:
-            table.add_row(label, *["-"] * 9)
+            table.add_row(label, *["-"] * 10)
     # NOTE: asked for wide, it is never squeezed into the terminal: the lines run long instead
     # (rich clamps a print to the console's width, so the console widens for this one print)
     natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
@@ -261,6 +263,9 @@ def _render_narrow(status: dict[str, Any], console: Console) -> None:
             spec = "off" if stats is None else spec_cell(stats)
             if spec != "off":
                 table.add_row(f"    spec accept {spec}", *[""] * 6)
+            fingerprint = "-" if stats is None else fingerprint_cell(stats)
+            if fingerprint != "-":
+                table.add_row(f"    KV fp {fingerprint}", *[""] * 6)
     console.print(table)
 
 
@@ -304,3 +309,12 @@ def spec_cell(stats: ReplicaStats) -> str:
     if not spec.num_drafts:
         return "off"
     return f"{spec.mean_acceptance_length:.2f} ({spec.num_drafts})"
+
+
+FINGERPRINT_DIGITS = 8
+
+
+def fingerprint_cell(stats: ReplicaStats) -> str:
+    """``3f9a0c12``: the replica's KV compatibility fingerprint, short (replicas of one
+    fingerprint pair up; two in a pool mean a rolling upgrade is under way); ``-`` undeclared."""
+    return stats.kv_fingerprint[:FINGERPRINT_DIGITS] or "-"

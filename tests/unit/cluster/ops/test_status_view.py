@@ -6,7 +6,7 @@ import time
 
 from rich.console import Console
 
-from cluster.ops.status_view import render_status, spec_cell, tiers_cell
+from cluster.ops.status_view import fingerprint_cell, render_status, spec_cell, tiers_cell
 from core.codec import to_plain
 from core.stats import KVTierStats, ReplicaStats, SpecDecodeStats
 
@@ -131,3 +131,18 @@ def test_status_shows_the_control_planes_recoveries() -> None:
     console = Console(record=True, width=200)
     render_status(status, console)
     assert "control plane: ingress /metrics unreachable" in console.export_text()
+
+
+def test_each_replica_shows_its_short_kv_fingerprint() -> None:
+    stats = ReplicaStats(kv_fingerprint="3f9a0c12d4e5f607")
+    assert fingerprint_cell(stats) == "3f9a0c12"
+    assert fingerprint_cell(ReplicaStats()) == "-"
+    narrow = Console(record=True, width=80)
+    render_status(_status(stats), narrow)
+    lines = narrow.export_text().splitlines()
+    assert any(line.split() == ["KV", "fp", "3f9a0c12"] for line in lines), lines
+    assert all(len(line) <= 80 for line in lines), lines
+    wide = Console(record=True, width=200)
+    render_status(_status(stats), wide, wide=True)
+    text = wide.export_text()
+    assert "KV fp" in text and "3f9a0c12" in text and "3f9a0c12d" not in text
