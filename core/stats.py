@@ -80,6 +80,8 @@ class RoutingStats:
     replica; ``None`` until it has both loaded from host and computed a prompt)."""
     disk_block_cost: float | None = None
     """The same for the disk tier."""
+    kv_fingerprint: str = ""
+    """The replica's KV fingerprint (``ReplicaStats.kv_fingerprint``): routers pair by it."""
 
 
 @dataclass(frozen=True)

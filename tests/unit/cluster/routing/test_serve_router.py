@@ -262,3 +262,25 @@ def test_actor_index_source_follows_the_server_and_goes_stale() -> None:
     now[0] = 6.0
     assert source.view() is None  # too stale to trust
     assert source.best_match("prefill", [1]) == 0
+
+
+def test_a_request_is_placed_and_its_prefix_counted_only_on_its_fingerprint() -> None:
+    """While two versions serve, the old version's cache holder is no hit for the new."""
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill", old=[1, 2, 3]))
+    replicas = [
+        replica("old", kv_fingerprint="f-old"),
+        replica("new1", kv_fingerprint="f-new"),
+        replica("new2", kv_fingerprint="f-new"),
+    ]
+
+    def paired(fingerprint: str) -> PendingRequest:
+        request = pending([1, 2, 3, 4])
+        plain = request.args[0]
+        plain["routing"]["kv_fingerprint"] = fingerprint
+        return request
+
+    assert sorted(choose(router, replicas, paired("f-new"))) == ["new1", "new2"]
+    assert choose(router, replicas, paired("f-old")) == ["old"]
+    assert choose(router, replicas, paired(""))[0] == "old"  # no fingerprint: any, the hit wins
+    gone = choose(router, replicas, paired("f-gone"))  # a stale view: every replica
+    assert sorted(gone) == ["new1", "new2", "old"]
