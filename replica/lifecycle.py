@@ -173,11 +173,17 @@ class RoleReplica(Generic[WorkerT]):
         return self._stop()
 
     async def _stop(self) -> None:
-        timeout_s = self.drain_timeout_s()
-        if timeout_s > 0:
-            await self.worker.drain(timeout_s)
-        if self._stop_reporting is not None:
-            self._stop_reporting()
-        if self._publisher is not None:
-            self._publisher.close()
-        await self.worker.shutdown()
+        # NOTE: the worker's shutdown frees the engine and unlinks its shared KV segment
+        # (/dev/shm is RAM): it runs however the drain or the reports end
+        try:
+            timeout_s = self.drain_timeout_s()
+            if timeout_s > 0:
+                await self.worker.drain(timeout_s)
+        finally:
+            try:
+                if self._stop_reporting is not None:
+                    self._stop_reporting()
+                if self._publisher is not None:
+                    self._publisher.close()
+            finally:
+                await self.worker.shutdown()
