@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from cluster.ingress import create_app
+from cluster.ingress.dispatch.migration import migrated_request
 from cluster.ingress.dispatch.pairing import Pairing, choose_pairing
 from cluster.ingress.dispatch.pool_requests import decode_request, pipelined_decode_request
 from cluster.ingress.dispatch.prepared_prompt import PreparedPrompt
 from cluster.ingress.model_table import ModelEndpoint
 from core.kv_compat import KVCompat
-from core.messages import PrefillResult, RoutingKeys
+from core.messages import DecodeRequest, PrefillResult, RoutingKeys
 from core.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 from tests.unit.cluster.ingress.fakes import (
@@ -104,3 +105,12 @@ def test_a_decode_follows_the_fingerprint_its_handle_declares() -> None:
     pipelined = pipelined_decode_request("r", prompt, declared)
     assert pipelined.kv_handle == declared
     assert pipelined.routing.kv_fingerprint == compat.fingerprint()
+
+
+def test_a_migrated_request_keeps_its_fingerprint_and_recomputes_the_tokens_so_far() -> None:
+    keys = RoutingKeys((11,), 3, "session", None, kv_fingerprint="old")
+    original = DecodeRequest("r", [1, 2, 3], SamplingParams(max_tokens=5), keys, 9, HANDLE)
+    moved = migrated_request(original, [9, 8], 1, block_size=4, hash_seed=0)
+    assert moved.routing.kv_fingerprint == "old"  # the same version while one serves
+    assert moved.prompt_token_ids == [1, 2, 3, 9, 8] and moved.kv_handle is None
+    assert moved.sampling.max_tokens == 3
