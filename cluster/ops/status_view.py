@@ -156,6 +156,7 @@ def render_status(status: dict[str, Any], console: Console, wide: bool | None = 
         _render_wide(status, console)
     else:
         _render_narrow(status, console)
+    render_versions(status, console)
     render_control_plane(status.get("control_plane"), console)
     if status.get("planner"):
         render_planner(from_plain(PlannerLog, status["planner"]), console)
@@ -318,3 +319,32 @@ def fingerprint_cell(stats: ReplicaStats) -> str:
     """``3f9a0c12``: the replica's KV compatibility fingerprint, short (replicas of one
     fingerprint pair up; two in a pool mean a rolling upgrade is under way); ``-`` undeclared."""
     return stats.kv_fingerprint[:FINGERPRINT_DIGITS] or "-"
+
+
+def versions_line(status: dict[str, Any]) -> str | None:
+    """``upgrade in progress: Prefill 1 3f9a0c12 + 1 77b1e0d4; Decode 2 3f9a0c12``: each pool's
+    replicas by short KV fingerprint, when the fleet runs more than one (None: one or none)."""
+    pools: list[tuple[str, dict[str, int]]] = []
+    for pool in status["pools"]:
+        counts: dict[str, int] = {}
+        for replica in pool["replicas"]:
+            stats = _stats_of(replica)
+            cell = "-" if stats is None else fingerprint_cell(stats)
+            if cell != "-":
+                counts[cell] = counts.get(cell, 0) + 1
+        pools.append((str(pool["pool"]), counts))
+    if len({fp for _, counts in pools for fp in counts}) < 2:
+        return None
+    parts = [
+        f"{name} " + " + ".join(f"{n} {fp}" for fp, n in sorted(counts.items()))
+        for name, counts in pools
+        if counts
+    ]
+    return "upgrade in progress: " + "; ".join(parts)
+
+
+def render_versions(status: dict[str, Any], console: Console) -> None:
+    """:func:`versions_line`, when there is one."""
+    line = versions_line(status)
+    if line is not None:
+        console.print(line, highlight=False)

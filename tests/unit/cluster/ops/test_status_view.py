@@ -6,7 +6,13 @@ import time
 
 from rich.console import Console
 
-from cluster.ops.status_view import fingerprint_cell, render_status, spec_cell, tiers_cell
+from cluster.ops.status_view import (
+    fingerprint_cell,
+    render_status,
+    spec_cell,
+    tiers_cell,
+    versions_line,
+)
 from core.codec import to_plain
 from core.stats import KVTierStats, ReplicaStats, SpecDecodeStats
 
@@ -146,3 +152,17 @@ def test_each_replica_shows_its_short_kv_fingerprint() -> None:
     render_status(_status(stats), wide, wide=True)
     text = wide.export_text()
     assert "KV fp" in text and "3f9a0c12" in text and "3f9a0c12d" not in text
+
+
+def test_a_fleet_of_two_fingerprints_shows_the_upgrade_in_progress() -> None:
+    status = _status(ReplicaStats(kv_fingerprint="aaaaaaaa00000000"))
+    decode = status["pools"][0]  # type: ignore[index]
+    second = {**decode["replicas"][0], "replica_id": "r2"}
+    second["stats"] = to_plain(ReplicaStats(kv_fingerprint="bbbbbbbb00000000"))
+    decode["replicas"].append(second)
+    assert versions_line(status) == "upgrade in progress: Decode 1 aaaaaaaa + 1 bbbbbbbb"
+    console = Console(record=True, width=80)
+    render_status(status, console)
+    assert "upgrade in progress: Decode 1 aaaaaaaa + 1 bbbbbbbb" in console.export_text()
+    assert versions_line(_status(ReplicaStats(kv_fingerprint="aaaaaaaa00000000"))) is None
+    assert versions_line(_status(None)) is None
