@@ -132,6 +132,9 @@ def test_each_pool_scales_up_and_down_while_requests_flow(
             )
     assert not outcome.failures, outcome.failures
     assert outcome.num_ok >= 12
+    board = app.board()  # one checkpoint: one KV fingerprint on every replica of both pools
+    fingerprints = {r["stats"]["kv_fingerprint"] for role in board.values() for r in role}
+    assert len(fingerprints) == 1 and "" not in fingerprints, fingerprints
 
 
 def _shm_segments_of(pids: set[int]) -> list[str]:
