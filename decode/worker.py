@@ -11,10 +11,11 @@ pipelined handle comes before the prefill finished and without the first token: 
 each block as the prefill completes it and the export tells the first token at the end. A
 failed pull recomputes the prompt locally (``kv_failure_policy="recompute"``, identical output)
 — never one refused across KV fingerprints (another model revision: the first token is another
-version's), which always fails — or ends the stream with a chunk carrying its :class:`~core.errors.ErrorReport` and the
-transfer's reason (``"fail"``, or any failed pipelined pull: the ingress then continues the
-request elsewhere). Closing the iterator (client gone) aborts the request; the engine cancels
-the pull and frees the blocks once it stopped writing them, and the export on the other side.
+version's), which always fails — or ends the stream with a chunk carrying its
+:class:`~core.errors.ErrorReport` and the transfer's reason (``"fail"``, or any failed
+pipelined pull: the ingress then continues the request elsewhere). Closing the iterator (client
+gone) aborts the request; the engine cancels the pull and frees the blocks once it stopped
+writing them, and the export on the other side.
 """
 
 from __future__ import annotations
