@@ -33,6 +33,10 @@ class RoutingKeys:
     cache_salt: str | None = None
     """The request's cache salt (its ``cache_salt`` and/or its API key's tenant salt): it
     entered ``block_hashes`` and the engines hash the prompt with it too."""
+    kv_fingerprint: str = ""
+    """The KV fingerprint (``core.kv_compat``) the request runs under: routers send it only to
+    replicas of this fingerprint while any is there, so its prefill and decode pair up (a
+    rolling upgrade serves two); empty: any replica."""
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ class RoutingStats:
     this replica has computed a prompt."""
     kv_block_bytes: int = 0
     """Bytes of one KV block (all layers, K and V); 0 until reported."""
+    kv_fingerprint: str = ""
+    """The replica's KV fingerprint (``ReplicaStats.kv_fingerprint``): routers pair by it."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,10 @@ class ReplicaStats:
     """Speculative decoding's counters (all zero when the engine does not speculate)."""
     kv_block_bytes: int = 0
     """Bytes of one KV block on this replica (all layers, K and V)."""
+    # KV compatibility (rolling upgrades)
+    kv_fingerprint: str = ""
+    """``core.kv_compat.KVCompat.fingerprint()`` of this replica's KV: only replicas of one
+    fingerprint exchange KV or share prefix-cache hits (empty: undeclared)."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncGenerator
 
 from core.errors import TransferError, UnavailableError
+from core.kv_compat import KVCompat
 from core.kv_handle import TransferFailure
 from core.messages import PrefillRequest, PrefillResult, PrefillStarted
 from core.stats import ReplicaStats
@@ -51,9 +52,12 @@ class PrefillWorker:
         transport: KVTransport,
         *,
         metrics: InMemoryTransferMetrics | None = None,
+        kv_compat: KVCompat | None = None,
     ) -> None:
         """Attaches a connector over ``transport`` to ``engine``; ``metrics`` default to the
-        transport's own ``metrics`` attribute when it has one."""
+        transport's own ``metrics`` attribute when it has one; ``kv_compat``: the compatibility
+        the transport was given, published in the stats (None: undeclared)."""
+        self.kv_compat = kv_compat
         self._engine = engine
         self._transport = transport
         self._metrics = transport_metrics(transport, metrics)
@@ -200,7 +204,9 @@ class PrefillWorker:
     def stats(self) -> ReplicaStats:
         """KV blocks, queues, live exports and export-side transfer metrics."""
         stats = dataclasses.replace(
-            self._engine.kv_stats(), exports_pinned=self._connector.num_exports
+            self._engine.kv_stats(),
+            exports_pinned=self._connector.num_exports,
+            kv_fingerprint="" if self.kv_compat is None else self.kv_compat.fingerprint(),
         )
         return with_transfer_stats(stats, self._metrics, TransferSide.EXPORT)
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from core.codec import from_plain, to_plain
 from core.config import Role
 from core.errors import ConfigError, ErrorReport, PdserveError, UnavailableError
+from core.kv_compat import KVCompat
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
@@ -33,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 class RoleWorker(Protocol):
     """What :class:`RoleReplica` needs of a prefill or decode worker."""
+
+    kv_compat: KVCompat | None
+    """The compatibility of the worker's KV (``replica.kv_compat``); None: undeclared."""
 
     @property
     def engine(self) -> AsyncEngine:
@@ -144,7 +148,12 @@ class RoleReplica(Generic[WorkerT]):
         """Serve's routing-stats hook: ``core.stats.RoutingStats`` as plain data (Serve's hook
         must return a dict; the routers decode it with the same codec)."""
         # NOTE: every field it needs is the engine's; no transfer-metrics snapshot per report.
-        plain: dict[str, Any] = to_plain(self.worker.engine.kv_stats().routing())
+        compat = self.worker.kv_compat
+        stats = dataclasses.replace(
+            self.worker.engine.kv_stats().routing(),
+            kv_fingerprint="" if compat is None else compat.fingerprint(),
+        )
+        plain: dict[str, Any] = to_plain(stats)
         return plain
 
     def record_autoscaling_stats(self) -> dict[str, float]:
@@ -164,11 +173,17 @@ class RoleReplica(Generic[WorkerT]):
         return self._stop()
 
     async def _stop(self) -> None:
-        timeout_s = self.drain_timeout_s()
-        if timeout_s > 0:
-            await self.worker.drain(timeout_s)
-        if self._stop_reporting is not None:
-            self._stop_reporting()
-        if self._publisher is not None:
-            self._publisher.close()
-        await self.worker.shutdown()
+        # NOTE: the worker's shutdown frees the engine and unlinks its shared KV segment
+        # (/dev/shm is RAM): it runs however the drain or the reports end
+        try:
+            timeout_s = self.drain_timeout_s()
+            if timeout_s > 0:
+                await self.worker.drain(timeout_s)
+        finally:
+            try:
+                if self._stop_reporting is not None:
+                    self._stop_reporting()
+                if self._publisher is not None:
+                    self._publisher.close()
+            finally:
+                await self.worker.shutdown()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from cluster.ingress.dispatch.disagg import CachedBlocksFn, DisaggPolicy
 from cluster.ingress.dispatch.flow import GenerationFlow
+from cluster.ingress.dispatch.pairing import FleetVersions
 from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient
 from cluster.ingress.prompt_tokenizer import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
@@ -35,6 +36,8 @@ class ModelEndpoint:
     settings: IngressSettings
     cached_blocks_fn: CachedBlocksFn | None = None
     """How many of a prompt's blocks this model's decode pool caches (None: not known)."""
+    versions: FleetVersions | None = None
+    """The pools' live replicas by KV fingerprint, to pair prefill and decode by (None: any)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,13 @@ def build_route(endpoint: ModelEndpoint, metrics: IngressMetrics) -> ServedRoute
             return IncrementalDetokenizer(tokenizer, prompt_token_ids=prompt_ids)
 
     flow = GenerationFlow(
-        endpoint.prefill, endpoint.decode, policy, settings, labelled, detokenizer
+        endpoint.prefill,
+        endpoint.decode,
+        policy,
+        settings,
+        labelled,
+        detokenizer,
+        endpoint.versions,
     )
     return ServedRoute(settings, tokenizer, flow, labelled)
 

@@ -169,6 +169,7 @@ def render_status(status: dict[str, Any], console: Console, wide: bool | None = 
         _render_wide(status, console)
     else:
         _render_narrow(status, console)
+    render_versions(status, console)
     render_control_plane(status.get("control_plane"), console)
     if status.get("planner"):
         render_planner(from_plain(PlannerLog, status["planner"]), console)
@@ -200,13 +201,14 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
         "waiting",
         "xfers",
         "spec accept (drafts)",
+        "KV fp",
     )
     for pool in status["pools"]:
         label = _pool_label(pool)
         for i, replica in enumerate(pool["replicas"]):
             stats = _stats_of(replica)
             columns = (
-                ["-"] * 6
+                ["-"] * 7
                 if stats is None
                 else [
                     f"{stats.kv_blocks_used}/{stats.kv_blocks_total}",
@@ -215,6 +217,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                     str(stats.num_waiting),
                     str(stats.transfer.in_flight),
                     spec_cell(stats),
+                    fingerprint_cell(stats),
                 ]
             )
             table.add_row(
@@ -225,7 +228,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                 *columns,
             )
         if not pool["replicas"]:
-            table.add_row(label, *["-"] * 9)
+            table.add_row(label, *["-"] * 10)
     # NOTE: asked for wide, it is never squeezed into the terminal: the lines run long instead
     # (rich clamps a print to the console's width, so the console widens for this one print)
     natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
@@ -274,6 +277,9 @@ def _render_narrow(status: dict[str, Any], console: Console) -> None:
             spec = "off" if stats is None else spec_cell(stats)
             if spec != "off":
                 table.add_row(f"    spec accept {spec}", *[""] * 6)
+            fingerprint = "-" if stats is None else fingerprint_cell(stats)
+            if fingerprint != "-":
+                table.add_row(f"    KV fp {fingerprint}", *[""] * 6)
     console.print(table)
 
 
@@ -332,3 +338,41 @@ def spec_cell(stats: ReplicaStats) -> str:
     if not spec.num_drafts:
         return "off"
     return f"{spec.mean_acceptance_length:.2f} ({spec.num_drafts})"
+
+
+FINGERPRINT_DIGITS = 8
+
+
+def fingerprint_cell(stats: ReplicaStats) -> str:
+    """``3f9a0c12``: the replica's KV compatibility fingerprint, short (replicas of one
+    fingerprint pair up; two in a pool mean a rolling upgrade is under way); ``-`` undeclared."""
+    return stats.kv_fingerprint[:FINGERPRINT_DIGITS] or "-"
+
+
+def versions_line(status: dict[str, Any]) -> str | None:
+    """``upgrade in progress: Prefill 1 3f9a0c12 + 1 77b1e0d4; Decode 2 3f9a0c12``: each pool's
+    replicas by short KV fingerprint, when the fleet runs more than one (None: one or none)."""
+    pools: list[tuple[str, dict[str, int]]] = []
+    for pool in status["pools"]:
+        counts: dict[str, int] = {}
+        for replica in pool["replicas"]:
+            stats = _stats_of(replica)
+            cell = "-" if stats is None else fingerprint_cell(stats)
+            if cell != "-":
+                counts[cell] = counts.get(cell, 0) + 1
+        pools.append((str(pool["pool"]), counts))
+    if len({fp for _, counts in pools for fp in counts}) < 2:
+        return None
+    parts = [
+        f"{name} " + " + ".join(f"{n} {fp}" for fp, n in sorted(counts.items()))
+        for name, counts in pools
+        if counts
+    ]
+    return "upgrade in progress: " + "; ".join(parts)
+
+
+def render_versions(status: dict[str, Any], console: Console) -> None:
+    """:func:`versions_line`, when there is one."""
+    line = versions_line(status)
+    if line is not None:
+        console.print(line, highlight=False)

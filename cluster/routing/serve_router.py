@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from cluster.routing.hot_prefixes import HotPrefixes
+from cluster.routing.kv_index.fingerprints import of_fingerprint
 from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import KVIndex
@@ -114,6 +115,11 @@ class PdserveRequestRouter(RequestRouter):
         try:
             self.index_source.ensure_started()
             features = self._features(pending_request)
+            candidate_replicas = of_fingerprint(
+                candidate_replicas,
+                features.kv_fingerprint,
+                lambda replica: self._routing_stats(replica).kv_fingerprint,
+            )
             now_s = time.monotonic()
             index = self.index_source.view()
             pool = pool_key(self.settings.pool.value, self.settings.model)

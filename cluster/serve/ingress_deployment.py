@@ -34,7 +34,13 @@ from cluster.ingress.model_table import ModelEndpoint
 from cluster.routing.kv_index.actor import INDEX_NAMESPACE
 from cluster.routing.kv_index.follower import ActorIndexSource
 from cluster.routing.routing_metrics import RoutingMetrics, routing_metrics
-from cluster.serve.clients import NoPrefillPool, PoolWatch, ServeDecodeClient, ServePrefillClient
+from cluster.serve.clients import (
+    NoPrefillPool,
+    PoolVersions,
+    PoolWatch,
+    ServeDecodeClient,
+    ServePrefillClient,
+)
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.controller_watch import ControllerWatch
 from cluster.serve.fault_admin import ServeFaultAdmin
@@ -211,6 +217,7 @@ class IngressDeployment:
             ServeDecodeClient(decode, self._watch, decode_pool),
             build_ingress_settings(config, served, model_dir),
             cached_blocks,
+            PoolVersions(self._watch, served.pool_key("prefill"), decode_pool),
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:

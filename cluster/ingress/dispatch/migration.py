@@ -15,6 +15,10 @@ migration the ingress renders the text itself (:class:`ResumedText`): an increme
 detokenizer over the prompt and every token sent and received, emitting whatever lies beyond the
 text already sent, so the client's text equals a fault-free run's.
 
+During a rolling upgrade the continuation keeps the request's KV fingerprint: it goes to a
+replica of the version it ran on while one serves, else to the new version, which recomputes
+prompt and tokens so far under its own weights (identical output when the weights are).
+
 Limits: a seeded sampled request continues with a fresh generator on the new replica (the same
 seed, restarted), so its continuation differs from a fault-free run; a stop string that would
 have spanned the break is matched only within the new replica's text.
@@ -61,7 +65,15 @@ def migrated_request(
         request_id=f"{original.request_id}-m{attempt}",
         prompt_token_ids=prompt,
         sampling=sampling,
-        routing=RoutingKeys(tuple(hashes), len(prompt), routing.session_id, routing.cache_salt),
+        routing=RoutingKeys(
+            tuple(hashes),
+            len(prompt),
+            routing.session_id,
+            routing.cache_salt,
+            # a replica of the same version while one serves (its prefix cache is of the same
+            # weights); once none does (a rolling upgrade replaced them), any: recomputed
+            kv_fingerprint=routing.kv_fingerprint,
+        ),
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 from core.codec import from_plain, to_plain
 from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.errors import ConfigError, MessageError
+from core.kv_compat import KVCompat
 from core.kv_events import KVEventBatch
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
@@ -51,6 +52,7 @@ class FakeWorker:
     boot: WorkerBoot
     events: list[str]
     engine: FakeEngine = field(default_factory=FakeEngine)
+    kv_compat: KVCompat | None = None
 
     def stats(self) -> ReplicaStats:
         return ReplicaStats(num_running=3)

@@ -291,3 +291,25 @@ def test_hot_prefix_router_copies_a_hot_prefix_off_its_swamped_holder() -> None:
     assert router.hot_prefixes.heat.reading(1, 0.0).num_queued_tokens == 0
     router.on_replica_actor_died(replicas[0].replica_id)  # the copy went with its replica
     assert router.hot_prefixes.counters().copies_dropped_total == 1
+
+
+def test_a_request_is_placed_and_its_prefix_counted_only_on_its_fingerprint() -> None:
+    """While two versions serve, the old version's cache holder is no hit for the new."""
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill", old=[1, 2, 3]))
+    replicas = [
+        replica("old", kv_fingerprint="f-old"),
+        replica("new1", kv_fingerprint="f-new"),
+        replica("new2", kv_fingerprint="f-new"),
+    ]
+
+    def paired(fingerprint: str) -> PendingRequest:
+        request = pending([1, 2, 3, 4])
+        plain = request.args[0]
+        plain["routing"]["kv_fingerprint"] = fingerprint
+        return request
+
+    assert sorted(choose(router, replicas, paired("f-new"))) == ["new1", "new2"]
+    assert choose(router, replicas, paired("f-old")) == ["old"]
+    assert choose(router, replicas, paired(""))[0] == "old"  # no fingerprint: any, the hit wins
+    gone = choose(router, replicas, paired("f-gone"))  # a stale view: every replica
+    assert sorted(gone) == ["new1", "new2", "old"]
