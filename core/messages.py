@@ -203,3 +203,21 @@ class WarmPrefixRequest:
             raise MessageError("WarmPrefixRequest needs at least one block hash")
         if self.source_replica_id == self.target_replica_id:
             raise MessageError(f"WarmPrefixRequest from replica {self.source_replica_id} to itself")
+
+
+@dataclass(frozen=True)
+class PrefixExport:
+    """A holder's answer to a :class:`WarmPrefixRequest`: the leading run of its blocks that
+    its prefix cache still held, pinned under ``handle``'s lease until the target pulls them
+    (or releases the handle, or the lease expires)."""
+
+    block_hashes: tuple[BlockHash, ...]
+    """The exported blocks' hashes, leading block first (``handle.num_blocks`` of them)."""
+    handle: KVHandle
+
+    def __post_init__(self) -> None:
+        if len(self.block_hashes) != self.handle.num_blocks:
+            raise MessageError(
+                f"PrefixExport names {len(self.block_hashes)} block hashes for an export of "
+                f"{self.handle.num_blocks} blocks"
+            )
