@@ -177,6 +177,17 @@ class LLMEngine:
         """Release a :meth:`pin_prefix` pin; False when it holds nothing (already released)."""
         return self.scheduler.kv.unpin(pin_id)
 
+    def admit_prefix(
+        self, block_hashes: Sequence[BlockHash], payloads: Sequence[torch.Tensor]
+    ) -> int:
+        """A prefix's blocks pulled from another replica (``uint8`` rows of the layout's
+        ``block_bytes``, leading first) into this engine's host tier, where requests find them
+        as host hits; how many of a leading run it took (0 without a host tier)."""
+        tiers = self.scheduler.tiers
+        if tiers is None:
+            return 0
+        return tiers.admit(list(block_hashes), list(payloads))
+
     def add_import_request(
         self,
         request_id: str,

@@ -1,0 +1,116 @@
+"""A hot prefix copied between two real engines of the built-in tiny model, in one process: the
+holder exports its cached blocks by hash (pinned until the pull ends, fails or the lease
+expires), the target pulls them over the in-process transport into its host tier, and a request
+with that prefix on the target then onloads them as host hits and answers exactly as the
+holder did."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from core.config import EngineConfig, HostTierConfig, KVTiersConfig, ModelConfig
+from core.errors import TransferError
+from core.hashing import hash_block, root_hash
+from core.ids import new_request_id
+from core.messages import PrefixExport, WarmPrefixRequest
+from engine.async_engine import AsyncEngine
+from engine.engine_builder import build_async_engine
+from replica.prefix_admit import EnginePrefixAdmitter
+from replica.prefix_export import PrefixExporter
+from replica.prefix_pull import TransportPrefixSource
+from replica.prefix_warming import PrefixWarmer, WarmPrefixResult
+from tests.unit.engine.async_engine.tiny_engine import GREEDY, check_integrity, random_prompt
+from tests.waiting import async_wait_until
+from transfer import InProcKVHub, InProcKVTransport
+from transfer.block_store import BlockStore
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = ModelConfig(name="builtin:tiny-llama")
+ENGINE = EngineConfig(
+    max_model_len=512,
+    kv_cache_memory_bytes=16 << 20,
+    kv_tiers=KVTiersConfig(host=HostTierConfig(bytes=4 << 20)),
+)
+BLOCK = ENGINE.block_size
+PROMPT = random_prompt(4 * BLOCK + 7, seed=45)  # 4 full blocks and a partial one
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[tuple[AsyncEngine, AsyncEngine]]:
+    holder = build_async_engine(MODEL, ENGINE)
+    target = build_async_engine(MODEL, ENGINE)
+    try:
+        yield holder, target
+    finally:
+        holder.shutdown()
+        target.shutdown()
+
+
+async def _generate(engine: AsyncEngine, prompt: list[int]) -> list[int]:
+    outputs = [out async for out in engine.generate(new_request_id(), prompt, GREEDY)]
+    return list(outputs[-1].token_ids)
+
+
+async def _prompt_hashes(engine: AsyncEngine, prompt: list[int]) -> tuple[int, ...]:
+    """The chained hashes of the prompt's full blocks, as ``engine`` hashes them."""
+    seed = await engine.call(lambda llm: llm.scheduler.kv.hash_seed)
+    hashes, parent = [], root_hash(seed, None, None)
+    for start in range(0, len(prompt) - BLOCK + 1, BLOCK):
+        parent = hash_block(parent, prompt[start : start + BLOCK])
+        hashes.append(parent)
+    return tuple(hashes)
+
+
+async def _pinned(engine: AsyncEngine) -> int:
+    return await engine.call(lambda llm: llm.scheduler.kv.num_pinned_prefix_blocks)
+
+
+def _request(hashes: tuple[int, ...]) -> WarmPrefixRequest:
+    return WarmPrefixRequest("decode", hashes[0], hashes, "holder", "target")
+
+
+def test_a_copied_prefix_is_a_host_hit_with_the_holders_output(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    holder, target = engines
+    hub = InProcKVHub()
+    holder_transport = InProcKVTransport(holder.engine.parts.storage, hub)
+
+    def scratch_transport(store: BlockStore) -> InProcKVTransport:
+        return InProcKVTransport(store, hub)
+
+    async def main() -> None:
+        reference = await _generate(holder, PROMPT)
+        hashes = await _prompt_hashes(holder, PROMPT)
+        assert len(hashes) == 4
+        exporter = PrefixExporter(holder, holder_transport)
+        export = await exporter.export(hashes)
+        assert export is not None and export.block_hashes == hashes
+        assert await _pinned(holder) == 4 and exporter.num_live_exports == 1
+        source = TransportPrefixSource(
+            target.engine.parts.layout, scratch_transport, timeout_s=10.0
+        )
+        warmer = PrefixWarmer("target", "decode", source, EnginePrefixAdmitter(target))
+        result = await warmer.warm(_request(hashes), export)
+        block_bytes = target.engine.parts.layout.block_bytes
+        assert result == WarmPrefixResult(4, 4, 4 * block_bytes, None)
+        # the completed pull released the export: the holder's pins are gone
+        await async_wait_until(lambda: exporter.num_live_exports == 0, timeout_s=10.0)
+        assert await _pinned(holder) == 0
+        tiers = target.engine.scheduler.tiers
+        assert tiers is not None
+        assert await target.call(lambda _: tiers.find(list(hashes))) == 4
+        onloaded_before = tiers.counters["host"].onload_blocks
+        assert await _generate(target, PROMPT) == reference
+        assert tiers.counters["host"].onload_blocks - onloaded_before == 4  # host hits
+        await check_integrity(holder)
+        await check_integrity(target)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=60.0))
+    finally:
+        holder_transport.close()
