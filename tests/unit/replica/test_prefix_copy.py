@@ -24,7 +24,7 @@ from replica.prefix_pull import TransportPrefixSource
 from replica.prefix_warming import PrefixWarmer, WarmPrefixResult
 from tests.unit.engine.async_engine.tiny_engine import GREEDY, check_integrity, random_prompt
 from tests.waiting import async_wait_until
-from transfer import InProcKVHub, InProcKVTransport
+from transfer import FaultInjection, InProcKVHub, InProcKVTransport
 from transfer.block_store import BlockStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -114,3 +114,75 @@ def test_a_copied_prefix_is_a_host_hit_with_the_holders_output(
         asyncio.run(asyncio.wait_for(main(), timeout=60.0))
     finally:
         holder_transport.close()
+
+
+
+class RefusingTransport(InProcKVTransport):
+    """Refuses every export, as a transport shutting down does."""
+
+    def export(self, block_ids, on_release=None):  # type: ignore[no-untyped-def]
+        raise TransferError("shutting down", reason="exporter_unavailable")
+
+
+def _end_export(holder: AsyncEngine, end: str) -> None:
+    """Export the cached prompt, end the export as ``end`` says and check the holder's pins
+    are gone (waiting on a condition: the test fails on its timeout otherwise)."""
+    hub = InProcKVHub()
+    lease_s = 0.3 if end == "expired" else 30.0
+    transport = InProcKVTransport(holder.engine.parts.storage, hub, lease_s=lease_s)
+    if end == "faulty":
+        transport.set_faults(FaultInjection(fail_after_chunks=0))
+    exporter = PrefixExporter(holder, transport)
+
+    async def main() -> None:
+        await _generate(holder, PROMPT)
+        hashes = await _prompt_hashes(holder, PROMPT)
+        export = await exporter.export(hashes)
+        assert export is not None and await _pinned(holder) == len(hashes)
+        if end == "released":  # the target gave up before pulling
+            transport.release(export.handle)
+        elif end == "faulty":  # the pull fails mid-stream
+            source = TransportPrefixSource(
+                holder.engine.parts.layout, lambda store: InProcKVTransport(store, hub),
+                timeout_s=10.0,
+            )
+            with pytest.raises(TransferError):
+                await source.pull(_request(hashes), export)
+        await async_wait_until(lambda: exporter.num_live_exports == 0, timeout_s=10.0)
+        assert await _pinned(holder) == 0
+        await check_integrity(holder)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=30.0))
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize("end", ["released", "expired", "faulty"])
+def test_the_holders_pins_end_with_the_export(
+    engines: tuple[AsyncEngine, AsyncEngine], end: str
+) -> None:
+    _end_export(engines[0], end)
+
+
+def test_an_uncached_prefix_or_a_refused_export_pins_nothing(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    holder = engines[0]
+    hub = InProcKVHub()
+    refusing = RefusingTransport(holder.engine.parts.storage, hub)
+
+    async def main() -> None:
+        await _generate(holder, PROMPT)
+        hashes = await _prompt_hashes(holder, PROMPT)
+        exporter = PrefixExporter(holder, refusing)
+        assert await exporter.export((12345, *hashes)) is None  # the first block is not cached
+        with pytest.raises(TransferError, match="shutting down"):
+            await exporter.export(hashes)
+        assert exporter.num_live_exports == 0 and await _pinned(holder) == 0
+        await check_integrity(holder)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=30.0))
+    finally:
+        refusing.close()
