@@ -20,13 +20,17 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from core.codec import from_plain, to_plain
 from core.config import Role
 from core.errors import ConfigError, ErrorReport, PdserveError, UnavailableError
+from core.messages import PrefixExport, WarmPrefixRequest
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
 from engine.gangs.lockstep_driver import expert_load_stats
 from replica.hooks import KVEventPublisher, ReplicaHooks
 from replica.planner_signals import PlannerSignals
+from replica.prefix_copies import PrefixCopies
 from replica.spec import ReplicaSpec, WorkerBoot
+from transfer import GrpcKVTransport, KVTransport
+from transfer.block_store import BlockStore
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +41,11 @@ class RoleWorker(Protocol):
     @property
     def engine(self) -> AsyncEngine:
         """The worker's engine."""
+        ...
+
+    @property
+    def transport(self) -> KVTransport:
+        """The worker's KV transport (hot-prefix exports leave through it)."""
         ...
 
     def stats(self) -> ReplicaStats:
@@ -88,6 +97,9 @@ class RoleReplica(Generic[WorkerT]):
                 self.spec, self.spec.transfer_config(), identity.node_host, callback, engine
             )
             self.worker: WorkerT = self.build_worker(boot)
+            self._replica_id = identity.replica_id
+            self._transfer = boot.transfer
+            self._prefix_copies: PrefixCopies | None = None  # made by the first copy
         except BaseException:
             if self._publisher is not None:
                 self._publisher.close()
@@ -151,6 +163,40 @@ class RoleReplica(Generic[WorkerT]):
         """Serve's custom autoscaling metrics hook: the load and rates pdserve's planner sizes
         pools by (``replica.planner_signals``; Serve averages each over its look-back window)."""
         return self._planner_signals.report(self.replica_stats())
+
+    async def export_prefix(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """A hot prefix's holder: export the cached blocks of a plain ``WarmPrefixRequest``;
+        a plain ``PrefixExport``, or None when not even its first block is cached."""
+        export = await self.prefix_copies().export(from_plain(WarmPrefixRequest, request))
+        return None if export is None else to_plain(export)
+
+    async def warm_prefix(self, request: dict[str, Any], export: dict[str, Any]) -> dict[str, Any]:
+        """A hot prefix's target: pull a plain ``PrefixExport`` into the host tier; a plain
+        ``replica.prefix_warming.WarmPrefixResult``."""
+        result = await self.prefix_copies().warm(
+            from_plain(WarmPrefixRequest, request), from_plain(PrefixExport, export)
+        )
+        plain: dict[str, Any] = to_plain(result)
+        return plain
+
+    def prefix_copies(self) -> PrefixCopies:
+        """Both ends of hot-prefix copies over the worker's transport (made at first use);
+        pulls go over an import-only gRPC transport of the replica's transfer settings."""
+        if self._prefix_copies is None:
+            transfer = self._transfer
+
+            def pull_transport(store: BlockStore) -> KVTransport:
+                return GrpcKVTransport(store, transfer, serve=False)
+
+            self._prefix_copies = PrefixCopies(
+                self._replica_id,
+                self.role,
+                self.worker.engine,
+                self.worker.transport,
+                pull_transport,
+                pull_timeout_s=transfer.pull_deadline_s,
+            )
+        return self._prefix_copies
 
     def __del__(self) -> Coroutine[Any, Any, None] | None:
         """Serve calls this once when the replica stops (after the requests in flight ended or

@@ -7,18 +7,21 @@ holder did."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
 
 from core.config import EngineConfig, HostTierConfig, KVTiersConfig, ModelConfig
-from core.errors import TransferError
+from core.codec import from_plain, to_plain
+from core.errors import MessageError, TransferError
 from core.hashing import hash_block, root_hash
 from core.ids import new_request_id
 from core.messages import PrefixExport, WarmPrefixRequest
 from engine.async_engine import AsyncEngine
 from engine.engine_builder import build_async_engine
 from replica.prefix_admit import EnginePrefixAdmitter
+from replica.prefix_copies import PrefixCopies
 from replica.prefix_export import PrefixExporter
 from replica.prefix_pull import TransportPrefixSource
 from replica.prefix_warming import PrefixWarmer, WarmPrefixResult
@@ -186,3 +189,43 @@ def test_an_uncached_prefix_or_a_refused_export_pins_nothing(
         asyncio.run(asyncio.wait_for(main(), timeout=30.0))
     finally:
         refusing.close()
+
+
+def test_prefix_copies_cross_as_plain_data_and_check_their_address(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    holder, target = engines
+    hub = InProcKVHub()
+    holder_transport = InProcKVTransport(holder.engine.parts.storage, hub)
+    target_transport = InProcKVTransport(target.engine.parts.storage, hub)
+
+    def scratch(store: BlockStore) -> InProcKVTransport:
+        return InProcKVTransport(store, hub)
+
+    at_holder = PrefixCopies("holder", "decode", holder, holder_transport, scratch,
+                             pull_timeout_s=10.0)  # fmt: skip
+    at_target = PrefixCopies("target", "decode", target, target_transport, scratch,
+                             pull_timeout_s=10.0)  # fmt: skip
+
+    async def main() -> None:
+        await _generate(holder, PROMPT)
+        hashes = await _prompt_hashes(holder, PROMPT)
+        request = WarmPrefixRequest("decode/m", hashes[0], hashes, "holder", "target")
+        with pytest.raises(MessageError, match="reached decode replica target"):
+            await at_target.export(request)  # the holder is another replica
+        with pytest.raises(MessageError, match="prefill"):
+            await at_holder.export(dataclasses.replace(request, pool="prefill"))
+        export = await at_holder.export(from_plain(WarmPrefixRequest, to_plain(request)))
+        assert export is not None
+        wire = from_plain(PrefixExport, to_plain(export))
+        result = await at_target.warm(request, wire)
+        assert from_plain(WarmPrefixResult, to_plain(result)) == result
+        assert result.num_blocks_admitted == len(hashes) and result.failure is None
+        await async_wait_until(lambda: at_holder.exporter.num_live_exports == 0, timeout_s=10.0)
+        await check_integrity(holder)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=30.0))
+    finally:
+        holder_transport.close()
+        target_transport.close()
