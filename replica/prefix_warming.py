@@ -6,10 +6,10 @@ The router first asks the source replica to export the blocks (``replica.prefix_
 :class:`~core.messages.PrefixExport`), then hands request and export to the target. Two seams,
 each a ``Protocol``: :class:`PrefixBlockSource` pulls the blocks (over the KV transfer from the
 export, ``replica.prefix_pull``; in tests, in memory) and :class:`PrefixAdmitter` hands them
-to the engine (``LLMEngine.admit_prefix`` on the engine thread, ``replica.prefix_admit``). :class:`PrefixWarmer`
-checks the request is for this replica, runs the two and reports a :class:`WarmPrefixResult`;
-a failed pull is a result with its reason, not an exception: the router's copy simply never
-lands and is given up there.
+to the engine (``LLMEngine.admit_prefix`` on the engine thread, ``replica.prefix_admit``).
+:class:`PrefixWarmer` checks the request is for this replica, runs the two and reports a
+:class:`WarmPrefixResult`; a failed pull is a result with its reason, not an exception: the
+router counts the copy dropped.
 """
 
 from __future__ import annotations

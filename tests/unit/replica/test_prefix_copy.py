@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from core.config import EngineConfig, HostTierConfig, KVTiersConfig, ModelConfig
 from core.codec import from_plain, to_plain
+from core.config import EngineConfig, HostTierConfig, KVTiersConfig, ModelConfig
 from core.errors import MessageError, TransferError
 from core.hashing import hash_block, root_hash
 from core.ids import new_request_id
@@ -119,7 +119,6 @@ def test_a_copied_prefix_is_a_host_hit_with_the_holders_output(
         holder_transport.close()
 
 
-
 class RefusingTransport(InProcKVTransport):
     """Refuses every export, as a transport shutting down does."""
 
@@ -146,7 +145,8 @@ def _end_export(holder: AsyncEngine, end: str) -> None:
             transport.release(export.handle)
         elif end == "faulty":  # the pull fails mid-stream
             source = TransportPrefixSource(
-                holder.engine.parts.layout, lambda store: InProcKVTransport(store, hub),
+                holder.engine.parts.layout,
+                lambda store: InProcKVTransport(store, hub),
                 timeout_s=10.0,
             )
             with pytest.raises(TransferError):

@@ -10,8 +10,8 @@ import torch
 
 from core.config import HostTierConfig, KVTiersConfig
 from core.errors import MessageError, TransferError
-from core.kv_layout import KVLayout
 from core.kv_handle import KVHandle
+from core.kv_layout import KVLayout
 from core.messages import PrefixExport, WarmPrefixRequest
 from engine.kv.tiers.device_rows import DeviceRows
 from engine.kv.tiers.store import KVTiers
