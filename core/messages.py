@@ -33,6 +33,9 @@ class RoutingKeys:
     cache_salt: str | None = None
     """The request's cache salt (its ``cache_salt`` and/or its API key's tenant salt): it
     entered ``block_hashes`` and the engines hash the prompt with it too."""
+    replica_id: str | None = None
+    """This replica and no other (a hot-prefix copy's call to its holder or its target); None:
+    the router chooses."""
 
 
 @dataclass(frozen=True)
@@ -221,3 +224,14 @@ class PrefixExport:
                 f"PrefixExport names {len(self.block_hashes)} block hashes for an export of "
                 f"{self.handle.num_blocks} blocks"
             )
+
+
+@dataclass(frozen=True)
+class PrefixCopyCall:
+    """A router's call to one replica about a hot-prefix copy: to its holder (``export`` None:
+    export the blocks) or to its target (pull ``export``). ``routing.replica_id`` names the
+    replica, so the pool's request router sends it there and nowhere else."""
+
+    request: WarmPrefixRequest
+    routing: RoutingKeys
+    export: PrefixExport | None = None

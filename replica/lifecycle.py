@@ -19,8 +19,8 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from core.codec import from_plain, to_plain
 from core.config import Role
-from core.errors import ConfigError, ErrorReport, PdserveError, UnavailableError
-from core.messages import PrefixExport, WarmPrefixRequest
+from core.errors import ConfigError, ErrorReport, MessageError, PdserveError, UnavailableError
+from core.messages import PrefixCopyCall
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
@@ -164,18 +164,19 @@ class RoleReplica(Generic[WorkerT]):
         pools by (``replica.planner_signals``; Serve averages each over its look-back window)."""
         return self._planner_signals.report(self.replica_stats())
 
-    async def export_prefix(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        """A hot prefix's holder: export the cached blocks of a plain ``WarmPrefixRequest``;
-        a plain ``PrefixExport``, or None when not even its first block is cached."""
-        export = await self.prefix_copies().export(from_plain(WarmPrefixRequest, request))
+    async def export_prefix(self, call: dict[str, Any]) -> dict[str, Any] | None:
+        """A hot prefix's holder: export the cached blocks a plain ``PrefixCopyCall`` asks for;
+        a plain ``PrefixExport``, or None when not even the first block is cached."""
+        export = await self.prefix_copies().export(from_plain(PrefixCopyCall, call).request)
         return None if export is None else to_plain(export)
 
-    async def warm_prefix(self, request: dict[str, Any], export: dict[str, Any]) -> dict[str, Any]:
-        """A hot prefix's target: pull a plain ``PrefixExport`` into the host tier; a plain
-        ``replica.prefix_warming.WarmPrefixResult``."""
-        result = await self.prefix_copies().warm(
-            from_plain(WarmPrefixRequest, request), from_plain(PrefixExport, export)
-        )
+    async def warm_prefix(self, call: dict[str, Any]) -> dict[str, Any]:
+        """A hot prefix's target: pull a plain ``PrefixCopyCall``'s export into the host tier;
+        a plain ``replica.prefix_warming.WarmPrefixResult``."""
+        copy_call = from_plain(PrefixCopyCall, call)
+        if copy_call.export is None:
+            raise MessageError("a warm_prefix call needs the holder's export")
+        result = await self.prefix_copies().warm(copy_call.request, copy_call.export)
         plain: dict[str, Any] = to_plain(result)
         return plain
 
