@@ -12,6 +12,7 @@ closes what it had started.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Mapping
@@ -99,6 +100,8 @@ class RoleReplica(Generic[WorkerT]):
             self.worker: WorkerT = self.build_worker(boot)
             self._replica_id = identity.replica_id
             self._transfer = boot.transfer
+            self._node_host = boot.node_host
+            self._export_transport: KVTransport | None = None  # decode's, for prefix copies
             self._prefix_copies: PrefixCopies | None = None  # made by the first copy
         except BaseException:
             if self._publisher is not None:
@@ -181,19 +184,31 @@ class RoleReplica(Generic[WorkerT]):
         return plain
 
     def prefix_copies(self) -> PrefixCopies:
-        """Both ends of hot-prefix copies over the worker's transport (made at first use);
-        pulls go over an import-only gRPC transport of the replica's transfer settings."""
+        """Both ends of hot-prefix copies (made at first use). Exports leave through the
+        worker's transport when it serves exports (prefill), else through a serving gRPC
+        transport over the same KV made now (decode's own transport only imports); pulls go
+        over an import-only gRPC transport of the replica's transfer settings."""
         if self._prefix_copies is None:
             transfer = self._transfer
+            engine = self.worker.engine
 
             def pull_transport(store: BlockStore) -> KVTransport:
                 return GrpcKVTransport(store, transfer, serve=False)
 
+            export_transport = self.worker.transport
+            if self.role == "decode":
+                self._export_transport = export_transport = GrpcKVTransport(
+                    engine.engine.parts.storage,
+                    transfer,
+                    serve=True,
+                    node_host=self._node_host,
+                    rank_stores=engine.engine.rank_storages,
+                )
             self._prefix_copies = PrefixCopies(
                 self._replica_id,
                 self.role,
-                self.worker.engine,
-                self.worker.transport,
+                engine,
+                export_transport,
                 pull_transport,
                 pull_timeout_s=transfer.pull_deadline_s,
             )
@@ -218,4 +233,6 @@ class RoleReplica(Generic[WorkerT]):
             self._stop_reporting()
         if self._publisher is not None:
             self._publisher.close()
+        if self._export_transport is not None:
+            await asyncio.to_thread(self._export_transport.close)
         await self.worker.shutdown()
