@@ -13,7 +13,13 @@ from collections.abc import Iterator
 import pytest
 
 from core.codec import from_plain, to_plain
-from core.config import EngineConfig, HostTierConfig, KVTiersConfig, ModelConfig
+from core.config import (
+    EngineConfig,
+    HostTierConfig,
+    KVTiersConfig,
+    ModelConfig,
+    TransferConfig,
+)
 from core.errors import MessageError, TransferError
 from core.hashing import hash_block, root_hash
 from core.ids import new_request_id
@@ -27,7 +33,7 @@ from replica.prefix_pull import TransportPrefixSource
 from replica.prefix_warming import PrefixWarmer, WarmPrefixResult
 from tests.unit.engine.async_engine.tiny_engine import GREEDY, check_integrity, random_prompt
 from tests.waiting import async_wait_until
-from transfer import FaultInjection, InProcKVHub, InProcKVTransport
+from transfer import FaultInjection, GrpcKVTransport, InProcKVHub, InProcKVTransport
 from transfer.block_store import BlockStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -229,3 +235,41 @@ def test_prefix_copies_cross_as_plain_data_and_check_their_address(
     finally:
         holder_transport.close()
         target_transport.close()
+
+
+def test_a_prefix_copy_over_grpc(engines: tuple[AsyncEngine, AsyncEngine]) -> None:
+    """The cluster's transports: the holder's serving gRPC transport, the target's import-only
+    ones over scratch stores (the same-node path off: the bytes cross the wire)."""
+    holder, target = engines
+    transfer = TransferConfig(
+        bind_host="127.0.0.1",
+        insecure_test_token="prefix-copy-test",
+        pull_deadline_s=10.0,
+        rpc_deadline_s=2.0,
+        same_node="off",
+    )
+    serving = GrpcKVTransport(holder.engine.parts.storage, transfer, serve=True)
+
+    def scratch(store: BlockStore) -> GrpcKVTransport:
+        return GrpcKVTransport(store, transfer, serve=False)
+
+    at_holder = PrefixCopies("holder", "decode", holder, serving, scratch, pull_timeout_s=10.0)
+    at_target = PrefixCopies("target", "decode", target, serving, scratch, pull_timeout_s=10.0)
+
+    async def main() -> None:
+        await _generate(holder, PROMPT)
+        hashes = await _prompt_hashes(holder, PROMPT)
+        request = WarmPrefixRequest("decode", hashes[0], hashes, "holder", "target")
+        export = await at_holder.export(request)
+        assert export is not None and export.handle.address == serving.address
+        result = await at_target.warm(request, export)
+        block_bytes = target.engine.parts.layout.block_bytes
+        assert result == WarmPrefixResult(4, 4, 4 * block_bytes, None)
+        await async_wait_until(lambda: at_holder.exporter.num_live_exports == 0, timeout_s=10.0)
+        assert await _pinned(holder) == 0
+        await check_integrity(holder)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=30.0))
+    finally:
+        serving.close()
