@@ -25,6 +25,12 @@ keeps a follower copy that a background task on the router's loop updates from t
 log every ``poll_interval_s`` (see ``kv_index.follower``). ``record_routing_stats`` is used only for
 load figures: it is periodic (seconds) and would have to carry every hash.
 
+A call whose routing keys name a replica (``RoutingKeys.replica_id``: a hot-prefix copy's
+export or pull, ``prefix_copy_delivery``) goes to that replica alone and is not counted as load.
+Under ``hot_prefix`` with ``deliver_copies`` the router hands each copy it decides to a
+:class:`~cluster.routing.prefix_copy_delivery.PrefixCopyDelivery` on its own loop and counts
+the bytes that moved and the copies that failed when they end.
+
 The deployments must define ``record_routing_stats()`` returning ``core.stats.RoutingStats`` as
 plain data (``core.codec``); a replica that has not reported yet counts as empty.
 """
