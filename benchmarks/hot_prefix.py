@@ -30,10 +30,15 @@ Policies, in the same run on the same requests:
 - ``round_robin``;
 - ``hot_prefix``: hit minus load in seconds with heat and deliberate copies.
 
-Prints a table, then one JSON line last: ``ttft_p99_ratio_vs_prefix`` and
-``ttft_p99_ratio_vs_sglang_style`` (hot_prefix's TTFT p99 over theirs), ``hit_rate_ratio_vs_prefix``
-(hot_prefix's prefix hit rate over prefix_aware's), ``bytes_copied_per_request`` and every
-policy's figures. Usage: ``python benchmarks/hot_prefix.py [--requests N]``.
+Two scenarios, each policy on the same requests: the hot prompt at its full share from the
+start (``--hot-ramp-s``, default 0), and the same workload with the hot prompt's share ramping
+up over ``--copy-ramp-s`` (10 s), so it starts on one holder and its heat outgrows it: the
+scenario where deliberate copies are made. Prints a table for each, then one JSON line last:
+``ttft_p99_ratio_vs_prefix`` and ``ttft_p99_ratio_vs_sglang_style`` (hot_prefix's TTFT p99 over
+theirs) and ``hit_rate_ratio_vs_prefix`` (hot_prefix's prefix hit rate over prefix_aware's) of
+the first, ``bytes_copied_per_request`` of hot_prefix in the second, and every policy's
+figures in both (``policies``, ``ramp_policies``). Usage:
+``python benchmarks/hot_prefix.py [--requests N]``.
 """
 
 from __future__ import annotations
@@ -85,6 +90,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--hot-load", type=float, default=1.3, help="The hot prompt's hit work, in replicas."
     )
+    p.add_argument(
+        "--hot-ramp-s",
+        type=float,
+        default=0.0,
+        help="The hot prompt's share grows from 0 to half over this long (0: half at once).",
+    )
+    p.add_argument(
+        "--copy-ramp-s",
+        type=float,
+        default=10.0,
+        help="The second scenario's --hot-ramp-s: a hot prompt that needs copies.",
+    )
     p.add_argument("--cache-blocks", type=int, default=400, help="Per replica.")
     p.add_argument("--block-bytes", type=int, default=2 * 2**20, help="An 8B model's block.")
     p.add_argument("--copy-gbps", type=float, default=10.0, help="GB/s of a KV copy.")
@@ -112,12 +129,13 @@ def workload(args: argparse.Namespace) -> list[Request]:
         [rng.randrange(1, 30000) for _ in range(args.system_tokens)] for _ in range(args.prefixes)
     ]
     others = [1.0 / rank for rank in range(1, args.prefixes)]
-    weights = [sum(others), *others]  # the hot prompt: half of all requests
     hit_s = args.user_tokens / args.prefill_tokens_per_s + args.overhead_ms / 1000
     rate_per_s = 2 * args.hot_load / hit_s
     requests, now_s = [], 0.0
     for i in range(args.requests):
         now_s += rng.expovariate(rate_per_s)
+        ramp = min(1.0, now_s / args.hot_ramp_s) if args.hot_ramp_s > 0 else 1.0
+        weights = [ramp * sum(others), *others]  # the hot prompt: half of all requests
         prefix_id = rng.choices(range(args.prefixes), weights)[0]
         prompt = systems[prefix_id] + [rng.randrange(1, 30000) for _ in range(args.user_tokens)]
         hashes = tuple(hash_prompt_blocks(prompt, BLOCK_SIZE))
@@ -392,9 +410,8 @@ def summary(outcome: Outcome, num_requests: int) -> dict[str, float]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, object]:
-    """Run every policy on the same requests; print the table and the JSON line."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def run_policies(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Every policy on the same requests of ``args``' workload; prints the table."""
     requests = workload(args)
     results = {
         policy: summary(simulate(policy, requests, args), len(requests)) for policy in POLICIES
@@ -405,6 +422,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
             f"{policy:<14}{r['ttft_p50_ms']:>12}{r['ttft_p99_ms']:>12}{r['hit_rate']:>10}"
             f"{r['copies']:>8}"
         )
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, object]:
+    """Run every policy in both scenarios; print the tables and the JSON line."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    print(
+        f"scenario 1: the hot prompt at its full share at once (--hot-ramp-s {args.hot_ramp_s:g})"
+    )
+    results = run_policies(args)
+    ramp_args = argparse.Namespace(**{**vars(args), "hot_ramp_s": args.copy_ramp_s})
+    print(f"scenario 2: the hot prompt's share ramps up over {args.copy_ramp_s:g} s")
+    ramped = run_policies(ramp_args)
     hot = results["hot_prefix"]
     report: dict[str, object] = {
         "ttft_p99_ratio_vs_prefix": round(
@@ -414,9 +444,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
             hot["ttft_p99_ms"] / results["sglang_style"]["ttft_p99_ms"], 3
         ),
         "hit_rate_ratio_vs_prefix": round(hot["hit_rate"] / results["prefix_aware"]["hit_rate"], 3),
-        "bytes_copied_per_request": hot["bytes_copied_per_request"],
-        "requests": len(requests),
+        # from the ramp, where the hot prompt starts on one holder and copies are made
+        "bytes_copied_per_request": ramped["hot_prefix"]["bytes_copied_per_request"],
+        "requests": args.requests,
         "policies": results,
+        "ramp_policies": ramped,
     }
     print(json.dumps(report))
     return report

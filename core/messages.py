@@ -37,6 +37,9 @@ class RoutingKeys:
     """The KV fingerprint (``core.kv_compat``) the request runs under: routers send it only to
     replicas of this fingerprint while any is there, so its prefill and decode pair up (a
     rolling upgrade serves two); empty: any replica."""
+    replica_id: str | None = None
+    """This replica and no other (a hot-prefix copy's call to its holder or its target); None:
+    the router chooses."""
 
 
 @dataclass(frozen=True)
@@ -207,3 +210,32 @@ class WarmPrefixRequest:
             raise MessageError("WarmPrefixRequest needs at least one block hash")
         if self.source_replica_id == self.target_replica_id:
             raise MessageError(f"WarmPrefixRequest from replica {self.source_replica_id} to itself")
+
+
+@dataclass(frozen=True)
+class PrefixExport:
+    """A holder's answer to a :class:`WarmPrefixRequest`: the leading run of its blocks that
+    its prefix cache still held, pinned under ``handle``'s lease until the target pulls them
+    (or releases the handle, or the lease expires)."""
+
+    block_hashes: tuple[BlockHash, ...]
+    """The exported blocks' hashes, leading block first (``handle.num_blocks`` of them)."""
+    handle: KVHandle
+
+    def __post_init__(self) -> None:
+        if len(self.block_hashes) != self.handle.num_blocks:
+            raise MessageError(
+                f"PrefixExport names {len(self.block_hashes)} block hashes for an export of "
+                f"{self.handle.num_blocks} blocks"
+            )
+
+
+@dataclass(frozen=True)
+class PrefixCopyCall:
+    """A router's call to one replica about a hot-prefix copy: to its holder (``export`` None:
+    export the blocks) or to its target (pull ``export``). ``routing.replica_id`` names the
+    replica, so the pool's request router sends it there and nowhere else."""
+
+    request: WarmPrefixRequest
+    routing: RoutingKeys
+    export: PrefixExport | None = None

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from core.errors import ConfigError, InvalidRequestError
+from core.hashing import BlockHash
 from core.sampling import SamplingParams
 from core.shared_memory import SHM_DIR
 from engine.admission import check_request, request_generator
@@ -163,6 +164,29 @@ class LLMEngine:
     def release(self, request_id: str) -> bool:
         """Unpin a prefill-only request's blocks; False when nothing was pinned."""
         return self.scheduler.release(request_id)
+
+    def pin_prefix(self, pin_id: str, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Pin the leading run of ``block_hashes`` this engine's prefix cache holds (a hot
+        prefix another replica copies) and stage it where the transfer layer reads it; their
+        block ids, leading first (empty: the first is not cached). :meth:`unpin_prefix` ends it."""
+        block_ids = self.scheduler.kv.pin_cached(pin_id, block_hashes)
+        self.parts.storage.stage_to_host(block_ids)
+        return block_ids
+
+    def unpin_prefix(self, pin_id: str) -> bool:
+        """Release a :meth:`pin_prefix` pin; False when it holds nothing (already released)."""
+        return self.scheduler.kv.unpin(pin_id)
+
+    def admit_prefix(
+        self, block_hashes: Sequence[BlockHash], payloads: Sequence[torch.Tensor]
+    ) -> int:
+        """A prefix's blocks pulled from another replica (``uint8`` rows of the layout's
+        ``block_bytes``, leading first) into this engine's host tier, where requests find them
+        as host hits; how many of a leading run it took (0 without a host tier)."""
+        tiers = self.scheduler.tiers
+        if tiers is None:
+            return 0
+        return tiers.admit(list(block_hashes), list(payloads))
 
     def add_import_request(
         self,

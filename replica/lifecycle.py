@@ -12,6 +12,7 @@ closes what it had started.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Mapping
@@ -19,15 +20,19 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from core.codec import from_plain, to_plain
 from core.config import Role
-from core.errors import ConfigError, ErrorReport, PdserveError, UnavailableError
+from core.errors import ConfigError, ErrorReport, MessageError, PdserveError, UnavailableError
 from core.kv_compat import KVCompat
+from core.messages import PrefixCopyCall
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
 from engine.gangs.lockstep_driver import expert_load_stats
 from replica.hooks import KVEventPublisher, ReplicaHooks
 from replica.planner_signals import PlannerSignals
+from replica.prefix_copies import PrefixCopies
 from replica.spec import ReplicaSpec, WorkerBoot
+from transfer import GrpcKVTransport, KVTransport
+from transfer.block_store import BlockStore
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,11 @@ class RoleWorker(Protocol):
     @property
     def engine(self) -> AsyncEngine:
         """The worker's engine."""
+        ...
+
+    @property
+    def transport(self) -> KVTransport:
+        """The worker's KV transport (hot-prefix exports leave through it)."""
         ...
 
     def stats(self) -> ReplicaStats:
@@ -92,6 +102,11 @@ class RoleReplica(Generic[WorkerT]):
                 self.spec, self.spec.transfer_config(), identity.node_host, callback, engine
             )
             self.worker: WorkerT = self.build_worker(boot)
+            self._replica_id = identity.replica_id
+            self._transfer = boot.transfer
+            self._node_host = boot.node_host
+            self._export_transport: KVTransport | None = None  # decode's, for prefix copies
+            self._prefix_copies: PrefixCopies | None = None  # made by the first copy
         except BaseException:
             if self._publisher is not None:
                 self._publisher.close()
@@ -161,6 +176,56 @@ class RoleReplica(Generic[WorkerT]):
         pools by (``replica.planner_signals``; Serve averages each over its look-back window)."""
         return self._planner_signals.report(self.replica_stats())
 
+    async def export_prefix(self, call: dict[str, Any]) -> dict[str, Any] | None:
+        """A hot prefix's holder: export the cached blocks a plain ``PrefixCopyCall`` asks for;
+        a plain ``PrefixExport``, or None when not even the first block is cached."""
+        export = await self.prefix_copies().export(from_plain(PrefixCopyCall, call).request)
+        return None if export is None else to_plain(export)
+
+    async def warm_prefix(self, call: dict[str, Any]) -> dict[str, Any]:
+        """A hot prefix's target: pull a plain ``PrefixCopyCall``'s export into the host tier;
+        a plain ``replica.prefix_warming.WarmPrefixResult``."""
+        copy_call = from_plain(PrefixCopyCall, call)
+        if copy_call.export is None:
+            raise MessageError("a warm_prefix call needs the holder's export")
+        result = await self.prefix_copies().warm(copy_call.request, copy_call.export)
+        plain: dict[str, Any] = to_plain(result)
+        return plain
+
+    def prefix_copies(self) -> PrefixCopies:
+        """Both ends of hot-prefix copies (made at first use). Exports leave through the
+        worker's transport when it serves exports (prefill), else through a serving gRPC
+        transport over the same KV made now (decode's own transport only imports); pulls go
+        over an import-only gRPC transport of the replica's transfer settings. Both declare the
+        worker's KV fingerprint: a copy between two versions of a rolling upgrade is refused."""
+        if self._prefix_copies is None:
+            transfer = self._transfer
+            engine = self.worker.engine
+            compat = self.worker.kv_compat
+
+            def pull_transport(store: BlockStore) -> KVTransport:
+                return GrpcKVTransport(store, transfer, serve=False, kv_compat=compat)
+
+            export_transport = self.worker.transport
+            if self.role == "decode":
+                self._export_transport = export_transport = GrpcKVTransport(
+                    engine.engine.parts.storage,
+                    transfer,
+                    serve=True,
+                    node_host=self._node_host,
+                    rank_stores=engine.engine.rank_storages,
+                    kv_compat=compat,
+                )
+            self._prefix_copies = PrefixCopies(
+                self._replica_id,
+                self.role,
+                engine,
+                export_transport,
+                pull_transport,
+                pull_timeout_s=transfer.pull_deadline_s,
+            )
+        return self._prefix_copies
+
     def __del__(self) -> Coroutine[Any, Any, None] | None:
         """Serve calls this once when the replica stops (after the requests in flight ended or
         the pool's graceful shutdown timeout) and awaits the stop it returns: drain what others
@@ -185,5 +250,7 @@ class RoleReplica(Generic[WorkerT]):
                     self._stop_reporting()
                 if self._publisher is not None:
                     self._publisher.close()
+                if self._export_transport is not None:
+                    await asyncio.to_thread(self._export_transport.close)
             finally:
                 await self.worker.shutdown()

@@ -2,12 +2,14 @@
 pull the prefix's blocks from the replica holding them, and admit them into this engine's host
 tier ahead of the requests (which then onload them as host hits, never recomputing them).
 
-Two seams, each a ``Protocol``: :class:`PrefixBlockSource` pulls the blocks (over the KV
-transfer from ``source_replica_id``; in tests, in memory) and :class:`PrefixAdmitter` hands them
-to the engine (``engine.kv.tiers.KVTiers.admit`` on the engine thread). :class:`PrefixWarmer`
-checks the request is for this replica, runs the two and reports a :class:`WarmPrefixResult`;
-a failed pull is a result with its reason, not an exception: the router's copy simply never
-lands and is given up there.
+The router first asks the source replica to export the blocks (``replica.prefix_export``: a
+:class:`~core.messages.PrefixExport`), then hands request and export to the target. Two seams,
+each a ``Protocol``: :class:`PrefixBlockSource` pulls the blocks (over the KV transfer from the
+export, ``replica.prefix_pull``; in tests, in memory) and :class:`PrefixAdmitter` hands them
+to the engine (``LLMEngine.admit_prefix`` on the engine thread, ``replica.prefix_admit``).
+:class:`PrefixWarmer` checks the request is for this replica, runs the two and reports a
+:class:`WarmPrefixResult`; a failed pull is a result with its reason, not an exception: the
+router counts the copy dropped.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from core.errors import MessageError, TransferError
 from core.hashing import BlockHash
-from core.messages import WarmPrefixRequest
+from core.messages import PrefixExport, WarmPrefixRequest
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +48,10 @@ class WarmPrefixResult:
 class PrefixBlockSource(Protocol):
     """Pulls a prefix's blocks from the replica that holds them."""
 
-    async def pull(self, request: WarmPrefixRequest) -> PulledBlocks:
-        """The leading run of ``request.block_hashes`` that ``request.source_replica_id``
-        still holds; raises ``TransferError`` when the pull fails."""
+    async def pull(self, request: WarmPrefixRequest, export: PrefixExport) -> PulledBlocks:
+        """The blocks of ``export`` (the leading run of ``request.block_hashes`` that
+        ``request.source_replica_id`` still held); raises ``TransferError`` when the pull
+        fails."""
         ...
 
 
@@ -71,7 +74,7 @@ class PrefixWarmer:
         self._source = source
         self._admitter = admitter
 
-    async def warm(self, request: WarmPrefixRequest) -> WarmPrefixResult:
+    async def warm(self, request: WarmPrefixRequest, export: PrefixExport) -> WarmPrefixResult:
         """Pull and admit the request's blocks (see the module docstring)."""
         if request.target_replica_id != self.replica_id or request.pool != self.pool:
             raise MessageError(
@@ -80,7 +83,7 @@ class PrefixWarmer:
             )
         requested = len(request.block_hashes)
         try:
-            pulled = await self._source.pull(request)
+            pulled = await self._source.pull(request, export)
         except TransferError as e:
             logger.warning(
                 "warm prefix %s from %s failed: %s",

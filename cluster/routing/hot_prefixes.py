@@ -66,6 +66,11 @@ class HotPrefixes:
         """The replica left the pool: its deliberate copies are gone."""
         self.replicator.forget_replica(replica_id)
 
+    def give_up(self, warm: WarmPrefixRequest) -> bool:
+        """A delivered copy landed nothing: forget it (counted dropped) so the prefix may be
+        copied again; False when it was already gone (retired, or its replica left)."""
+        return self.replicator.give_up(warm.prefix_head, warm.target_replica_id)
+
     def take_warm_requests(self) -> list[WarmPrefixRequest]:
         """The copies decided since the last call, oldest first."""
         pending, self._pending = self._pending, []

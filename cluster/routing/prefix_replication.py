@@ -147,6 +147,17 @@ class PrefixReplicator:
             if not self._copies[head]:
                 del self._copies[head]
 
+    def give_up(self, head: BlockHash, replica_id: str) -> bool:
+        """The copy of ``head`` to ``replica_id`` failed: forget it, counted as dropped;
+        False when there is no such copy (already retired or forgotten)."""
+        copies = self._copies.get(head, {})
+        if copies.pop(replica_id, None) is None:
+            return False
+        if not copies:
+            self._copies.pop(head, None)
+        self._dropped += 1
+        return True
+
     def counters(self) -> CopyCounters:
         """The counters now."""
         return CopyCounters(len(self._copies), self._made, self._dropped, self._bytes)

@@ -41,6 +41,7 @@ class RouterSettings:
     index_stride: int = 1  # ``routing.kv_index_stride``: one block hash in this many indexed
     max_scored_candidates: int = 64  # past this, score the best holders and a random sample
     hot_prefixes: HotPrefixConfig = field(default_factory=HotPrefixConfig)  # ``hot_prefix``
+    deliver_copies: bool = False  # ``hot_prefix``: call holder and target (off: copies wait)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RouterSettings:

@@ -25,6 +25,12 @@ keeps a follower copy that a background task on the router's loop updates from t
 log every ``poll_interval_s`` (see ``kv_index.follower``). ``record_routing_stats`` is used only for
 load figures: it is periodic (seconds) and would have to carry every hash.
 
+A call whose routing keys name a replica (``RoutingKeys.replica_id``: a hot-prefix copy's
+export or pull, ``prefix_copy_delivery``) goes to that replica alone and is not counted as load.
+Under ``hot_prefix`` with ``deliver_copies`` the router hands each copy it decides to a
+:class:`~cluster.routing.prefix_copy_delivery.PrefixCopyDelivery` on its own loop and counts
+the bytes that moved and the copies that failed when they end.
+
 The deployments must define ``record_routing_stats()`` returning ``core.stats.RoutingStats`` as
 plain data (``core.codec``); a replica that has not reported yet counts as empty.
 """
@@ -53,14 +59,16 @@ from cluster.routing.policy_types import (
     RoutingInputs,
     SessionPin,
 )
+from cluster.routing.prefix_copy_delivery import CopyOutcome, PrefixCopyDelivery
 from cluster.routing.request_features import read_routing_keys
 from cluster.routing.router_kwargs import RouterSettings
 from cluster.routing.routing_metrics import routing_metrics
+from cluster.routing.serve_prefix_caller import ServeReplicaCaller
 from cluster.routing.sessions import SessionAffinity
 from core.codec import from_plain
 from core.config import pool_key
 from core.errors import MessageError
-from core.messages import RoutingKeys
+from core.messages import RoutingKeys, WarmPrefixRequest
 from core.stats import RoutingStats
 
 logger = logging.getLogger(__name__)
@@ -89,6 +97,8 @@ class PdserveRequestRouter(RequestRouter):
             if self.settings.policy == "hot_prefix"
             else None
         )
+        self.copy_delivery: PrefixCopyDelivery | None = None  # made by the first copy to deliver
+        self._deployment_name = ""  # the pool's Serve deployment, as its replicas name it
         self.index_source: IndexSource = (
             ActorIndexSource(
                 self.app_name,
@@ -113,8 +123,13 @@ class PdserveRequestRouter(RequestRouter):
             return []
         started_s = time.perf_counter()
         try:
-            self.index_source.ensure_started()
             features = self._features(pending_request)
+            if features.replica_id is not None:  # a hot-prefix copy's call: that one, or none
+                return [
+                    [r] for r in candidate_replicas if r.replica_id.unique_id == features.replica_id
+                ]
+            self._deployment_name = candidate_replicas[0].replica_id.deployment_id.name
+            self.index_source.ensure_started()
             candidate_replicas = of_fingerprint(
                 candidate_replicas,
                 features.kv_fingerprint,
@@ -299,12 +314,37 @@ class PdserveRequestRouter(RequestRouter):
                 warm.source_replica_id,
                 warm.target_replica_id,
             )
+        delivering = self.settings.deliver_copies
         self.metrics.record_prefix_copies(
             self.settings.pool.value,
             num_made=after.copies_made_total - before.copies_made_total,
             num_dropped=after.copies_dropped_total - before.copies_dropped_total,
-            num_bytes=after.copy_bytes_total - before.copy_bytes_total,
+            num_bytes=0 if delivering else after.copy_bytes_total - before.copy_bytes_total,
             num_hot=after.num_hot_prefixes,
+        )
+        if warm is not None and delivering:
+            delivery = self.copy_delivery or self._make_copy_delivery()
+            for decided in self.hot_prefixes.take_warm_requests():
+                delivery.submit(decided)
+
+    def _make_copy_delivery(self) -> PrefixCopyDelivery:
+        """Copies delivered through this pool's own deployment, each call pinned to its
+        replica by ``routing.replica_id``; they give up when the replicator would."""
+        caller = ServeReplicaCaller(self._deployment_name, self.app_name)
+        timeout_s = self.settings.hot_prefixes.copy_interval_s
+        self.copy_delivery = PrefixCopyDelivery(caller, self._copy_ended, timeout_s=timeout_s)
+        return self.copy_delivery
+
+    def _copy_ended(self, warm: WarmPrefixRequest, outcome: CopyOutcome) -> None:
+        """A delivered copy's bytes count as moved; one that landed nothing is dropped."""
+        assert self.hot_prefixes is not None
+        num_dropped = 0 if outcome.landed else int(self.hot_prefixes.give_up(warm))
+        self.metrics.record_prefix_copies(
+            self.settings.pool.value,
+            num_made=0,
+            num_dropped=num_dropped,
+            num_bytes=outcome.num_bytes,
+            num_hot=self.hot_prefixes.counters().num_hot_prefixes,
         )
 
     def _routing_stats(self, replica: RunningReplica) -> RoutingStats:

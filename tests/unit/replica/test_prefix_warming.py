@@ -10,8 +10,9 @@ import torch
 
 from core.config import HostTierConfig, KVTiersConfig
 from core.errors import MessageError, TransferError
+from core.kv_handle import KVHandle
 from core.kv_layout import KVLayout
-from core.messages import WarmPrefixRequest
+from core.messages import PrefixExport, WarmPrefixRequest
 from engine.kv.tiers.device_rows import DeviceRows
 from engine.kv.tiers.store import KVTiers
 from replica.prefix_warming import PrefixWarmer, PulledBlocks, WarmPrefixResult
@@ -19,6 +20,7 @@ from replica.prefix_warming import PrefixWarmer, PulledBlocks, WarmPrefixResult
 LAYOUT = KVLayout("m", "float32", 4, 1, 1, 2, 0)  # 64-byte blocks
 B = LAYOUT.block_bytes
 REQUEST = WarmPrefixRequest("decode", 11, (11, 12, 13), "holder", "me", num_bytes=3 * B)
+EXPORT = PrefixExport((11, 12, 13), KVHandle("t", "inproc://0", 3, B, "f", 0, "e"))
 
 
 class MemorySource:
@@ -27,7 +29,7 @@ class MemorySource:
     def __init__(self, held: dict[int, torch.Tensor], fail: bool = False) -> None:
         self.held, self.fail = held, fail
 
-    async def pull(self, request: WarmPrefixRequest) -> PulledBlocks:
+    async def pull(self, request: WarmPrefixRequest, export: PrefixExport) -> PulledBlocks:
         if self.fail:
             raise TransferError("source unreachable", reason="unavailable")
         hashes = []
@@ -59,7 +61,7 @@ def row(value: int) -> torch.Tensor:
 
 def warm(source: MemorySource, engine: KVTiers, request: WarmPrefixRequest) -> WarmPrefixResult:
     warmer = PrefixWarmer("me", "decode", source, TierAdmitter(engine))
-    return asyncio.run(asyncio.wait_for(warmer.warm(request), timeout=5.0))
+    return asyncio.run(asyncio.wait_for(warmer.warm(request, EXPORT), timeout=5.0))
 
 
 def test_the_whole_prefix_lands_in_the_host_tier() -> None:
@@ -95,7 +97,7 @@ def test_a_full_pinned_tier_or_a_failed_pull_admits_nothing() -> None:
 
 def test_blocks_of_another_prefix_are_refused() -> None:
     class Liar(MemorySource):
-        async def pull(self, request: WarmPrefixRequest) -> PulledBlocks:
+        async def pull(self, request: WarmPrefixRequest, export: PrefixExport) -> PulledBlocks:
             return PulledBlocks((12,), (row(2),))
 
     engine = tiers()

@@ -16,6 +16,7 @@ from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.errors import ConfigError, MessageError
 from core.kv_compat import KVCompat
 from core.kv_events import KVEventBatch
+from core.messages import PrefixCopyCall, RoutingKeys, WarmPrefixRequest
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from replica import (
@@ -193,3 +194,15 @@ def test_a_spec_of_the_other_role_is_refused() -> None:
     with pytest.raises(ConfigError, match="a decode replica got a prefill spec"):
         cls(to_plain(ReplicaSpec("prefill", SPEC.model, SPEC.engine, SPEC.transfer)))
     assert events == []
+
+
+def test_a_warm_prefix_call_without_the_holders_export_is_refused() -> None:
+    events: list[str] = []
+    replica = boot(events)
+    call = PrefixCopyCall(
+        WarmPrefixRequest("decode", 1, (1, 2), "holder", "r-1"), RoutingKeys(replica_id="r-1")
+    )
+    with pytest.raises(MessageError, match="export"):
+        asyncio.run(asyncio.wait_for(replica.warm_prefix(to_plain(call)), timeout=5.0))
+    assert replica._prefix_copies is None  # nothing was made for it
+    stop(replica)
