@@ -33,6 +33,10 @@ class RoutingKeys:
     cache_salt: str | None = None
     """The request's cache salt (its ``cache_salt`` and/or its API key's tenant salt): it
     entered ``block_hashes`` and the engines hash the prompt with it too."""
+    lora_name: str | None = None
+    """The LoRA adapter the request runs under (None: the base model). Both roles run it under
+    this adapter; it entered ``block_hashes`` (as it enters the engines' hashes) and routers
+    weigh where it is resident."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from core.kv_events import KVEventBatch
 from decode.worker import DecodeWorker
 from engine.async_engine import AsyncEngine
 from engine.engine_builder import build_async_engine
+from replica.lora_adapters import ReplicaAdapters
 from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,12 @@ def build_decode_worker(
         parts.layout.fingerprint(),
         kv_failure_policy,
     )
+    adapters = ReplicaAdapters(model.lora_modules)
+    adapters.load_all(async_engine)
     return DecodeWorker(
-        async_engine, transport, kv_failure_policy=kv_failure_policy, metrics=metrics
+        async_engine,
+        transport,
+        kv_failure_policy=kv_failure_policy,
+        metrics=metrics,
+        adapters=adapters,
     )

@@ -37,6 +37,7 @@ from engine.async_engine import AsyncEngine
 from engine.kv_connector.base import ImportEnded, ImportResult
 from replica.kv_connector.kv_import import KVImport
 from replica.kv_connector.transport_connector import TransportKVConnector
+from replica.lora_adapters import ReplicaAdapters
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import InMemoryTransferMetrics, KVTransport, TransferSide
 
@@ -54,11 +55,14 @@ class DecodeWorker:
         kv_failure_policy: KVFailurePolicy = "recompute",
         metrics: InMemoryTransferMetrics | None = None,
         reserve_timeout_s: float = 30.0,
+        adapters: ReplicaAdapters | None = None,
     ) -> None:
         """Attaches a connector over ``transport`` to ``engine``; ``metrics`` default to the
         transport's ``metrics`` attribute when it has one; ``reserve_timeout_s`` bounds how long
-        an import waits for free KV blocks."""
+        an import waits for free KV blocks; ``adapters``: the LoRA adapters requests may name
+        (default: none)."""
         self.kv_failure_policy = kv_failure_policy
+        self.adapters = adapters if adapters is not None else ReplicaAdapters()
         self._engine = engine
         self._transport = transport
         self._metrics = transport_metrics(transport, metrics)
@@ -107,7 +111,11 @@ class DecodeWorker:
     ) -> AsyncGenerator[TokenChunk, None]:
         prompt = request.prompt_token_ids
         stream = await self._engine.open(
-            request.request_id, prompt, params, cache_salt=request.routing.cache_salt
+            request.request_id,
+            prompt,
+            params,
+            cache_salt=request.routing.cache_salt,
+            lora_request=self.adapters.resolve(request.routing.lora_name),
         )
         logger.debug("request %s: local prefill of %d tokens", request.request_id, len(prompt))
         try:
@@ -141,6 +149,7 @@ class DecodeWorker:
                 request.first_token_id,
                 request.prompt_chunk_ends,
                 cache_salt=request.routing.cache_salt,
+                lora_request=self.adapters.resolve(request.routing.lora_name),
                 recompute_on_failure=self.kv_failure_policy == "recompute",
             )
             ended = await kv.wait()

@@ -11,6 +11,7 @@ from core.kv_events import KVEventBatch
 from engine.async_engine import AsyncEngine
 from engine.engine_builder import build_async_engine
 from prefill.worker import PrefillWorker
+from replica.lora_adapters import ReplicaAdapters
 from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)
@@ -53,4 +54,6 @@ def build_prefill_worker(
         transport.address,
         parts.layout.fingerprint(),
     )
-    return PrefillWorker(async_engine, transport, metrics=metrics)
+    adapters = ReplicaAdapters(model.lora_modules)
+    adapters.load_all(async_engine)
+    return PrefillWorker(async_engine, transport, metrics=metrics, adapters=adapters)

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from core.errors import PdserveError, TransferError, UnavailableError
 from core.hashing import hash_prompt_blocks
-from core.messages import DecodeRequest, RoutingKeys
+from core.messages import DecodeRequest
 
 
 def can_migrate(error: BaseException) -> bool:
@@ -56,12 +56,16 @@ def migrated_request(
         sampling, max_tokens=max(owed, 1), min_tokens=max(sampling.min_tokens - len(generated), 0)
     )
     routing = original.routing
-    hashes = hash_prompt_blocks(prompt, block_size, seed=hash_seed, salt=routing.cache_salt)
+    hashes = hash_prompt_blocks(
+        prompt, block_size, seed=hash_seed, salt=routing.cache_salt, lora_name=routing.lora_name
+    )
     return DecodeRequest(
         request_id=f"{original.request_id}-m{attempt}",
         prompt_token_ids=prompt,
         sampling=sampling,
-        routing=RoutingKeys(tuple(hashes), len(prompt), routing.session_id, routing.cache_salt),
+        routing=dataclasses.replace(
+            routing, block_hashes=tuple(hashes), num_prompt_tokens=len(prompt)
+        ),
     )
 
 

@@ -56,4 +56,6 @@ def test_pools_must_agree_on_enable_lora() -> None:
     data = cluster([], enable_lora=False)
     data["decode"] = {"engine": {"enable_lora": True}}
     data["prefill"] = {"num_replicas": 1}
-    assert "prefill.engine.enable_lora (False) must equal decode.engine.enable_lora" in refused(data)
+    assert "prefill.engine.enable_lora (False) must equal decode.engine.enable_lora" in refused(
+        data
+    )
