@@ -80,6 +80,10 @@ class RoutingStats:
     replica; ``None`` until it has both loaded from host and computed a prompt)."""
     disk_block_cost: float | None = None
     """The same for the disk tier."""
+    device_adapters: tuple[str, ...] = ()
+    """LoRA adapters in a device slot (their requests run without a load)."""
+    host_adapters: tuple[str, ...] = ()
+    """LoRA adapters in host memory only (a copy into a slot before they run)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,21 @@ class SpecDecodeStats:
         """Tokens a verify row yields on average: 1 + accepted drafts per draft (1.0: none
         ran or none was accepted)."""
         return 1.0 + (self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0)
+
+
+@dataclass(frozen=True)
+class LoRAAdapterStats:
+    """One LoRA adapter loaded on a replica: where it is and its requests."""
+
+    name: str
+    residency: str
+    """``device`` (in a slot) or ``host`` (in host memory); a cold adapter is not listed."""
+    requests_total: int = 0
+    """Requests run under it since the replica started."""
+    num_running: int = 0
+    """Its requests in the latest step."""
+    num_waiting: int = 0
+    """Its admitted requests that were not in the latest step."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +154,11 @@ class ReplicaStats:
     """Prompt tokens queued or being prefilled, not computed yet (the planner's prefill load)."""
     spec_decode: SpecDecodeStats = SpecDecodeStats()
     """Speculative decoding's counters (all zero when the engine does not speculate)."""
+    # -- multi-LoRA ------------------------------------------------------------------------
+    lora_adapters: tuple[LoRAAdapterStats, ...] = ()
+    """The adapters loaded here (device or host), least recently used first."""
+    max_loras: int = 0
+    """Adapter slots on the device (0: the engine serves no adapters)."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""
@@ -144,6 +168,8 @@ class ReplicaStats:
             self.kv_blocks_free,
             host_block_cost=self.tier_block_cost("host"),
             disk_block_cost=self.tier_block_cost("disk"),
+            device_adapters=tuple(a.name for a in self.lora_adapters if a.residency == "device"),
+            host_adapters=tuple(a.name for a in self.lora_adapters if a.residency == "host"),
         )
 
     def tier_block_cost(self, medium: str) -> float | None:

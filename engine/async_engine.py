@@ -40,7 +40,7 @@ from typing import Any, Protocol, TypeVar
 from core.errors import PdserveError, UnavailableError
 from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
-from core.stats import ReplicaStats
+from core.stats import LoRAAdapterStats, ReplicaStats
 from engine.engine import LLMEngine
 from engine.kv_connector.attached import AttachedConnectors
 from engine.kv_connector.base import ImportEnded, KVConnector, KVImportSource
@@ -124,6 +124,7 @@ class AsyncEngine:
         self._stalled = False
         self._stats = engine.scheduler.stats()  # replaced whole, never mutated: safe to read
         self._prefill_totals = (0, 0.0)  # (tokens, seconds) of prompt compute, replaced whole
+        self._lora_stats: tuple[LoRAAdapterStats, ...] = ()  # replaced whole
         self._exports = ExportProgress(engine)  # engine thread only
         self._connectors = AttachedConnectors(engine, self._wake)  # engine thread only
         self._lock = threading.Lock()
@@ -355,6 +356,8 @@ class AsyncEngine:
             prefill_tokens_total=self._prefill_totals[0],
             prefill_seconds_total=self._prefill_totals[1],
             spec_decode=s.spec_decode,
+            lora_adapters=self._lora_stats,
+            max_loras=0 if self.engine.parts.lora is None else self.engine.parts.lora.max_loras,
         )
 
     @property
@@ -484,6 +487,8 @@ class AsyncEngine:
         self._stats = self.engine.scheduler.stats()
         rate = self.engine.prefill_rate
         self._prefill_totals = (rate.tokens_total, rate.seconds_total)
+        if self.engine.parts.lora is not None:
+            self._lora_stats = self.engine.parts.lora.adapter_stats()
 
     def _step(self) -> bool:
         """One step and its outputs; False when the driver can never step again."""

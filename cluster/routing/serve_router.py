@@ -213,6 +213,7 @@ class PdserveRequestRouter(RequestRouter):
             session_pin=pin,
             now_s=now_s,
             tie_break=self._num_decisions,
+            lora_name=features.lora_name,
         )
 
     def _replica_load(self, replica: RunningReplica) -> ReplicaLoad:
@@ -231,6 +232,8 @@ class PdserveRequestRouter(RequestRouter):
             num_free_blocks=stats.kv_blocks_free,
             host_block_cost=stats.host_block_cost,
             disk_block_cost=stats.disk_block_cost,
+            device_adapters=frozenset(stats.device_adapters),
+            host_adapters=frozenset(stats.host_adapters),
         )
 
     def _record(
