@@ -149,7 +149,8 @@ class GenerationHandlers:
         if self._settings.server.cache_salt_per_api_key:
             salt = tenant_salt(headers.get("authorization"))
         adapter = self._adapters.find(data.get("model"))
-        builder = PromptBuilder(route.tokenizer, route.settings, adapter and adapter.name)
+        lora_name = adapter.name if adapter is not None else None
+        builder = PromptBuilder(route.tokenizer, route.settings, lora_name)
         try:
             if chat:
                 chat_body = ChatCompletionRequest.model_validate(data)
