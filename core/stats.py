@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.lora_registry import AdapterRefusal
+
 
 @dataclass(frozen=True)
 class TransferStats:
@@ -159,6 +161,10 @@ class ReplicaStats:
     """The adapters loaded here (device or host), least recently used first."""
     max_loras: int = 0
     """Adapter slots on the device (0: the engine serves no adapters)."""
+    served_adapters: tuple[str, ...] = ()
+    """Every adapter this replica serves (loaded or cold): the YAML's and the registered ones."""
+    adapter_refusals: tuple[AdapterRefusal, ...] = ()
+    """Registered adapters this replica refused (each one's typed error)."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""

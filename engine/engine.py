@@ -154,6 +154,11 @@ class LLMEngine:
             )
         self.parts.lora.add_adapter(lora_request)
 
+    def remove_lora(self, lora_name: str) -> bool:
+        """Unload an adapter from host and device (vLLM's ``remove_lora``, by name); False when
+        it was not loaded. Refused (``InvalidRequestError``) while requests run under it."""
+        return self.parts.lora is not None and self.parts.lora.remove_adapter(lora_name)
+
     # -- disaggregation hooks (prefill role: pin and release; decode role: import) -----------
 
     def get_pinned_blocks(self, request_id: str) -> PinnedBlocks | None:

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from core.codec import from_plain, to_plain
 from core.config import Role
 from core.errors import ConfigError, ErrorReport, PdserveError, UnavailableError
+from core.lora_registry import RegisteredAdapter
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
 from engine.gangs.lockstep_driver import expert_load_stats
 from replica.hooks import KVEventPublisher, ReplicaHooks
+from replica.lora_adapters import ReplicaAdapters
 from replica.planner_signals import PlannerSignals
 from replica.spec import ReplicaSpec, WorkerBoot
 
@@ -37,6 +39,11 @@ class RoleWorker(Protocol):
     @property
     def engine(self) -> AsyncEngine:
         """The worker's engine."""
+        ...
+
+    @property
+    def adapters(self) -> ReplicaAdapters:
+        """The LoRA adapters its requests may name."""
         ...
 
     def stats(self) -> ReplicaStats:
@@ -95,7 +102,7 @@ class RoleReplica(Generic[WorkerT]):
         self._stop_reporting: Callable[[], None] | None = None
         if hooks.stats_reporter is not None:
             self._stop_reporting = hooks.stats_reporter(
-                self.role, self.replica_stats, self.fault_handler()
+                self.role, self.replica_stats, self.fault_handler(), self.sync_adapters
             )
         self._stopped = False
 
@@ -106,6 +113,10 @@ class RoleReplica(Generic[WorkerT]):
     def fault_handler(self) -> Callable[[FaultInjection], None] | None:
         """Where transfer faults the cluster injects go; None: this role has no such faults."""
         return None
+
+    async def sync_adapters(self, registered: Sequence[RegisteredAdapter]) -> None:
+        """Serve the LoRA adapters the cluster registered (and the YAML's), no others."""
+        await self.worker.adapters.sync(self.worker.engine, registered)
 
     def drain_timeout_s(self) -> float:
         """How long the stop waits for what others still need of this replica (0: none)."""
@@ -122,6 +133,8 @@ class RoleReplica(Generic[WorkerT]):
             self.worker.stats(),
             expert_load=expert_load_stats(self.worker.engine),
             requests_total=self._num_requests,
+            served_adapters=self.worker.adapters.names(),
+            adapter_refusals=self.worker.adapters.refusals(),
         )
 
     def stats(self) -> dict[str, Any]:

@@ -1,5 +1,8 @@
 """A replica's LoRA adapters by served name: the YAML's ``model.lora_modules``, loaded into the
-engine when the replica starts, and the adapters loaded at run time.
+engine when the replica starts, and the adapters loaded at run time: those the cluster
+registers (:meth:`ReplicaAdapters.sync`, fed by the stats board, so a replica started later
+loads them too). A registered adapter the engine refuses is kept as an
+:class:`~core.lora_registry.AdapterRefusal` (reported in the stats; the load rolls back).
 
 Requests name their adapter by name only (``RoutingKeys.lora_name``); both roles resolve it here
 into the engine's :class:`~engine.lora.LoRARequest`, so the prefill and the decode of a request
@@ -10,13 +13,16 @@ name, never reused while the replica lives.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 import threading
 from collections.abc import Sequence
 
 from core.config.lora import LoRAModuleConfig
-from core.errors import InvalidRequestError, ModelNotFoundError
+from core.errors import ErrorReport, InvalidRequestError, ModelNotFoundError, PdserveError
+from core.lora_registry import AdapterRefusal, RegisteredAdapter
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
 from engine.lora import LoRARequest
@@ -33,6 +39,9 @@ class ReplicaAdapters:
         self._next_id = 1
         for module in modules:
             self._register(module.name, module.path)
+        self._static = frozenset(self._by_name)  # the YAML's: never unloaded by a sync
+        self._refusals: dict[str, AdapterRefusal] = {}
+        self._sync_lock = asyncio.Lock()
 
     def names(self) -> tuple[str, ...]:
         """Every adapter this replica serves, in load order."""
@@ -81,12 +90,45 @@ class ReplicaAdapters:
         with self._lock:
             if name not in self._by_name:
                 return False
-        manager = engine.engine.parts.lora
-        if manager is not None:
-            await engine.call(lambda e: manager.remove_adapter(name))
+        await engine.call(lambda e: e.remove_lora(name))
         with self._lock:
             self._by_name.pop(name, None)
         return True
+
+    def refusals(self) -> tuple[AdapterRefusal, ...]:
+        """The registered adapters this replica refused."""
+        with self._lock:
+            return tuple(self._refusals.values())
+
+    async def sync(self, engine: AsyncEngine, registered: Sequence[RegisteredAdapter]) -> None:
+        """Serve exactly the YAML's adapters plus ``registered``: load the new ones (a refusal
+        is kept, not retried while it stays registered) and unload the others (one still in
+        use stays until a later sync)."""
+        async with self._sync_lock:
+            wanted = {adapter.name: adapter for adapter in registered}
+            with self._lock:
+                self._refusals = {
+                    n: r
+                    for n, r in self._refusals.items()
+                    if n in wanted and wanted[n].path == r.path
+                }
+                refused = set(self._refusals)
+            for adapter in wanted.values():
+                if adapter.name not in self.names() and adapter.name not in refused:
+                    await self._try_load(engine, adapter)
+            for name in self.names():
+                if name not in self._static and name not in wanted:
+                    with contextlib.suppress(InvalidRequestError):  # in use: the next sync
+                        await self.unload(engine, name)
+
+    async def _try_load(self, engine: AsyncEngine, adapter: RegisteredAdapter) -> None:
+        try:
+            await self.load(engine, adapter.name, adapter.path)
+        except PdserveError as e:
+            logger.warning("LoRA adapter %s refused: %s", adapter.name, e.message)
+            refusal = AdapterRefusal(adapter.name, adapter.path, ErrorReport.of(e))
+            with self._lock:
+                self._refusals[adapter.name] = refusal
 
     def _register(self, name: str, path: str) -> None:
         self._by_name[name] = LoRARequest(name, self._next_id, path)
