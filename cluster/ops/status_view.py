@@ -187,13 +187,14 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
         "waiting",
         "xfers",
         "spec accept (drafts)",
+        "LoRA adapters",
     )
     for pool in status["pools"]:
         label = _pool_label(pool)
         for i, replica in enumerate(pool["replicas"]):
             stats = _stats_of(replica)
             columns = (
-                ["-"] * 6
+                ["-"] * 7
                 if stats is None
                 else [
                     f"{stats.kv_blocks_used}/{stats.kv_blocks_total}",
@@ -202,6 +203,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                     str(stats.num_waiting),
                     str(stats.transfer.in_flight),
                     spec_cell(stats),
+                    lora_cell(stats),
                 ]
             )
             table.add_row(
@@ -212,7 +214,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                 *columns,
             )
         if not pool["replicas"]:
-            table.add_row(label, *["-"] * 9)
+            table.add_row(label, *["-"] * 10)
     # NOTE: asked for wide, it is never squeezed into the terminal: the lines run long instead
     # (rich clamps a print to the console's width, so the console widens for this one print)
     natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
@@ -261,6 +263,9 @@ def _render_narrow(status: dict[str, Any], console: Console) -> None:
             spec = "off" if stats is None else spec_cell(stats)
             if spec != "off":
                 table.add_row(f"    spec accept {spec}", *[""] * 6)
+            loras = "off" if stats is None else lora_cell(stats)
+            if loras != "off":
+                table.add_row(f"    loras {loras}", *[""] * 6)
     console.print(table)
 
 
@@ -304,3 +309,13 @@ def spec_cell(stats: ReplicaStats) -> str:
     if not spec.num_drafts:
         return "off"
     return f"{spec.mean_acceptance_length:.2f} ({spec.num_drafts})"
+
+
+def lora_cell(stats: ReplicaStats) -> str:
+    """``sql:device chat:host +1 cold``: the LoRA adapters a replica serves and where each is
+    (cold: served, loaded on its next request); ``off`` when it serves none."""
+    if not stats.served_adapters and not stats.lora_adapters:
+        return "off"
+    loaded = [f"{a.name}:{a.residency}" for a in stats.lora_adapters]
+    num_cold = len(set(stats.served_adapters) - {a.name for a in stats.lora_adapters})
+    return " ".join([*loaded, *([f"+{num_cold} cold"] if num_cold else [])])

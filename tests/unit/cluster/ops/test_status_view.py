@@ -6,9 +6,9 @@ import time
 
 from rich.console import Console
 
-from cluster.ops.status_view import render_status, spec_cell, tiers_cell
+from cluster.ops.status_view import lora_cell, render_status, spec_cell, tiers_cell
 from core.codec import to_plain
-from core.stats import KVTierStats, ReplicaStats, SpecDecodeStats
+from core.stats import KVTierStats, LoRAAdapterStats, ReplicaStats, SpecDecodeStats
 
 
 def _status(stats: ReplicaStats | None) -> dict[str, object]:
@@ -131,3 +131,10 @@ def test_status_shows_the_control_planes_recoveries() -> None:
     console = Console(record=True, width=200)
     render_status(status, console)
     assert "control plane: ingress /metrics unreachable" in console.export_text()
+
+
+def test_a_replica_serving_adapters_shows_where_each_is() -> None:
+    adapters = (LoRAAdapterStats("sql", "device"), LoRAAdapterStats("chat", "host"))
+    stats = ReplicaStats(lora_adapters=adapters, served_adapters=("sql", "chat", "math"))
+    assert lora_cell(stats) == "sql:device chat:host +1 cold"
+    assert lora_cell(ReplicaStats()) == "off"
