@@ -207,7 +207,8 @@ def routing_hit_rate(
     return hits / len(picks)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark (``argv``: the command line; None: ``sys.argv``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="builtin:tiny-llama", help="model of the TPOT run")
     parser.add_argument("--batch", type=int, default=8, help="requests (one adapter each)")
@@ -222,7 +223,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--duration", type=int, default=6, help="most arrivals a request runs")
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of popularity")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         base_ms, mixed_ms, load_ms = mixed_batch_tpot(args, Path(tmp))
         llms = [
