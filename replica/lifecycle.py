@@ -101,8 +101,9 @@ class RoleReplica(Generic[WorkerT]):
             raise
         self._stop_reporting: Callable[[], None] | None = None
         if hooks.stats_reporter is not None:
+            on_adapters = self.sync_adapters if self.spec.engine.enable_lora else None
             self._stop_reporting = hooks.stats_reporter(
-                self.role, self.replica_stats, self.fault_handler(), self.sync_adapters
+                self.role, self.replica_stats, self.fault_handler(), on_adapters
             )
         self._stopped = False
 
