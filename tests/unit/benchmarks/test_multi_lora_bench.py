@@ -16,6 +16,7 @@ KEYS = {
     "base_tpot_ms",
     "mixed_tpot_ms",
     "mixed_batch_tpot_ratio",
+    "mixed_batch_cpu_time_ratio",
     "adapter_aware_hit_rate",
     "adapter_blind_hit_rate",
     "adapter_routing_hit_ratio",
