@@ -12,7 +12,7 @@ ErrorReport`: inside a :class:`PrefillReply`, or on the last :class:`TokenChunk`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from core.errors import ErrorReport, MessageError
 from core.hashing import BlockHash
@@ -33,6 +33,7 @@ class RoutingKeys:
     cache_salt: str | None = None
     """The request's cache salt (its ``cache_salt`` and/or its API key's tenant salt): it
     entered ``block_hashes`` and the engines hash the prompt with it too."""
+    _: KW_ONLY  # the fields below are named wherever they are given
     kv_fingerprint: str = ""
     """The KV fingerprint (``core.kv_compat``) the request runs under: routers send it only to
     replicas of this fingerprint while any is there, so its prefill and decode pair up (a
@@ -40,6 +41,10 @@ class RoutingKeys:
     replica_id: str | None = None
     """This replica and no other (a hot-prefix copy's call to its holder or its target); None:
     the router chooses."""
+    lora_name: str | None = None
+    """The LoRA adapter the request runs under (None: the base model). Both roles run it under
+    this adapter; it entered ``block_hashes`` (as it enters the engines' hashes) and routers
+    weigh where it is resident."""
 
 
 @dataclass(frozen=True)

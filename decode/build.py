@@ -12,6 +12,7 @@ from decode.worker import DecodeWorker
 from engine.async_engine import AsyncEngine
 from engine.engine_builder import build_async_engine
 from replica.kv_compat import replica_kv_compat
+from replica.lora_adapters import ReplicaAdapters
 from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)
@@ -50,10 +51,13 @@ def build_decode_worker(
         kv_compat.fingerprint(),
         kv_failure_policy,
     )
+    adapters = ReplicaAdapters(model.lora_modules)
+    adapters.load_all(async_engine)
     return DecodeWorker(
         async_engine,
         transport,
         kv_failure_policy=kv_failure_policy,
         metrics=metrics,
         kv_compat=kv_compat,
+        adapters=adapters,
     )

@@ -40,6 +40,7 @@ from engine.async_engine import AsyncEngine
 from engine.kv_connector.base import ImportEnded, ImportResult
 from replica.kv_connector.kv_import import KVImport
 from replica.kv_connector.transport_connector import TransportKVConnector
+from replica.lora_adapters import ReplicaAdapters
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import InMemoryTransferMetrics, KVTransport, TransferSide
 
@@ -58,13 +59,16 @@ class DecodeWorker:
         metrics: InMemoryTransferMetrics | None = None,
         kv_compat: KVCompat | None = None,
         reserve_timeout_s: float = 30.0,
+        adapters: ReplicaAdapters | None = None,
     ) -> None:
         """Attaches a connector over ``transport`` to ``engine``; ``metrics`` default to the
         transport's ``metrics`` attribute when it has one; ``reserve_timeout_s`` bounds how long
         an import waits for free KV blocks; ``kv_compat``: the compatibility the transport was
-        given, published in the stats (None: undeclared)."""
+        given, published in the stats (None: undeclared); ``adapters``: the LoRA adapters
+        requests may name (default: none)."""
         self.kv_compat = kv_compat
         self.kv_failure_policy = kv_failure_policy
+        self.adapters = adapters if adapters is not None else ReplicaAdapters()
         self._engine = engine
         self._transport = transport
         self._metrics = transport_metrics(transport, metrics)
@@ -113,7 +117,11 @@ class DecodeWorker:
     ) -> AsyncGenerator[TokenChunk, None]:
         prompt = request.prompt_token_ids
         stream = await self._engine.open(
-            request.request_id, prompt, params, cache_salt=request.routing.cache_salt
+            request.request_id,
+            prompt,
+            params,
+            cache_salt=request.routing.cache_salt,
+            lora_request=self.adapters.resolve(request.routing.lora_name),
         )
         logger.debug("request %s: local prefill of %d tokens", request.request_id, len(prompt))
         try:
@@ -147,6 +155,7 @@ class DecodeWorker:
                 request.first_token_id,
                 request.prompt_chunk_ends,
                 cache_salt=request.routing.cache_salt,
+                lora_request=self.adapters.resolve(request.routing.lora_name),
                 recompute_on_failure=self.kv_failure_policy == "recompute",
             )
             ended = await kv.wait()

@@ -12,6 +12,7 @@ from engine.async_engine import AsyncEngine
 from engine.engine_builder import build_async_engine
 from prefill.worker import PrefillWorker
 from replica.kv_compat import replica_kv_compat
+from replica.lora_adapters import ReplicaAdapters
 from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)
@@ -57,4 +58,8 @@ def build_prefill_worker(
         parts.layout.fingerprint(),
         kv_compat.fingerprint(),
     )
-    return PrefillWorker(async_engine, transport, metrics=metrics, kv_compat=kv_compat)
+    adapters = ReplicaAdapters(model.lora_modules)
+    adapters.load_all(async_engine)
+    return PrefillWorker(
+        async_engine, transport, metrics=metrics, kv_compat=kv_compat, adapters=adapters
+    )

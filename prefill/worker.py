@@ -29,6 +29,7 @@ from engine.outputs import RequestOutput
 from engine.request_stream import RequestStream
 from prefill.result import prefill_result
 from replica.kv_connector.transport_connector import FinishedExport, TransportKVConnector
+from replica.lora_adapters import ReplicaAdapters
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import (
     FaultInjection,
@@ -53,12 +54,15 @@ class PrefillWorker:
         *,
         metrics: InMemoryTransferMetrics | None = None,
         kv_compat: KVCompat | None = None,
+        adapters: ReplicaAdapters | None = None,
     ) -> None:
         """Attaches a connector over ``transport`` to ``engine``; ``metrics`` default to the
         transport's own ``metrics`` attribute when it has one; ``kv_compat``: the compatibility
-        the transport was given, published in the stats (None: undeclared)."""
+        the transport was given, published in the stats (None: undeclared); ``adapters``: the
+        LoRA adapters requests may name (default: none)."""
         self.kv_compat = kv_compat
         self._engine = engine
+        self.adapters = adapters if adapters is not None else ReplicaAdapters()
         self._transport = transport
         self._metrics = transport_metrics(transport, metrics)
         self._connector = TransportKVConnector(transport)
@@ -157,6 +161,7 @@ class PrefillWorker:
             prefill_only=True,
             cache_salt=request.routing.cache_salt,
             export_to=self._connector,
+            lora_request=self.adapters.resolve(request.routing.lora_name),
         )
 
     def _finished_export(

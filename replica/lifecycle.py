@@ -15,19 +15,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from core.codec import from_plain, to_plain
 from core.config import Role
 from core.errors import ConfigError, ErrorReport, MessageError, PdserveError, UnavailableError
 from core.kv_compat import KVCompat
+from core.lora_registry import RegisteredAdapter
 from core.messages import PrefixCopyCall
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
 from engine.gangs.lockstep_driver import expert_load_stats
 from replica.hooks import KVEventPublisher, ReplicaHooks
+from replica.lora_adapters import ReplicaAdapters
 from replica.planner_signals import PlannerSignals
 from replica.prefix_copies import PrefixCopies
 from replica.spec import ReplicaSpec, WorkerBoot
@@ -51,6 +53,11 @@ class RoleWorker(Protocol):
     @property
     def transport(self) -> KVTransport:
         """The worker's KV transport (hot-prefix exports leave through it)."""
+        ...
+
+    @property
+    def adapters(self) -> ReplicaAdapters:
+        """The LoRA adapters its requests may name."""
         ...
 
     def stats(self) -> ReplicaStats:
@@ -113,8 +120,9 @@ class RoleReplica(Generic[WorkerT]):
             raise
         self._stop_reporting: Callable[[], None] | None = None
         if hooks.stats_reporter is not None:
+            on_adapters = self.sync_adapters if self.spec.engine.enable_lora else None
             self._stop_reporting = hooks.stats_reporter(
-                self.role, self.replica_stats, self.fault_handler()
+                self.role, self.replica_stats, self.fault_handler(), on_adapters
             )
         self._stopped = False
 
@@ -125,6 +133,10 @@ class RoleReplica(Generic[WorkerT]):
     def fault_handler(self) -> Callable[[FaultInjection], None] | None:
         """Where transfer faults the cluster injects go; None: this role has no such faults."""
         return None
+
+    async def sync_adapters(self, registered: Sequence[RegisteredAdapter]) -> None:
+        """Serve the LoRA adapters the cluster registered (and the YAML's), no others."""
+        await self.worker.adapters.sync(self.worker.engine, registered)
 
     def drain_timeout_s(self) -> float:
         """How long the stop waits for what others still need of this replica (0: none)."""
@@ -141,6 +153,8 @@ class RoleReplica(Generic[WorkerT]):
             self.worker.stats(),
             expert_load=expert_load_stats(self.worker.engine),
             requests_total=self._num_requests,
+            served_adapters=self.worker.adapters.names(),
+            adapter_refusals=self.worker.adapters.refusals(),
         )
 
     def stats(self) -> dict[str, Any]:

@@ -202,6 +202,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
         "xfers",
         "spec accept (drafts)",
         "KV fp",
+        "LoRA adapters",
     )
     for pool in status["pools"]:
         label = _pool_label(pool)
@@ -218,6 +219,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                     str(stats.transfer.in_flight),
                     spec_cell(stats),
                     fingerprint_cell(stats),
+                    lora_cell(stats),
                 ]
             )
             table.add_row(
@@ -280,6 +282,9 @@ def _render_narrow(status: dict[str, Any], console: Console) -> None:
             fingerprint = "-" if stats is None else fingerprint_cell(stats)
             if fingerprint != "-":
                 table.add_row(f"    KV fp {fingerprint}", *[""] * 6)
+            loras = "off" if stats is None else lora_cell(stats)
+            if loras != "off":
+                table.add_row(f"    loras {loras}", *[""] * 6)
     console.print(table)
 
 
@@ -376,3 +381,13 @@ def render_versions(status: dict[str, Any], console: Console) -> None:
     line = versions_line(status)
     if line is not None:
         console.print(line, highlight=False)
+
+
+def lora_cell(stats: ReplicaStats) -> str:
+    """``sql:device chat:host +1 cold``: the LoRA adapters a replica serves and where each is
+    (cold: served, loaded on its next request); ``off`` when it serves none."""
+    if not stats.served_adapters and not stats.lora_adapters:
+        return "off"
+    loaded = [f"{a.name}:{a.residency}" for a in stats.lora_adapters]
+    num_cold = len(set(stats.served_adapters) - {a.name for a in stats.lora_adapters})
+    return " ".join([*loaded, *([f"+{num_cold} cold"] if num_cold else [])])

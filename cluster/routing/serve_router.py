@@ -247,6 +247,7 @@ class PdserveRequestRouter(RequestRouter):
             session_pin=pin,
             now_s=now_s,
             tie_break=self._num_decisions,
+            lora_name=features.lora_name,
         )
 
     def _replica_load(self, replica: RunningReplica) -> ReplicaLoad:
@@ -268,6 +269,8 @@ class PdserveRequestRouter(RequestRouter):
             disk_block_cost=stats.disk_block_cost,
             num_pending_prompt_tokens=stats.pending_prompt_tokens,
             prefill_tokens_per_s=stats.prefill_tokens_per_s,
+            device_adapters=frozenset(stats.device_adapters),
+            host_adapters=frozenset(stats.host_adapters),
         )
 
     def _record(

@@ -45,6 +45,7 @@ from cluster.serve.config_file import load_cluster_config
 from cluster.serve.controller_watch import ControllerWatch
 from cluster.serve.fault_admin import ServeFaultAdmin
 from cluster.serve.ingress_setup import build_ingress_settings
+from cluster.serve.lora_admin import ServeLoRAAdmin
 from core.codec import to_plain
 from core.config import ClusterConfig, ServedModel
 from engine.builtin import resolve_model
@@ -153,6 +154,14 @@ class ControlPlaneCollector(Collector):
             yield CounterMetricFamily(f"pdserve:{name}", text, value=value)
 
 
+def lora_admin(board: DeploymentHandle, config: ClusterConfig) -> ServeLoRAAdmin | None:
+    """The runtime LoRA admin when the default model serves adapters (None: the routes are off)."""
+    served = config.served_models()
+    if not served[0].engine_for("decode").enable_lora:
+        return None
+    return ServeLoRAAdmin(board, {model.name: model.scope for model in served})
+
+
 @serve.ingress()
 class IngressDeployment:
     """One ingress replica: tokenizer, admission gate, pool clients and the FastAPI app."""
@@ -188,6 +197,7 @@ class IngressDeployment:
             stats_provider=self._watch.stats_by_role,
             gate=self._gate,
             fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
+            lora_admin=lora_admin(board, cluster_config),
         )
         self._ingress.metrics.registry.register(RoutingCollector())
         registry = self._ingress.metrics.registry

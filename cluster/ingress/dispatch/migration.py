@@ -32,7 +32,7 @@ from typing import Protocol
 
 from core.errors import PdserveError, TransferError, UnavailableError
 from core.hashing import hash_prompt_blocks
-from core.messages import DecodeRequest, RoutingKeys
+from core.messages import DecodeRequest
 
 
 def can_migrate(error: BaseException) -> bool:
@@ -60,19 +60,17 @@ def migrated_request(
         sampling, max_tokens=max(owed, 1), min_tokens=max(sampling.min_tokens - len(generated), 0)
     )
     routing = original.routing
-    hashes = hash_prompt_blocks(prompt, block_size, seed=hash_seed, salt=routing.cache_salt)
+    hashes = hash_prompt_blocks(
+        prompt, block_size, seed=hash_seed, salt=routing.cache_salt, lora_name=routing.lora_name
+    )
     return DecodeRequest(
         request_id=f"{original.request_id}-m{attempt}",
         prompt_token_ids=prompt,
         sampling=sampling,
-        routing=RoutingKeys(
-            tuple(hashes),
-            len(prompt),
-            routing.session_id,
-            routing.cache_salt,
-            # a replica of the same version while one serves (its prefix cache is of the same
-            # weights); once none does (a rolling upgrade replaced them), any: recomputed
-            kv_fingerprint=routing.kv_fingerprint,
+        # the same fingerprint (a replica of the same version while one serves: its prefix cache
+        # is of the same weights; once none does, any: recomputed), the same adapter
+        routing=dataclasses.replace(
+            routing, block_hashes=tuple(hashes), num_prompt_tokens=len(prompt)
         ),
     )
 

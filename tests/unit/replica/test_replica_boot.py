@@ -27,6 +27,7 @@ from replica import (
     RoleReplica,
     WorkerBoot,
 )
+from replica.lora_adapters import ReplicaAdapters
 
 SPEC = ReplicaSpec(
     role="decode",
@@ -54,6 +55,7 @@ class FakeWorker:
     events: list[str]
     engine: FakeEngine = field(default_factory=FakeEngine)
     kv_compat: KVCompat | None = None
+    adapters: ReplicaAdapters = field(default_factory=ReplicaAdapters)
 
     def stats(self) -> ReplicaStats:
         return ReplicaStats(num_running=3)
@@ -111,7 +113,9 @@ class FakeDecode(RoleReplica[FakeWorker]):
 
 
 def reporter(events: list[str]) -> Any:
-    def start(role: str, stats: Callable[[], ReplicaStats], on_faults: Any = None) -> Any:
+    def start(
+        role: str, stats: Callable[[], ReplicaStats], on_faults: Any = None, on_adapters: Any = None
+    ) -> Any:
         events.append(f"report {role} {stats().num_running}")
         on_faults(FaultInjection())
         return lambda: events.append("reports stopped")

@@ -8,13 +8,14 @@ from rich.console import Console
 
 from cluster.ops.status_view import (
     fingerprint_cell,
+    lora_cell,
     render_status,
     spec_cell,
     tiers_cell,
     versions_line,
 )
 from core.codec import to_plain
-from core.stats import KVTierStats, ReplicaStats, SpecDecodeStats
+from core.stats import KVTierStats, LoRAAdapterStats, ReplicaStats, SpecDecodeStats
 
 
 def _status(stats: ReplicaStats | None) -> dict[str, object]:
@@ -195,3 +196,10 @@ def test_a_fleet_of_two_fingerprints_shows_the_upgrade_in_progress() -> None:
     assert "upgrade in progress: Decode 1 aaaaaaaa + 1 bbbbbbbb" in console.export_text()
     assert versions_line(_status(ReplicaStats(kv_fingerprint="aaaaaaaa00000000"))) is None
     assert versions_line(_status(None)) is None
+
+
+def test_a_replica_serving_adapters_shows_where_each_is() -> None:
+    adapters = (LoRAAdapterStats("sql", "device"), LoRAAdapterStats("chat", "host"))
+    stats = ReplicaStats(lora_adapters=adapters, served_adapters=("sql", "chat", "math"))
+    assert lora_cell(stats) == "sql:device chat:host +1 cold"
+    assert lora_cell(ReplicaStats()) == "off"
