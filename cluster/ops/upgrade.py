@@ -54,8 +54,8 @@ def running_config(app: dict[str, Any] | None, app_name: str) -> ClusterConfig:
         raise UpgradeRefusedError(
             f"app {app_name!r} was not deployed by pdserve (no config in its args)", param="app"
         ) from e
-    overrides = deployed.get("deployments") or []
-    ingress = next((d for d in overrides if d.get("name") == INGRESS_DEPLOYMENT), {})
+    overrides: list[dict[str, Any]] = deployed.get("deployments") or []
+    ingress: dict[str, Any] = next((d for d in overrides if d.get("name") == INGRESS_DEPLOYMENT), {})
     return with_in_place(load_cluster_config(mapping), ingress.get("user_config"))
 
 

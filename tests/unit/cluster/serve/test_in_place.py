@@ -60,7 +60,7 @@ def test_a_user_config_setting_another_field_is_refused_naming_it() -> None:
 
 
 def test_the_configured_schema_sets_user_config_and_keeps_other_overrides() -> None:
-    current = {
+    current: dict[str, Any] = {
         "applications": [
             {"name": "other", "import_path": "x:y"},
             {"name": "pdserve", "deployments": [{"name": "Decode", "num_replicas": 3}]},
