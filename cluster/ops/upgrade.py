@@ -55,7 +55,9 @@ def running_config(app: dict[str, Any] | None, app_name: str) -> ClusterConfig:
             f"app {app_name!r} was not deployed by pdserve (no config in its args)", param="app"
         ) from e
     overrides: list[dict[str, Any]] = deployed.get("deployments") or []
-    ingress: dict[str, Any] = next((d for d in overrides if d.get("name") == INGRESS_DEPLOYMENT), {})
+    ingress: dict[str, Any] = next(
+        (d for d in overrides if d.get("name") == INGRESS_DEPLOYMENT), {}
+    )
     return with_in_place(load_cluster_config(mapping), ingress.get("user_config"))
 
 
