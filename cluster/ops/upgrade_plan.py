@@ -1,10 +1,12 @@
 """What ``pdserve upgrade CONFIG`` would change on a running cluster, decided before anything
 moves: pure functions of the running config and the new one (no Ray).
 
-:func:`plan_upgrade` sorts every difference. Sections a running replica only reads through its
-routers and planner (``routing``, ``disaggregation``, ``planner``, ``virtual_models``) and a
-pool's size apply in place; a served model whose checkpoint, engine options, pool engine
-overrides or transfer settings changed has both its pools replaced — the new replicas compute
+:func:`plan_upgrade` sorts every difference. Sections no replica's engine reads (``routing``,
+``disaggregation``, ``planner``, ``virtual_models``) and a pool's size keep every replica's KV
+fingerprint; of those, the fields the ingress alone reads (``cluster.serve.in_place``) apply in
+place, the others only through a redeploy (Serve's code version carries them). A served model
+whose checkpoint, engine options, pool engine overrides or transfer settings changed has both
+its pools replaced — the new replicas compute
 KV of another fingerprint (``core.kv_compat``), and pairing by fingerprint keeps the two
 versions apart while both serve. What cannot be upgraded to is refused with
 :class:`~core.errors.UpgradeRefusedError` naming it: another cluster or server section (that is
