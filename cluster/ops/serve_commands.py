@@ -154,8 +154,9 @@ def upgrade_command(
     config: str = typer.Argument(..., help="The new cluster YAML (or a name under configs/)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
 ) -> None:
-    """Move the running app to a new YAML: pool sizes in place, a new checkpoint or engine
-    options by replacing the model's replicas while the old ones serve."""
+    """Move the running app to a new YAML: pool sizes and the ingress's own settings in place, a
+    new checkpoint or engine options by replacing the model's replicas while the old ones
+    serve."""
     from cluster.ops.upgrade import upgrade
     from cluster.serve.config_file import load_cluster_config
 
@@ -172,8 +173,11 @@ def upgrade_command(
         sizes = f"prefill -> {model.num_prefill} " if model.num_prefill is not None else ""
         sizes += f"decode -> {model.num_decode}" if model.num_decode is not None else ""
         console.print(f"{model.name}: {what} {sizes}".rstrip(), highlight=False)
-    if plan.in_place:
-        console.print(f"in place: {', '.join(plan.in_place)}", highlight=False)
+    if plan.ingress_fields:
+        applied = ", ".join(plan.ingress_fields)
+        console.print(f"in place (no replica restarts): {applied}", highlight=False)
+    if plan.redeploy_fields:
+        console.print(f"with the redeploy: {', '.join(plan.redeploy_fields)}", highlight=False)
     console.print("dry run: nothing changed" if dry_run else "upgraded")
 
 

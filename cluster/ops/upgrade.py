@@ -6,9 +6,12 @@ what it can through Serve's own deployment updates: a plan that only resizes poo
 :meth:`~cluster.ops.rest.ServeRest.scale` (nothing restarts); a plan that replaces pools is a
 redeploy of the app from the new config, whose changed deployments Serve replaces replica by
 replica (new deployment versions) while the old replicas serve — pairing by KV fingerprint keeps
-the two versions' prefill and decode apart meanwhile. Sections that need no restart are not yet
-applied on their own (a redeploy would restart every replica): such a plan is refused saying
-so, and nothing changes.
+the two versions' prefill and decode apart meanwhile. Fields the ingress alone reads
+(``cluster.serve.in_place``) are applied in place: the new values become the Ingress
+deployment's ``user_config`` and Serve calls its ``reconfigure``; no replica restarts. Routing
+fields of the pools' routers and the planner are in Serve's code version: applying them alone
+would restart every replica, so such a plan is refused saying so, and nothing changes (they
+ride along with an upgrade that replaces pools anyway).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
 from cluster.ops.upgrade_plan import ModelIdentity, UpgradePlan, plan_upgrade
 from cluster.serve.config_file import load_cluster_config
-from cluster.serve.pool_options import pool_deployment_name
+from cluster.serve.in_place import in_place_user_config, with_in_place
+from cluster.serve.pool_options import INGRESS_DEPLOYMENT, pool_deployment_name
 from core.config import ClusterConfig
 from core.errors import UnavailableError, UpgradeRefusedError
 from engine.builtin import resolve_model
@@ -39,16 +43,22 @@ def model_identity(name: str) -> ModelIdentity:
 
 
 def running_config(app: dict[str, Any] | None, app_name: str) -> ClusterConfig:
-    """The config the deployed app ``app`` (Serve's app details) was built from."""
+    """The config the deployed app ``app`` (Serve's app details) runs: its ``args``, with the
+    fields an earlier upgrade applied in place (the Ingress deployment's ``user_config``)."""
     if app is None:
         raise UnavailableError(f"app {app_name!r} is not deployed (start it with pdserve up)")
     try:
-        mapping = app["deployed_app_config"]["args"]["config"]
+        deployed = app["deployed_app_config"]
+        mapping = deployed["args"]["config"]
     except (KeyError, TypeError) as e:
         raise UpgradeRefusedError(
             f"app {app_name!r} was not deployed by pdserve (no config in its args)", param="app"
         ) from e
-    return load_cluster_config(mapping)
+    overrides: list[dict[str, Any]] = deployed.get("deployments") or []
+    ingress: dict[str, Any] = next(
+        (d for d in overrides if d.get("name") == INGRESS_DEPLOYMENT), {}
+    )
+    return with_in_place(load_cluster_config(mapping), ingress.get("user_config"))
 
 
 def upgrade(new: ClusterConfig, *, dry_run: bool = False) -> UpgradePlan:
@@ -67,14 +77,19 @@ def upgrade(new: ClusterConfig, *, dry_run: bool = False) -> UpgradePlan:
             rest.deploy(new)
             rest.wait_running(app_name, UPGRADE_TIMEOUT_S)
             return plan
-        if plan.in_place:
+        if plan.redeploy_fields:
             raise UpgradeRefusedError(
-                f"{', '.join(plan.in_place)} changed: applying these without restarting replicas "
-                "is not supported yet, and a redeploy would restart every replica; nothing was "
-                "changed",
-                param=plan.in_place[0],
+                f"{', '.join(plan.redeploy_fields)} changed: applying these without restarting "
+                "replicas is not supported yet (Serve rebuilds the app for them, restarting "
+                "every replica); nothing was changed",
+                param=plan.redeploy_fields[0].split(".")[0],
             )
-        rest.scale(app_name, _resized(plan, new))
+        if plan.ingress_fields:
+            logger.info("upgrading %s in place: %s", app_name, ", ".join(plan.ingress_fields))
+            rest.reconfigure(app_name, INGRESS_DEPLOYMENT, in_place_user_config(new))
+        resized = _resized(plan, new)
+        if resized:
+            rest.scale(app_name, resized)
     return plan
 
 

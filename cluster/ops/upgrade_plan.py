@@ -1,10 +1,12 @@
 """What ``pdserve upgrade CONFIG`` would change on a running cluster, decided before anything
 moves: pure functions of the running config and the new one (no Ray).
 
-:func:`plan_upgrade` sorts every difference. Sections a running replica only reads through its
-routers and planner (``routing``, ``disaggregation``, ``planner``, ``virtual_models``) and a
-pool's size apply in place; a served model whose checkpoint, engine options, pool engine
-overrides or transfer settings changed has both its pools replaced — the new replicas compute
+:func:`plan_upgrade` sorts every difference. Sections no replica's engine reads (``routing``,
+``disaggregation``, ``planner``, ``virtual_models``) and a pool's size keep every replica's KV
+fingerprint; of those, the fields the ingress alone reads (``cluster.serve.in_place``) apply in
+place, the others only through a redeploy (Serve's code version carries them). A served model
+whose checkpoint, engine options, pool engine overrides or transfer settings changed has both
+its pools replaced — the new replicas compute
 KV of another fingerprint (``core.kv_compat``), and pairing by fingerprint keeps the two
 versions apart while both serve. What cannot be upgraded to is refused with
 :class:`~core.errors.UpgradeRefusedError` naming it: another cluster or server section (that is
@@ -22,11 +24,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cluster.serve.in_place import IN_PLACE_FIELDS, field_value
 from core.config import ClusterConfig, ServedModel
 from core.errors import UpgradeRefusedError
 
 IN_PLACE_SECTIONS = ("routing", "disaggregation", "planner", "virtual_models")
-"""Sections applied without restarting a replica."""
+"""Sections no replica's engine reads (a change in them alone keeps every KV fingerprint)."""
 REFUSED_SECTIONS = ("cluster", "server")
 """Sections an upgrade keeps (another value is another deployment)."""
 
@@ -67,6 +70,11 @@ class UpgradePlan:
     in_place: tuple[str, ...]
     """Sections that change without a restart."""
     models: tuple[ModelUpgrade, ...]
+    ingress_fields: tuple[str, ...] = ()
+    """Changed fields the ingress applies through ``reconfigure`` (``cluster.serve.in_place``)."""
+    redeploy_fields: tuple[str, ...] = ()
+    """Changed fields of :data:`IN_PLACE_SECTIONS` that Serve applies only by rebuilding the
+    app (they are in its code version), which restarts every replica."""
 
     @property
     def restarts(self) -> bool:
@@ -106,7 +114,29 @@ def plan_upgrade(
         _model_upgrade(running[name], wanted[name], current, new, identity_of)
         for name in sorted(wanted)
     )
-    return UpgradePlan(in_place, models)
+    changed = _changed_fields(current, new, in_place)
+    redeploy = tuple(f for f in changed if f not in IN_PLACE_FIELDS)
+    if "disaggregation" in changed and new.planner.mode != "off":
+        redeploy = ("disaggregation", *redeploy)  # the planner policy's kwargs carry it too
+    ingress = tuple(f for f in changed if f in IN_PLACE_FIELDS and f not in redeploy)
+    return UpgradePlan(in_place, models, ingress, redeploy)
+
+
+def _changed_fields(
+    current: ClusterConfig, new: ClusterConfig, sections: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The changed fields of ``sections``: a whole section, or ``routing``'s own fields (the
+    only section split between the ingress and the pools' routers)."""
+    fields: list[str] = []
+    for section in sections:
+        if section != "routing":
+            fields.append(section)
+            continue
+        for name in type(current.routing).model_fields:
+            path = f"routing.{name}"
+            if field_value(current, path) != field_value(new, path):
+                fields.append(path)
+    return tuple(fields)
 
 
 def _model_upgrade(

@@ -12,6 +12,10 @@ the ingress's own follower of the app's KV index (an :class:`ActorIndexSource` i
 of a prompt the decode pool already caches. ``/metrics`` also renders the process's routing
 metrics (:class:`RoutingCollector`), and :meth:`IngressDeployment.routing_snapshot` returns them
 as a plain ``RoutingSnapshot``.
+
+In place: Serve calls :meth:`IngressDeployment.reconfigure` with the Ingress deployment's
+``user_config`` (what ``pdserve upgrade`` sets for the fields the ingress alone reads); the
+replica rebuilds its app and swaps it behind the ASGI app Serve mounted, restarting nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +25,13 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from fastapi import FastAPI
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from cluster.ingress import RequestGate, create_app
+from cluster.ingress import IngressApp, RequestGate, create_app
 from cluster.ingress.dispatch.pool_clients import PrefillClient
 from cluster.ingress.model_table import ModelEndpoint
 from cluster.routing.kv_index.actor import INDEX_NAMESPACE
@@ -44,8 +47,10 @@ from cluster.serve.clients import (
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.controller_watch import ControllerWatch
 from cluster.serve.fault_admin import ServeFaultAdmin
+from cluster.serve.in_place import with_in_place
 from cluster.serve.ingress_setup import build_ingress_settings
 from cluster.serve.lora_admin import ServeLoRAAdmin
+from cluster.serve.swappable_asgi import SwappableAsgi
 from core.codec import to_plain
 from core.config import ClusterConfig, ServedModel
 from engine.builtin import resolve_model
@@ -188,7 +193,15 @@ class IngressDeployment:
             stride=cluster_config.routing.kv_index_stride,
         )
         self._index.ensure_started()
-        self._ingress = create_app(
+        self._pools, self._board = pools, board
+        self._base_config = self._config = cluster_config
+        self._ingress = self._build_ingress(cluster_config)
+        self._asgi = SwappableAsgi(self._ingress.asgi)
+
+    def _build_ingress(self, cluster_config: ClusterConfig) -> IngressApp:
+        """The FastAPI app and its metrics for ``cluster_config`` over this replica's pools."""
+        pools, board = self._pools, self._board
+        ingress = create_app(
             [
                 self._endpoint(cluster_config, s, *pools[s.name])
                 for s in cluster_config.served_models()
@@ -199,10 +212,24 @@ class IngressDeployment:
             fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
             lora_admin=lora_admin(board, cluster_config),
         )
-        self._ingress.metrics.registry.register(RoutingCollector())
-        registry = self._ingress.metrics.registry
+        ingress.metrics.registry.register(RoutingCollector())
+        registry = ingress.metrics.registry
         registry.register(ControlPlaneCollector(self._watch, self._controller))
         ProcessCollector(registry=registry)  # process_start_time_seconds: this ingress's restarts
+        return ingress
+
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's lightweight update (``pdserve upgrade`` of fields the ingress alone reads,
+        ``cluster.serve.in_place``): rebuild the app from the deployed config overlaid with
+        ``user_config`` and serve the next requests from it; requests in flight finish on the
+        old one, and no replica restarts. The rebuilt app starts its metrics from zero."""
+        config = with_in_place(self._base_config, user_config)
+        if config == self._config:
+            return
+        self._ingress = self._build_ingress(config)
+        self._config = config
+        self._asgi.swap(self._ingress.asgi)
+        logger.info("ingress reconfigured in place: %s", ", ".join(sorted(user_config)))
 
     def _endpoint(
         self,
@@ -230,9 +257,9 @@ class IngressDeployment:
             PoolVersions(self._watch, served.pool_key("prefill"), decode_pool),
         )
 
-    def __serve_build_asgi_app__(self) -> FastAPI:
-        """The ASGI app Serve mounts for this replica."""
-        return self._ingress.asgi
+    def __serve_build_asgi_app__(self) -> SwappableAsgi:
+        """The ASGI app Serve mounts for this replica (it forwards to the current one)."""
+        return self._asgi
 
     async def routing_snapshot(self) -> dict[str, Any]:
         """The routing metrics of this replica's routers: a plain ``RoutingSnapshot``."""

@@ -14,6 +14,7 @@ import pytest
 from cluster.ops import upgrade as upgrade_module
 from cluster.ops.upgrade_plan import ModelIdentity
 from cluster.serve.config_file import config_to_mapping, load_cluster_config
+from cluster.serve.in_place import in_place_user_config
 from core.config import ClusterConfig
 from core.errors import UnavailableError, UpgradeRefusedError
 
@@ -45,6 +46,9 @@ class FakeRest:
 
     def scale(self, app_name: str, replicas: dict[str, int]) -> None:
         self.calls.append(("scale", replicas))
+
+    def reconfigure(self, app_name: str, deployment: str, user_config: dict[str, Any]) -> None:
+        self.calls.append(("reconfigure", (deployment, user_config)))
 
 
 @pytest.fixture
@@ -99,3 +103,23 @@ def test_an_app_that_is_not_running_is_named(rest: FakeRest) -> None:
     rest.app = None
     with pytest.raises(UnavailableError, match="not deployed"):
         upgrade_module.upgrade(new())
+
+
+def test_ingress_fields_are_applied_in_place_with_a_resize(rest: FakeRest) -> None:
+    target = new(routing={"migration_limit": 0}, decode={"num_replicas": 3})
+    plan = upgrade_module.upgrade(target)
+    assert plan.ingress_fields == ("routing.migration_limit",) and not plan.restarts
+    assert rest.calls == [
+        ("reconfigure", ("Ingress", in_place_user_config(target))),
+        ("scale", {"Decode": 3}),
+    ]
+
+
+def test_the_running_config_includes_what_was_applied_in_place(rest: FakeRest) -> None:
+    applied = new(routing={"migration_limit": 0})
+    assert rest.app is not None
+    rest.app["deployed_app_config"]["deployments"] = [
+        {"name": "Ingress", "user_config": in_place_user_config(applied)}
+    ]
+    assert upgrade_module.upgrade(applied).empty
+    assert upgrade_module.upgrade(new()).ingress_fields == ("routing.migration_limit",)

@@ -102,3 +102,26 @@ def test_rolling_steps_keep_both_versions_within_one_replica_of_the_ratio(
 def test_rolling_steps_of_two_prefill_four_decode() -> None:
     steps = [(s.num_new_prefill, s.num_new_decode) for s in rolling_steps(2, 4)]
     assert steps == [(1, 0), (1, 1), (1, 2), (2, 2), (2, 3), (2, 4)]
+
+
+def test_fields_the_ingress_reads_are_split_from_those_serve_rebuilds_the_app_for() -> None:
+    upgrade = plan(
+        config(
+            routing={"policy": "least_loaded", "migration_limit": 1},
+            virtual_models=[{"name": "auto", "default": "llama"}],
+        )
+    )
+    assert upgrade.in_place == ("routing", "virtual_models")
+    assert upgrade.ingress_fields == ("routing.migration_limit", "virtual_models")
+    assert upgrade.redeploy_fields == ("routing.policy",)
+
+
+def test_disaggregation_goes_to_the_ingress_unless_the_planner_reads_it_too() -> None:
+    threshold = {"local_prefill_threshold_tokens": 7}
+    assert plan(config(disaggregation=threshold)).ingress_fields == ("disaggregation",)
+    autoscaled = {"autoscaling": {"min_replicas": 1, "max_replicas": 4}}
+    planned = {"planner": {"mode": "load"}, "prefill": autoscaled, "decode": autoscaled}
+    upgrade = plan_upgrade(
+        config(**planned), config(**planned, disaggregation=threshold), IDENTITIES.__getitem__
+    )
+    assert upgrade.ingress_fields == () and upgrade.redeploy_fields == ("disaggregation",)
