@@ -70,6 +70,13 @@ class ConfigError(PdserveError):
     error_type = "config_error"
 
 
+class UpgradeRefusedError(ConfigError):
+    """A running cluster cannot be upgraded in place to a config (another model architecture,
+    another set of served models, another cluster section); ``param`` names what differs."""
+
+    error_type = "upgrade_refused"
+
+
 class ModelNotFoundError(PdserveError):
     """A model path, built-in name or served model name does not exist (HTTP 404)."""
 

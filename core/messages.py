@@ -12,7 +12,7 @@ ErrorReport`: inside a :class:`PrefillReply`, or on the last :class:`TokenChunk`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from core.errors import ErrorReport, MessageError
 from core.hashing import BlockHash
@@ -33,6 +33,18 @@ class RoutingKeys:
     cache_salt: str | None = None
     """The request's cache salt (its ``cache_salt`` and/or its API key's tenant salt): it
     entered ``block_hashes`` and the engines hash the prompt with it too."""
+    _: KW_ONLY  # the fields below are named wherever they are given
+    kv_fingerprint: str = ""
+    """The KV fingerprint (``core.kv_compat``) the request runs under: routers send it only to
+    replicas of this fingerprint while any is there, so its prefill and decode pair up (a
+    rolling upgrade serves two); empty: any replica."""
+    replica_id: str | None = None
+    """This replica and no other (a hot-prefix copy's call to its holder or its target); None:
+    the router chooses."""
+    lora_name: str | None = None
+    """The LoRA adapter the request runs under (None: the base model). Both roles run it under
+    this adapter; it entered ``block_hashes`` (as it enters the engines' hashes) and routers
+    weigh where it is resident."""
 
 
 @dataclass(frozen=True)
@@ -179,3 +191,56 @@ class TokenChunk:
     stage_times: StageTimes | None = None
     """On a stream's first chunk with tokens: a local prefill's queue and prefill time, or an
     import's transfer and first-decode time."""
+
+
+@dataclass(frozen=True)
+class WarmPrefixRequest:
+    """A router asks ``target_replica_id`` to hold a hot prefix's KV ahead of its requests:
+    pull ``block_hashes`` (a prompt's leading blocks, chained) from ``source_replica_id``'s
+    prefix cache over the KV transfer, or onload them from its own host or disk tier, never
+    recompute them. The blocks then live in its prefix cache under its normal LRU."""
+
+    pool: str
+    """The pool key (``core.config.pool_key``) both replicas serve."""
+    prefix_head: BlockHash
+    """The hash naming the prefix (``cluster.routing.prefix_heat.prefix_head``)."""
+    block_hashes: tuple[BlockHash, ...]
+    source_replica_id: str
+    target_replica_id: str
+    num_bytes: int = 0
+    """KV bytes the router expects to move (blocks times the source's block bytes)."""
+
+    def __post_init__(self) -> None:
+        if not self.block_hashes:
+            raise MessageError("WarmPrefixRequest needs at least one block hash")
+        if self.source_replica_id == self.target_replica_id:
+            raise MessageError(f"WarmPrefixRequest from replica {self.source_replica_id} to itself")
+
+
+@dataclass(frozen=True)
+class PrefixExport:
+    """A holder's answer to a :class:`WarmPrefixRequest`: the leading run of its blocks that
+    its prefix cache still held, pinned under ``handle``'s lease until the target pulls them
+    (or releases the handle, or the lease expires)."""
+
+    block_hashes: tuple[BlockHash, ...]
+    """The exported blocks' hashes, leading block first (``handle.num_blocks`` of them)."""
+    handle: KVHandle
+
+    def __post_init__(self) -> None:
+        if len(self.block_hashes) != self.handle.num_blocks:
+            raise MessageError(
+                f"PrefixExport names {len(self.block_hashes)} block hashes for an export of "
+                f"{self.handle.num_blocks} blocks"
+            )
+
+
+@dataclass(frozen=True)
+class PrefixCopyCall:
+    """A router's call to one replica about a hot-prefix copy: to its holder (``export`` None:
+    export the blocks) or to its target (pull ``export``). ``routing.replica_id`` names the
+    replica, so the pool's request router sends it there and nowhere else."""
+
+    request: WarmPrefixRequest
+    routing: RoutingKeys
+    export: PrefixExport | None = None

@@ -4,7 +4,9 @@ A prefill worker whose exports may be pulled over the same-node path keeps the h
 bytes of its KV in a :class:`SharedSegment` under ``/dev/shm``: the export's handle names it and a
 decode process on the same node maps it read-only (:func:`open_segment_readonly`) and copies
 blocks out, with no socket in between. Names are random under one prefix; the creator unlinks
-its segment when it closes, and should it die first, Python's resource tracker unlinks it. A
+its segment when it closes — explicitly (the engine's close, on a replica's stop), or when the
+segment object is collected or the interpreter exits without that close (a finalizer) — and
+should it die first, Python's resource tracker unlinks it. A
 segment's pages are allocated when it is made (a tmpfs that fills up later, e.g. with Ray's
 object store, would otherwise fault the KV on first touch); one that does not fit is refused.
 
@@ -22,6 +24,7 @@ import mmap
 import os
 import re
 import secrets
+import weakref
 from multiprocessing import resource_tracker
 
 from core.errors import ConfigError
@@ -70,6 +73,8 @@ class SharedSegment:
         resource_tracker.register(f"/{self.name}", "shared_memory")
         self.nbytes = nbytes
         self._unlinked = False
+        # NOTE: holds the name only, never self; runs on collection and at interpreter exit
+        self._finalizer = weakref.finalize(self, _unlink_name, self.name)
 
     @property
     def buf(self) -> memoryview:
@@ -80,11 +85,16 @@ class SharedSegment:
         """Remove the name; every mapping (ours, peers') stays valid until dropped. Idempotent."""
         if not self._unlinked:
             self._unlinked = True
-            resource_tracker.unregister(f"/{self.name}", "shared_memory")
-            try:
-                os.unlink(os.path.join(SHM_DIR, self.name))
-            except FileNotFoundError:
-                logger.debug("shared KV segment %s was already gone", self.name)
+            self._finalizer()
+
+
+def _unlink_name(name: str) -> None:
+    """Remove a segment this process created, and stop tracking it."""
+    resource_tracker.unregister(f"/{name}", "shared_memory")
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        logger.debug("shared KV segment %s was already gone", name)
 
 
 def open_segment_readonly(name: str) -> mmap.mmap:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.lora_registry import AdapterRefusal
+
 
 @dataclass(frozen=True)
 class TransferStats:
@@ -80,6 +82,19 @@ class RoutingStats:
     replica; ``None`` until it has both loaded from host and computed a prompt)."""
     disk_block_cost: float | None = None
     """The same for the disk tier."""
+    pending_prompt_tokens: int = 0
+    """Prompt tokens queued or being prefilled here, not computed yet."""
+    prefill_tokens_per_s: float | None = None
+    """Prompt tokens computed per second of prefill step time, measured here; ``None`` until
+    this replica has computed a prompt."""
+    kv_block_bytes: int = 0
+    """Bytes of one KV block (all layers, K and V); 0 until reported."""
+    kv_fingerprint: str = ""
+    """The replica's KV fingerprint (``ReplicaStats.kv_fingerprint``): routers pair by it."""
+    device_adapters: tuple[str, ...] = ()
+    """LoRA adapters in a device slot (their requests run without a load)."""
+    host_adapters: tuple[str, ...] = ()
+    """LoRA adapters in host memory only (a copy into a slot before they run)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,21 @@ class SpecDecodeStats:
         """Tokens a verify row yields on average: 1 + accepted drafts per draft (1.0: none
         ran or none was accepted)."""
         return 1.0 + (self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0)
+
+
+@dataclass(frozen=True)
+class LoRAAdapterStats:
+    """One LoRA adapter loaded on a replica: where it is and its requests."""
+
+    name: str
+    residency: str
+    """``device`` (in a slot) or ``host`` (in host memory); a cold adapter is not listed."""
+    requests_total: int = 0
+    """Requests run under it since the replica started."""
+    num_running: int = 0
+    """Its requests in the latest step."""
+    num_waiting: int = 0
+    """Its admitted requests that were not in the latest step."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +165,21 @@ class ReplicaStats:
     """Prompt tokens queued or being prefilled, not computed yet (the planner's prefill load)."""
     spec_decode: SpecDecodeStats = SpecDecodeStats()
     """Speculative decoding's counters (all zero when the engine does not speculate)."""
+    kv_block_bytes: int = 0
+    """Bytes of one KV block on this replica (all layers, K and V)."""
+    # KV compatibility (rolling upgrades)
+    kv_fingerprint: str = ""
+    """``core.kv_compat.KVCompat.fingerprint()`` of this replica's KV: only replicas of one
+    fingerprint exchange KV or share prefix-cache hits (empty: undeclared)."""
+    # -- multi-LoRA ------------------------------------------------------------------------
+    lora_adapters: tuple[LoRAAdapterStats, ...] = ()
+    """The adapters loaded here (device or host), least recently used first."""
+    max_loras: int = 0
+    """Adapter slots on the device (0: the engine serves no adapters)."""
+    served_adapters: tuple[str, ...] = ()
+    """Every adapter this replica serves (loaded or cold): the YAML's and the registered ones."""
+    adapter_refusals: tuple[AdapterRefusal, ...] = ()
+    """Registered adapters this replica refused (each one's typed error)."""
 
     def routing(self) -> RoutingStats:
         """The part a request router reads."""
@@ -144,6 +189,15 @@ class ReplicaStats:
             self.kv_blocks_free,
             host_block_cost=self.tier_block_cost("host"),
             disk_block_cost=self.tier_block_cost("disk"),
+            pending_prompt_tokens=self.pending_prompt_tokens,
+            prefill_tokens_per_s=(
+                self.prefill_tokens_total / self.prefill_seconds_total
+                if self.prefill_tokens_total and self.prefill_seconds_total > 0.0
+                else None
+            ),
+            kv_block_bytes=self.kv_block_bytes,
+            device_adapters=tuple(a.name for a in self.lora_adapters if a.residency == "device"),
+            host_adapters=tuple(a.name for a in self.lora_adapters if a.residency == "host"),
         )
 
     def tier_block_cost(self, medium: str) -> float | None:

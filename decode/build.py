@@ -11,6 +11,8 @@ from core.kv_events import KVEventBatch
 from decode.worker import DecodeWorker
 from engine.async_engine import AsyncEngine
 from engine.engine_builder import build_async_engine
+from replica.kv_compat import replica_kv_compat
+from replica.lora_adapters import ReplicaAdapters
 from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ def build_decode_worker(
     if async_engine is None:
         async_engine = build_async_engine(model, engine, kv_event_callback=kv_event_callback)
     parts = async_engine.engine.parts
+    kv_compat = replica_kv_compat(parts, model, engine)
     metrics = InMemoryTransferMetrics()
     transport = GrpcKVTransport(
         parts.storage,
@@ -39,13 +42,22 @@ def build_decode_worker(
         serve=False,
         metrics=metrics,
         rank_stores=async_engine.engine.rank_storages,
+        kv_compat=kv_compat,
     )
     logger.info(
-        "decode worker ready: %d KV blocks, layout %s, kv_failure_policy=%s",
+        "decode worker ready: %d KV blocks, layout %s, KV fingerprint %s, kv_failure_policy=%s",
         parts.storage.num_blocks,
         parts.layout.fingerprint(),
+        kv_compat.fingerprint(),
         kv_failure_policy,
     )
+    adapters = ReplicaAdapters(model.lora_modules)
+    adapters.load_all(async_engine)
     return DecodeWorker(
-        async_engine, transport, kv_failure_policy=kv_failure_policy, metrics=metrics
+        async_engine,
+        transport,
+        kv_failure_policy=kv_failure_policy,
+        metrics=metrics,
+        kv_compat=kv_compat,
+        adapters=adapters,
     )

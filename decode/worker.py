@@ -10,10 +10,12 @@ chunks carry the tokens *after* ``first_token_id`` (the ingress already sent tha
 pipelined handle comes before the prefill finished and without the first token: the pull takes
 each block as the prefill completes it and the export tells the first token at the end. A
 failed pull recomputes the prompt locally (``kv_failure_policy="recompute"``, identical output)
-or ends the stream with a chunk carrying its :class:`~core.errors.ErrorReport` and the
-transfer's reason (``"fail"``, or any failed pipelined pull: the ingress then continues the
-request elsewhere). Closing the iterator (client gone) aborts the request; the engine cancels
-the pull and frees the blocks once it stopped writing them, and the export on the other side.
+— never one refused across KV fingerprints (another model revision: the first token is another
+version's), which always fails — or ends the stream with a chunk carrying its
+:class:`~core.errors.ErrorReport` and the transfer's reason (``"fail"``, or any failed
+pipelined pull: the ingress then continues the request elsewhere). Closing the iterator (client
+gone) aborts the request; the engine cancels the pull and frees the blocks once it stopped
+writing them, and the export on the other side.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from contextlib import aclosing
 
 from core.config import KVFailurePolicy
 from core.errors import InvalidRequestError, PdserveError, TransferError
+from core.kv_compat import KVCompat
 from core.kv_handle import TransferFailure
 from core.messages import DecodeRequest, StageTimes, TokenChunk
 from core.sampling import SamplingParams
@@ -37,6 +40,7 @@ from engine.async_engine import AsyncEngine
 from engine.kv_connector.base import ImportEnded, ImportResult
 from replica.kv_connector.kv_import import KVImport
 from replica.kv_connector.transport_connector import TransportKVConnector
+from replica.lora_adapters import ReplicaAdapters
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import InMemoryTransferMetrics, KVTransport, TransferSide
 
@@ -53,12 +57,18 @@ class DecodeWorker:
         *,
         kv_failure_policy: KVFailurePolicy = "recompute",
         metrics: InMemoryTransferMetrics | None = None,
+        kv_compat: KVCompat | None = None,
         reserve_timeout_s: float = 30.0,
+        adapters: ReplicaAdapters | None = None,
     ) -> None:
         """Attaches a connector over ``transport`` to ``engine``; ``metrics`` default to the
         transport's ``metrics`` attribute when it has one; ``reserve_timeout_s`` bounds how long
-        an import waits for free KV blocks."""
+        an import waits for free KV blocks; ``kv_compat``: the compatibility the transport was
+        given, published in the stats (None: undeclared); ``adapters``: the LoRA adapters
+        requests may name (default: none)."""
+        self.kv_compat = kv_compat
         self.kv_failure_policy = kv_failure_policy
+        self.adapters = adapters if adapters is not None else ReplicaAdapters()
         self._engine = engine
         self._transport = transport
         self._metrics = transport_metrics(transport, metrics)
@@ -107,7 +117,11 @@ class DecodeWorker:
     ) -> AsyncGenerator[TokenChunk, None]:
         prompt = request.prompt_token_ids
         stream = await self._engine.open(
-            request.request_id, prompt, params, cache_salt=request.routing.cache_salt
+            request.request_id,
+            prompt,
+            params,
+            cache_salt=request.routing.cache_salt,
+            lora_request=self.adapters.resolve(request.routing.lora_name),
         )
         logger.debug("request %s: local prefill of %d tokens", request.request_id, len(prompt))
         try:
@@ -141,6 +155,7 @@ class DecodeWorker:
                 request.first_token_id,
                 request.prompt_chunk_ends,
                 cache_salt=request.routing.cache_salt,
+                lora_request=self.adapters.resolve(request.routing.lora_name),
                 recompute_on_failure=self.kv_failure_policy == "recompute",
             )
             ended = await kv.wait()
@@ -185,8 +200,14 @@ class DecodeWorker:
             return num_prompt_tokens
         # NOTE: without its first token a recompute would sample (and stream) a token the client
         # already has: the request fails here and the ingress continues it elsewhere (migration)
-        recompute = self.kv_failure_policy == "recompute" and knows_first
         reason = ended.failure or TransferFailure.INTERNAL
+        # NOTE: across fingerprints the first token is another version's: recomputing after it
+        # would mix versions in one output; the ingress continues the request elsewhere
+        recompute = (
+            self.kv_failure_policy == "recompute"
+            and knows_first
+            and reason is not TransferFailure.KV_INCOMPATIBLE
+        )
         logger.warning(
             "request %s: kv transfer %s failed (%s: %s); %s",
             request_id,
@@ -215,7 +236,11 @@ class DecodeWorker:
         """KV blocks, queues and import-side transfer metrics."""
         with self._lock:
             num_imports = len(self._imports)
-        stats = dataclasses.replace(self._engine.kv_stats(), imports_in_progress=num_imports)
+        stats = dataclasses.replace(
+            self._engine.kv_stats(),
+            imports_in_progress=num_imports,
+            kv_fingerprint="" if self.kv_compat is None else self.kv_compat.fingerprint(),
+        )
         return with_transfer_stats(stats, self._metrics, TransferSide.IMPORT)
 
     async def drain(self, timeout_s: float) -> int:

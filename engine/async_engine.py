@@ -40,11 +40,12 @@ from typing import Any, Protocol, TypeVar
 from core.errors import PdserveError, UnavailableError
 from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
-from core.stats import ReplicaStats
+from core.stats import LoRAAdapterStats, ReplicaStats
 from engine.engine import LLMEngine
 from engine.kv_connector.attached import AttachedConnectors
 from engine.kv_connector.base import ImportEnded, KVConnector, KVImportSource
 from engine.kv_connector.export_progress import ConnectorWatcher, ExportProgress
+from engine.lora import LoRARequest
 from engine.outputs import RequestOutput
 from engine.request import RequestStatus
 from engine.request_stream import ABORTED, RequestStream, Sink, StreamItem
@@ -123,6 +124,7 @@ class AsyncEngine:
         self._stalled = False
         self._stats = engine.scheduler.stats()  # replaced whole, never mutated: safe to read
         self._prefill_totals = (0, 0.0)  # (tokens, seconds) of prompt compute, replaced whole
+        self._lora_stats: tuple[LoRAAdapterStats, ...] = ()  # replaced whole
         self._exports = ExportProgress(engine)  # engine thread only
         self._connectors = AttachedConnectors(engine, self._wake)  # engine thread only
         self._lock = threading.Lock()
@@ -144,10 +146,16 @@ class AsyncEngine:
         *,
         prefill_only: bool = False,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Add a request and yield its outputs; closing the iterator early aborts it."""
         stream = await self.open(
-            request_id, prompt_token_ids, params, prefill_only=prefill_only, cache_salt=cache_salt
+            request_id,
+            prompt_token_ids,
+            params,
+            prefill_only=prefill_only,
+            cache_salt=cache_salt,
+            lora_request=lora_request,
         )
         try:
             async for output in stream:
@@ -164,10 +172,12 @@ class AsyncEngine:
         prefill_only: bool = False,
         cache_salt: str | None = None,
         export_to: KVConnector | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Add a request; raises its admission error (``PromptTooLongError``, ...). A
         prefill-only request with ``export_to`` (an attached connector) hands its KV to it as
-        it completes (:mod:`engine.kv_connector.export_progress`)."""
+        it completes (:mod:`engine.kv_connector.export_progress`). ``lora_request``: run
+        under that adapter (a bad one raises its ``LoRAAdapterError``)."""
 
         def add(engine: LLMEngine) -> None:
             if export_to is not None:
@@ -178,6 +188,7 @@ class AsyncEngine:
                 params,
                 prefill_only=prefill_only,
                 cache_salt=cache_salt,
+                lora_request=lora_request,
             )
             if export_to is not None:
                 self._exports.watch(request_id, ConnectorWatcher(export_to, request_id))
@@ -193,6 +204,7 @@ class AsyncEngine:
         first_token_id: int | None,
         prompt_chunk_ends: tuple[int, ...] = (),
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> tuple[ImportAllocation, RequestStream]:
         """``add_import_request`` on the engine thread plus the stream of its outputs (the
         tokens after ``first_token_id``, once ``mark_kv_ready`` or ``mark_kv_failed`` ran).
@@ -207,6 +219,7 @@ class AsyncEngine:
                 first_token_id,
                 prompt_chunk_ends,
                 cache_salt=cache_salt,
+                lora_request=lora_request,
             )
 
         stream, allocation = await self._open(request_id, prompt_token_ids, add)
@@ -223,6 +236,7 @@ class AsyncEngine:
         prompt_chunk_ends: tuple[int, ...] = (),
         *,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
         recompute_on_failure: bool = True,
     ) -> ConnectedImport:
         """Reserve blocks for the prompt and hand the missing ones to ``connector`` (attached)
@@ -242,6 +256,7 @@ class AsyncEngine:
                 first_token_id,
                 prompt_chunk_ends,
                 cache_salt=cache_salt,
+                lora_request=lora_request,
             )
             try:
                 connector.import_blocks(allocation, source)
@@ -341,6 +356,9 @@ class AsyncEngine:
             prefill_tokens_total=self._prefill_totals[0],
             prefill_seconds_total=self._prefill_totals[1],
             spec_decode=s.spec_decode,
+            kv_block_bytes=self.engine.parts.layout.block_bytes,
+            lora_adapters=self._lora_stats,
+            max_loras=0 if self.engine.parts.lora is None else self.engine.parts.lora.max_loras,
         )
 
     @property
@@ -470,6 +488,8 @@ class AsyncEngine:
         self._stats = self.engine.scheduler.stats()
         rate = self.engine.prefill_rate
         self._prefill_totals = (rate.tokens_total, rate.seconds_total)
+        if self.engine.parts.lora is not None:
+            self._lora_stats = self.engine.parts.lora.adapter_stats()
 
     def _step(self) -> bool:
         """One step and its outputs; False when the driver can never step again."""

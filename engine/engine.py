@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from core.errors import ConfigError, InvalidRequestError
+from core.hashing import BlockHash
 from core.sampling import SamplingParams
 from core.shared_memory import SHM_DIR
 from engine.admission import check_request, request_generator
@@ -156,6 +157,11 @@ class LLMEngine:
             )
         self.parts.lora.add_adapter(lora_request)
 
+    def remove_lora(self, lora_name: str) -> bool:
+        """Unload an adapter from host and device (vLLM's ``remove_lora``, by name); False when
+        it was not loaded. Refused (``InvalidRequestError``) while requests run under it."""
+        return self.parts.lora is not None and self.parts.lora.remove_adapter(lora_name)
+
     # -- disaggregation hooks (prefill role: pin and release; decode role: import) -----------
 
     def get_pinned_blocks(self, request_id: str) -> PinnedBlocks | None:
@@ -166,6 +172,29 @@ class LLMEngine:
         """Unpin a prefill-only request's blocks; False when nothing was pinned."""
         return self.scheduler.release(request_id)
 
+    def pin_prefix(self, pin_id: str, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Pin the leading run of ``block_hashes`` this engine's prefix cache holds (a hot
+        prefix another replica copies) and stage it where the transfer layer reads it; their
+        block ids, leading first (empty: the first is not cached). :meth:`unpin_prefix` ends it."""
+        block_ids = self.scheduler.kv.pin_cached(pin_id, block_hashes)
+        self.parts.storage.stage_to_host(block_ids)
+        return block_ids
+
+    def unpin_prefix(self, pin_id: str) -> bool:
+        """Release a :meth:`pin_prefix` pin; False when it holds nothing (already released)."""
+        return self.scheduler.kv.unpin(pin_id)
+
+    def admit_prefix(
+        self, block_hashes: Sequence[BlockHash], payloads: Sequence[torch.Tensor]
+    ) -> int:
+        """A prefix's blocks pulled from another replica (``uint8`` rows of the layout's
+        ``block_bytes``, leading first) into this engine's host tier, where requests find them
+        as host hits; how many of a leading run it took (0 without a host tier)."""
+        tiers = self.scheduler.tiers
+        if tiers is None:
+            return 0
+        return tiers.admit(list(block_hashes), list(payloads))
+
     def add_import_request(
         self,
         request_id: str,
@@ -174,6 +203,7 @@ class LLMEngine:
         first_token_id: int | None,
         prompt_chunk_ends: tuple[int, ...] = (),
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> ImportAllocation:
         """Reserve blocks for a prompt whose KV will be written from outside (reusing local
         prefix-cache hits); the request decodes after :meth:`mark_kv_ready`. Its outputs
@@ -181,15 +211,18 @@ class LLMEngine:
         pipelined import, whose first token arrives with its KV, :meth:`accept_first_token`).
         Should the import fail and the prompt be recomputed here, its chunks end at
         ``prompt_chunk_ends`` (where the prefill replica's chunks ended), so the output is the
-        same. ``cache_salt`` must be the prefill's: the imported blocks are cached under its
-        hashes."""
+        same. ``cache_salt`` and ``lora_request`` must be the prefill's: the imported blocks are
+        cached under their hashes, and the decode runs under the same adapter."""
         self.check_request(request_id, prompt_token_ids, params, first_token_id=first_token_id)
+        if lora_request is not None:
+            self.add_lora(lora_request)
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
             sampling_params=params,
             eos_token_ids=self.parts.eos_token_ids,
             cache_salt=cache_salt,
+            lora_name=lora_request.lora_name if lora_request is not None else None,
         )
         request.follow_chunk_ends = tuple(prompt_chunk_ends)
         state = self.outputs.new_state(request_id, list(prompt_token_ids), params)
@@ -197,6 +230,8 @@ class LLMEngine:
         generator = request_generator(params, num_draws=0 if params.greedy else 1)
         with self._admitting(request):
             allocation = self.scheduler.add_import_request(request, first_token_id)
+            if self.parts.lora is not None and lora_request is not None:
+                self.parts.lora.bind(request_id, lora_request)
             self._track(request_id, state, generator)
             if first_token_id is not None:
                 self._replay_first_token(request_id, first_token_id)

@@ -11,6 +11,8 @@ from core.kv_events import KVEventBatch
 from engine.async_engine import AsyncEngine
 from engine.engine_builder import build_async_engine
 from prefill.worker import PrefillWorker
+from replica.kv_compat import replica_kv_compat
+from replica.lora_adapters import ReplicaAdapters
 from transfer import GrpcKVTransport, InMemoryTransferMetrics
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ def build_prefill_worker(
             shared_kv=transfer.same_node != "off",
         )
     parts = async_engine.engine.parts
+    kv_compat = replica_kv_compat(parts, model, engine)
     metrics = InMemoryTransferMetrics()
     transport = GrpcKVTransport(
         parts.storage,
@@ -46,11 +49,17 @@ def build_prefill_worker(
         node_host=node_host,
         metrics=metrics,
         rank_stores=async_engine.engine.rank_storages,
+        kv_compat=kv_compat,
     )
     logger.info(
-        "prefill worker ready: %d KV blocks, exporting at %s (layout %s)",
+        "prefill worker ready: %d KV blocks, exporting at %s (layout %s, KV fingerprint %s)",
         parts.storage.num_blocks,
         transport.address,
         parts.layout.fingerprint(),
+        kv_compat.fingerprint(),
     )
-    return PrefillWorker(async_engine, transport, metrics=metrics)
+    adapters = ReplicaAdapters(model.lora_modules)
+    adapters.load_all(async_engine)
+    return PrefillWorker(
+        async_engine, transport, metrics=metrics, kv_compat=kv_compat, adapters=adapters
+    )

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncGenerator
 
 from core.errors import TransferError, UnavailableError
+from core.kv_compat import KVCompat
 from core.kv_handle import TransferFailure
 from core.messages import PrefillRequest, PrefillResult, PrefillStarted
 from core.stats import ReplicaStats
@@ -28,6 +29,7 @@ from engine.outputs import RequestOutput
 from engine.request_stream import RequestStream
 from prefill.result import prefill_result
 from replica.kv_connector.transport_connector import FinishedExport, TransportKVConnector
+from replica.lora_adapters import ReplicaAdapters
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import (
     FaultInjection,
@@ -51,10 +53,16 @@ class PrefillWorker:
         transport: KVTransport,
         *,
         metrics: InMemoryTransferMetrics | None = None,
+        kv_compat: KVCompat | None = None,
+        adapters: ReplicaAdapters | None = None,
     ) -> None:
         """Attaches a connector over ``transport`` to ``engine``; ``metrics`` default to the
-        transport's own ``metrics`` attribute when it has one."""
+        transport's own ``metrics`` attribute when it has one; ``kv_compat``: the compatibility
+        the transport was given, published in the stats (None: undeclared); ``adapters``: the
+        LoRA adapters requests may name (default: none)."""
+        self.kv_compat = kv_compat
         self._engine = engine
+        self.adapters = adapters if adapters is not None else ReplicaAdapters()
         self._transport = transport
         self._metrics = transport_metrics(transport, metrics)
         self._connector = TransportKVConnector(transport)
@@ -153,6 +161,7 @@ class PrefillWorker:
             prefill_only=True,
             cache_salt=request.routing.cache_salt,
             export_to=self._connector,
+            lora_request=self.adapters.resolve(request.routing.lora_name),
         )
 
     def _finished_export(
@@ -200,7 +209,9 @@ class PrefillWorker:
     def stats(self) -> ReplicaStats:
         """KV blocks, queues, live exports and export-side transfer metrics."""
         stats = dataclasses.replace(
-            self._engine.kv_stats(), exports_pinned=self._connector.num_exports
+            self._engine.kv_stats(),
+            exports_pinned=self._connector.num_exports,
+            kv_fingerprint="" if self.kv_compat is None else self.kv_compat.fingerprint(),
         )
         return with_transfer_stats(stats, self._metrics, TransferSide.EXPORT)
 

@@ -9,12 +9,13 @@ index, no gang, and an identity made up locally (unit tests, one-process use).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from core.config import EngineConfig, ModelConfig
 from core.kv_events import KVEventBatch
+from core.lora_registry import RegisteredAdapter
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
@@ -50,15 +51,18 @@ class LocalIdentity:
 
 
 class StatsReporter(Protocol):
-    """``reporter(role, stats_fn, on_faults) -> stop``: publishes the replica's stats while it
-    lives; ``on_faults`` receives the transfer faults the cluster asks this role to inject
-    (``/admin/faults``, off unless configured) and ``FaultInjection()`` when they end."""
+    """``reporter(role, stats_fn, on_faults, on_adapters) -> stop``: publishes the replica's
+    stats while it lives; ``on_faults`` receives the transfer faults the cluster asks this role
+    to inject (``/admin/faults``, off unless configured) and ``FaultInjection()`` when they
+    end; ``on_adapters`` is awaited with the LoRA adapters the cluster registered for this
+    replica's model (``/v1/load_lora_adapter``), after every report."""
 
     def __call__(
         self,
         role: str,
         stats: Callable[[], ReplicaStats],
         on_faults: Callable[[FaultInjection], None] | None = None,
+        on_adapters: Callable[[Sequence[RegisteredAdapter]], Awaitable[None]] | None = None,
     ) -> Callable[[], None]:
         """Start reporting; returns ``stop``."""
         ...

@@ -12,21 +12,29 @@ closes what it had started.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from core.codec import from_plain, to_plain
 from core.config import Role
-from core.errors import ConfigError, ErrorReport, PdserveError, UnavailableError
+from core.errors import ConfigError, ErrorReport, MessageError, PdserveError, UnavailableError
+from core.kv_compat import KVCompat
+from core.lora_registry import RegisteredAdapter
+from core.messages import PrefixCopyCall
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
 from engine.gangs.lockstep_driver import expert_load_stats
 from replica.hooks import KVEventPublisher, ReplicaHooks
+from replica.lora_adapters import ReplicaAdapters
 from replica.planner_signals import PlannerSignals
+from replica.prefix_copies import PrefixCopies
 from replica.spec import ReplicaSpec, WorkerBoot
+from transfer import GrpcKVTransport, KVTransport
+from transfer.block_store import BlockStore
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +42,22 @@ logger = logging.getLogger(__name__)
 class RoleWorker(Protocol):
     """What :class:`RoleReplica` needs of a prefill or decode worker."""
 
+    kv_compat: KVCompat | None
+    """The compatibility of the worker's KV (``replica.kv_compat``); None: undeclared."""
+
     @property
     def engine(self) -> AsyncEngine:
         """The worker's engine."""
+        ...
+
+    @property
+    def transport(self) -> KVTransport:
+        """The worker's KV transport (hot-prefix exports leave through it)."""
+        ...
+
+    @property
+    def adapters(self) -> ReplicaAdapters:
+        """The LoRA adapters its requests may name."""
         ...
 
     def stats(self) -> ReplicaStats:
@@ -88,14 +109,20 @@ class RoleReplica(Generic[WorkerT]):
                 self.spec, self.spec.transfer_config(), identity.node_host, callback, engine
             )
             self.worker: WorkerT = self.build_worker(boot)
+            self._replica_id = identity.replica_id
+            self._transfer = boot.transfer
+            self._node_host = boot.node_host
+            self._export_transport: KVTransport | None = None  # decode's, for prefix copies
+            self._prefix_copies: PrefixCopies | None = None  # made by the first copy
         except BaseException:
             if self._publisher is not None:
                 self._publisher.close()
             raise
         self._stop_reporting: Callable[[], None] | None = None
         if hooks.stats_reporter is not None:
+            on_adapters = self.sync_adapters if self.spec.engine.enable_lora else None
             self._stop_reporting = hooks.stats_reporter(
-                self.role, self.replica_stats, self.fault_handler()
+                self.role, self.replica_stats, self.fault_handler(), on_adapters
             )
         self._stopped = False
 
@@ -106,6 +133,10 @@ class RoleReplica(Generic[WorkerT]):
     def fault_handler(self) -> Callable[[FaultInjection], None] | None:
         """Where transfer faults the cluster injects go; None: this role has no such faults."""
         return None
+
+    async def sync_adapters(self, registered: Sequence[RegisteredAdapter]) -> None:
+        """Serve the LoRA adapters the cluster registered (and the YAML's), no others."""
+        await self.worker.adapters.sync(self.worker.engine, registered)
 
     def drain_timeout_s(self) -> float:
         """How long the stop waits for what others still need of this replica (0: none)."""
@@ -122,6 +153,8 @@ class RoleReplica(Generic[WorkerT]):
             self.worker.stats(),
             expert_load=expert_load_stats(self.worker.engine),
             requests_total=self._num_requests,
+            served_adapters=self.worker.adapters.names(),
+            adapter_refusals=self.worker.adapters.refusals(),
         )
 
     def stats(self) -> dict[str, Any]:
@@ -144,13 +177,68 @@ class RoleReplica(Generic[WorkerT]):
         """Serve's routing-stats hook: ``core.stats.RoutingStats`` as plain data (Serve's hook
         must return a dict; the routers decode it with the same codec)."""
         # NOTE: every field it needs is the engine's; no transfer-metrics snapshot per report.
-        plain: dict[str, Any] = to_plain(self.worker.engine.kv_stats().routing())
+        compat = self.worker.kv_compat
+        stats = dataclasses.replace(
+            self.worker.engine.kv_stats().routing(),
+            kv_fingerprint="" if compat is None else compat.fingerprint(),
+        )
+        plain: dict[str, Any] = to_plain(stats)
         return plain
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics hook: the load and rates pdserve's planner sizes
         pools by (``replica.planner_signals``; Serve averages each over its look-back window)."""
         return self._planner_signals.report(self.replica_stats())
+
+    async def export_prefix(self, call: dict[str, Any]) -> dict[str, Any] | None:
+        """A hot prefix's holder: export the cached blocks a plain ``PrefixCopyCall`` asks for;
+        a plain ``PrefixExport``, or None when not even the first block is cached."""
+        export = await self.prefix_copies().export(from_plain(PrefixCopyCall, call).request)
+        return None if export is None else to_plain(export)
+
+    async def warm_prefix(self, call: dict[str, Any]) -> dict[str, Any]:
+        """A hot prefix's target: pull a plain ``PrefixCopyCall``'s export into the host tier;
+        a plain ``replica.prefix_warming.WarmPrefixResult``."""
+        copy_call = from_plain(PrefixCopyCall, call)
+        if copy_call.export is None:
+            raise MessageError("a warm_prefix call needs the holder's export")
+        result = await self.prefix_copies().warm(copy_call.request, copy_call.export)
+        plain: dict[str, Any] = to_plain(result)
+        return plain
+
+    def prefix_copies(self) -> PrefixCopies:
+        """Both ends of hot-prefix copies (made at first use). Exports leave through the
+        worker's transport when it serves exports (prefill), else through a serving gRPC
+        transport over the same KV made now (decode's own transport only imports); pulls go
+        over an import-only gRPC transport of the replica's transfer settings. Both declare the
+        worker's KV fingerprint: a copy between two versions of a rolling upgrade is refused."""
+        if self._prefix_copies is None:
+            transfer = self._transfer
+            engine = self.worker.engine
+            compat = self.worker.kv_compat
+
+            def pull_transport(store: BlockStore) -> KVTransport:
+                return GrpcKVTransport(store, transfer, serve=False, kv_compat=compat)
+
+            export_transport = self.worker.transport
+            if self.role == "decode":
+                self._export_transport = export_transport = GrpcKVTransport(
+                    engine.engine.parts.storage,
+                    transfer,
+                    serve=True,
+                    node_host=self._node_host,
+                    rank_stores=engine.engine.rank_storages,
+                    kv_compat=compat,
+                )
+            self._prefix_copies = PrefixCopies(
+                self._replica_id,
+                self.role,
+                engine,
+                export_transport,
+                pull_transport,
+                pull_timeout_s=transfer.pull_deadline_s,
+            )
+        return self._prefix_copies
 
     def __del__(self) -> Coroutine[Any, Any, None] | None:
         """Serve calls this once when the replica stops (after the requests in flight ended or
@@ -164,11 +252,19 @@ class RoleReplica(Generic[WorkerT]):
         return self._stop()
 
     async def _stop(self) -> None:
-        timeout_s = self.drain_timeout_s()
-        if timeout_s > 0:
-            await self.worker.drain(timeout_s)
-        if self._stop_reporting is not None:
-            self._stop_reporting()
-        if self._publisher is not None:
-            self._publisher.close()
-        await self.worker.shutdown()
+        # NOTE: the worker's shutdown frees the engine and unlinks its shared KV segment
+        # (/dev/shm is RAM): it runs however the drain or the reports end
+        try:
+            timeout_s = self.drain_timeout_s()
+            if timeout_s > 0:
+                await self.worker.drain(timeout_s)
+        finally:
+            try:
+                if self._stop_reporting is not None:
+                    self._stop_reporting()
+                if self._publisher is not None:
+                    self._publisher.close()
+                if self._export_transport is not None:
+                    await asyncio.to_thread(self._export_transport.close)
+            finally:
+                await self.worker.shutdown()

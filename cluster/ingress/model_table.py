@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from cluster.ingress.dispatch.disagg import CachedBlocksFn, DisaggPolicy
 from cluster.ingress.dispatch.flow import GenerationFlow
+from cluster.ingress.dispatch.pairing import FleetVersions
 from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient
+from cluster.ingress.lora_adapters import ServedAdapters
 from cluster.ingress.prompt_tokenizer import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
 from cluster.ingress.telemetry.request_metrics import IngressMetrics
@@ -35,6 +37,8 @@ class ModelEndpoint:
     settings: IngressSettings
     cached_blocks_fn: CachedBlocksFn | None = None
     """How many of a prompt's blocks this model's decode pool caches (None: not known)."""
+    versions: FleetVersions | None = None
+    """The pools' live replicas by KV fingerprint, to pair prefill and decode by (None: any)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,13 @@ def build_route(endpoint: ModelEndpoint, metrics: IngressMetrics) -> ServedRoute
             return IncrementalDetokenizer(tokenizer, prompt_token_ids=prompt_ids)
 
     flow = GenerationFlow(
-        endpoint.prefill, endpoint.decode, policy, settings, labelled, detokenizer
+        endpoint.prefill,
+        endpoint.decode,
+        policy,
+        settings,
+        labelled,
+        detokenizer,
+        endpoint.versions,
     )
     return ServedRoute(settings, tokenizer, flow, labelled)
 
@@ -122,6 +132,10 @@ class ModelTable:
             for name in route.settings.served_model_names:
                 self._by_name.setdefault(name, route)
         self.virtual = {v.name: v for v in virtual}
+        self.adapters = ServedAdapters.of_models(
+            (route.name, route.settings.lora_modules) for route in self.routes
+        )
+        """The LoRA adapters served on these models (a request names one as ``model``)."""
 
     @property
     def default(self) -> ServedRoute:
@@ -136,11 +150,15 @@ class ModelTable:
         route = self._by_name.get(name)
         if route is not None:
             return route
+        adapter = self.adapters.find(name)
+        if adapter is not None:
+            return self._by_name[adapter.base]
         virtual = self.virtual.get(name)
         if virtual is not None:
             return self._by_name[virtual.default]
+        served = [*self.names(), *(a.name for a in self.adapters.all())]
         raise ModelNotFoundError(
-            f"the model {name!r} does not exist; this server serves: {', '.join(self.names())}",
+            f"the model {name!r} does not exist; this server serves: {', '.join(served)}",
             param="model",
         )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.config import DisaggregationConfig, RoutingConfig, ServerConfig
+from core.config.lora import LoRAModuleConfig
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class IngressSettings:
     """Bound on the ``stats_provider`` call made by ``/metrics``."""
     owned_by: str = "pdserve"
     """``owned_by`` of the models in ``/v1/models``."""
+    lora_modules: tuple[LoRAModuleConfig, ...] = ()
+    """The model's LoRA adapters from the YAML (``model.lora_modules``)."""
 
     @property
     def model_name(self) -> str:

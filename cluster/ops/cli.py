@@ -14,6 +14,7 @@ from cluster.ops.serve_commands import (
     scale_command,
     status_command,
     up_command,
+    upgrade_command,
     validate_command,
 )
 from core.console import fail, print_error
@@ -77,6 +78,7 @@ app.command("up")(up_command)
 app.command("down")(down_command)
 app.command("status")(status_command)
 app.command("scale")(scale_command)
+app.command("upgrade")(upgrade_command)
 app.command("validate")(validate_command)
 
 

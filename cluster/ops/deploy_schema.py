@@ -74,6 +74,26 @@ def deploy_schema(
     }
 
 
+def configured_schema(
+    current: Mapping[str, Any], app_name: str, deployment: str, user_config: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``current`` (a PUT body) with ``deployment`` of ``app_name`` given ``user_config``: the
+    app's code version is unchanged, so Serve calls ``reconfigure`` on its running replicas
+    instead of replacing them."""
+    schema = copy.deepcopy(dict(current))
+    app = next((a for a in schema.get("applications", []) if a.get("name") == app_name), None)
+    if app is None:
+        raise ConfigError(f"no application {app_name!r} is deployed", param="app")
+    overrides: list[dict[str, Any]] = list(app.get("deployments") or [])
+    entry = next((d for d in overrides if d.get("name") == deployment), None)
+    if entry is None:
+        entry = {"name": deployment}
+        overrides.append(entry)
+    entry["user_config"] = dict(user_config)
+    app["deployments"] = overrides
+    return schema
+
+
 def scaled_schema(
     current: Mapping[str, Any], app_name: str, replicas: Mapping[str, int]
 ) -> dict[str, Any]:

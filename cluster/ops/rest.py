@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from cluster.ops.deploy_schema import deploy_schema, scaled_schema
+from cluster.ops.deploy_schema import configured_schema, deploy_schema, scaled_schema
 from core.config import ClusterConfig
 from core.errors import ConfigError, UnavailableError
 
@@ -60,6 +60,13 @@ class ServeRest:
             )
         current = self._current_schema()
         self._call(self._client.deploy_applications, scaled_schema(current, app_name, replicas))
+
+    def reconfigure(self, app_name: str, deployment: str, user_config: Mapping[str, Any]) -> None:
+        """Set ``deployment``'s ``user_config``: its running replicas are reconfigured, none
+        restarts."""
+        current = self._current_schema()
+        schema = configured_schema(current, app_name, deployment, user_config)
+        self._call(self._client.deploy_applications, schema)
 
     def remove(self, app_name: str) -> None:
         """Delete ``app_name``, keeping the other declaratively deployed apps."""

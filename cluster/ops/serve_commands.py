@@ -150,6 +150,37 @@ def scale_command(
     console.print(f"scaling {app_name}: {asked}")
 
 
+def upgrade_command(
+    config: str = typer.Argument(..., help="The new cluster YAML (or a name under configs/)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
+) -> None:
+    """Move the running app to a new YAML: pool sizes and the ingress's own settings in place, a
+    new checkpoint or engine options by replacing the model's replicas while the old ones
+    serve."""
+    from cluster.ops.upgrade import upgrade
+    from cluster.serve.config_file import load_cluster_config
+
+    try:
+        plan = upgrade(load_cluster_config(config), dry_run=dry_run)
+    except PdserveError as e:
+        fail(e.message)
+        return
+    if plan.empty:
+        console.print("nothing to upgrade: the app runs this config")
+        return
+    for model in plan.models:
+        what = ", ".join(model.restart_reasons) or "no restart"
+        sizes = f"prefill -> {model.num_prefill} " if model.num_prefill is not None else ""
+        sizes += f"decode -> {model.num_decode}" if model.num_decode is not None else ""
+        console.print(f"{model.name}: {what} {sizes}".rstrip(), highlight=False)
+    if plan.ingress_fields:
+        applied = ", ".join(plan.ingress_fields)
+        console.print(f"in place (no replica restarts): {applied}", highlight=False)
+    if plan.redeploy_fields:
+        console.print(f"with the redeploy: {', '.join(plan.redeploy_fields)}", highlight=False)
+    console.print("dry run: nothing changed" if dry_run else "upgraded")
+
+
 def status_command(
     app_name: str = typer.Option("pdserve", "--app", help=_APP_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),

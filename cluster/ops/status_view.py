@@ -116,6 +116,15 @@ CONTROL_PLANE_COUNTERS = {
 """What ``pdserve status`` shows of the control plane's recoveries: key -> the ingress's
 counter."""
 
+HOT_PREFIX_COUNTERS = {
+    "hot_prefixes": "pdserve:hot_prefixes",
+    "prefix_copies_made": "pdserve:prefix_copies_made_total",
+    "prefix_copies_dropped": "pdserve:prefix_copies_dropped_total",
+    "prefix_copy_bytes": "pdserve:prefix_copy_bytes_total",
+}
+"""The ``hot prefixes`` line of ``pdserve status``: key -> the ingress's metric (summed over
+pools)."""
+
 
 def control_plane(endpoint: str) -> dict[str, float] | None:
     """The ingress's recovery counters and its own start (``ingress_started_unix_s``); None
@@ -124,7 +133,11 @@ def control_plane(endpoint: str) -> dict[str, float] | None:
         text = httpx.get(f"{endpoint}/metrics", timeout=5).text
     except httpx.HTTPError:
         return None
-    names = {**CONTROL_PLANE_COUNTERS, "ingress_started_unix_s": "process_start_time_seconds"}
+    names = {
+        **CONTROL_PLANE_COUNTERS,
+        **HOT_PREFIX_COUNTERS,
+        "ingress_started_unix_s": "process_start_time_seconds",
+    }
     found = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -156,6 +169,7 @@ def render_status(status: dict[str, Any], console: Console, wide: bool | None = 
         _render_wide(status, console)
     else:
         _render_narrow(status, console)
+    render_versions(status, console)
     render_control_plane(status.get("control_plane"), console)
     if status.get("planner"):
         render_planner(from_plain(PlannerLog, status["planner"]), console)
@@ -187,13 +201,15 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
         "waiting",
         "xfers",
         "spec accept (drafts)",
+        "KV fp",
+        "LoRA adapters",
     )
     for pool in status["pools"]:
         label = _pool_label(pool)
         for i, replica in enumerate(pool["replicas"]):
             stats = _stats_of(replica)
             columns = (
-                ["-"] * 6
+                ["-"] * 7
                 if stats is None
                 else [
                     f"{stats.kv_blocks_used}/{stats.kv_blocks_total}",
@@ -202,6 +218,8 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                     str(stats.num_waiting),
                     str(stats.transfer.in_flight),
                     spec_cell(stats),
+                    fingerprint_cell(stats),
+                    lora_cell(stats),
                 ]
             )
             table.add_row(
@@ -212,7 +230,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
                 *columns,
             )
         if not pool["replicas"]:
-            table.add_row(label, *["-"] * 9)
+            table.add_row(label, *["-"] * 10)
     # NOTE: asked for wide, it is never squeezed into the terminal: the lines run long instead
     # (rich clamps a print to the console's width, so the console widens for this one print)
     natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
@@ -261,6 +279,12 @@ def _render_narrow(status: dict[str, Any], console: Console) -> None:
             spec = "off" if stats is None else spec_cell(stats)
             if spec != "off":
                 table.add_row(f"    spec accept {spec}", *[""] * 6)
+            fingerprint = "-" if stats is None else fingerprint_cell(stats)
+            if fingerprint != "-":
+                table.add_row(f"    KV fp {fingerprint}", *[""] * 6)
+            loras = "off" if stats is None else lora_cell(stats)
+            if loras != "off":
+                table.add_row(f"    loras {loras}", *[""] * 6)
     console.print(table)
 
 
@@ -274,6 +298,21 @@ def render_control_plane(counters: dict[str, float] | None, console: Console) ->
         f"{key.replace('_', ' ')} {int(counters[key])}" for key in CONTROL_PLANE_COUNTERS
     )
     console.print(f"control plane: ingress up {up_s:.0f} s; {seen}", highlight=False)
+    render_hot_prefixes(counters, console)
+
+
+def render_hot_prefixes(counters: dict[str, float], console: Console) -> None:
+    """One line: prefixes deliberately copied now, copies made and dropped, bytes moved
+    (nothing while no copy was ever made: the ``hot_prefix`` policy is off or idle)."""
+    if not counters.get("prefix_copies_made"):
+        return
+    console.print(
+        f"hot prefixes: {int(counters['hot_prefixes'])} copied now; copies made "
+        f"{int(counters['prefix_copies_made'])}, dropped "
+        f"{int(counters['prefix_copies_dropped'])}; "
+        f"{counters['prefix_copy_bytes'] / 2**20:.1f} MiB moved",
+        highlight=False,
+    )
 
 
 def render_planner(log: PlannerLog, console: Console, last: int = 5) -> None:
@@ -304,3 +343,51 @@ def spec_cell(stats: ReplicaStats) -> str:
     if not spec.num_drafts:
         return "off"
     return f"{spec.mean_acceptance_length:.2f} ({spec.num_drafts})"
+
+
+FINGERPRINT_DIGITS = 8
+
+
+def fingerprint_cell(stats: ReplicaStats) -> str:
+    """``3f9a0c12``: the replica's KV compatibility fingerprint, short (replicas of one
+    fingerprint pair up; two in a pool mean a rolling upgrade is under way); ``-`` undeclared."""
+    return stats.kv_fingerprint[:FINGERPRINT_DIGITS] or "-"
+
+
+def versions_line(status: dict[str, Any]) -> str | None:
+    """``upgrade in progress: Prefill 1 3f9a0c12 + 1 77b1e0d4; Decode 2 3f9a0c12``: each pool's
+    replicas by short KV fingerprint, when the fleet runs more than one (None: one or none)."""
+    pools: list[tuple[str, dict[str, int]]] = []
+    for pool in status["pools"]:
+        counts: dict[str, int] = {}
+        for replica in pool["replicas"]:
+            stats = _stats_of(replica)
+            cell = "-" if stats is None else fingerprint_cell(stats)
+            if cell != "-":
+                counts[cell] = counts.get(cell, 0) + 1
+        pools.append((str(pool["pool"]), counts))
+    if len({fp for _, counts in pools for fp in counts}) < 2:
+        return None
+    parts = [
+        f"{name} " + " + ".join(f"{n} {fp}" for fp, n in sorted(counts.items()))
+        for name, counts in pools
+        if counts
+    ]
+    return "upgrade in progress: " + "; ".join(parts)
+
+
+def render_versions(status: dict[str, Any], console: Console) -> None:
+    """:func:`versions_line`, when there is one."""
+    line = versions_line(status)
+    if line is not None:
+        console.print(line, highlight=False)
+
+
+def lora_cell(stats: ReplicaStats) -> str:
+    """``sql:device chat:host +1 cold``: the LoRA adapters a replica serves and where each is
+    (cold: served, loaded on its next request); ``off`` when it serves none."""
+    if not stats.served_adapters and not stats.lora_adapters:
+        return "off"
+    loaded = [f"{a.name}:{a.residency}" for a in stats.lora_adapters]
+    num_cold = len(set(stats.served_adapters) - {a.name for a in stats.lora_adapters})
+    return " ".join([*loaded, *([f"+{num_cold} cold"] if num_cold else [])])

@@ -6,7 +6,8 @@
    is active tokens (in blocks), requests and KV usage (:func:`load_cost`), plus ``w.no_room``
    when its free blocks cannot hold the part not on its device; a prefix block held in the
    candidate's host or disk tier counts as a fraction of an uncached one, the tier's measured
-   load-to-recompute ratio (:func:`lower_tier_cost`); candidates are ranked by cost, ties
+   load-to-recompute ratio (:func:`lower_tier_cost`); a request naming a LoRA adapter adds
+   where the adapter is (``cluster.routing.adapter_affinity``); candidates are ranked by cost, ties
    rotated by ``tie_break`` so fresh prefixes spread over the pool;
 2. **session affinity**: a live pin moves its replica to the front unless it is overloaded
    (then the pin yields and the router re-pins to the new choice);
@@ -31,6 +32,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
+from cluster.routing.adapter_affinity import with_adapter_costs
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.policy_types import (
     CostWeights,
@@ -98,6 +100,7 @@ def choose_least_loaded(inputs: RoutingInputs, weights: CostWeights) -> RoutingD
     """Candidates by :func:`load_cost` (cache ignored), ties rotated."""
     rotated = _rotated(inputs)
     costs = _load_costs(rotated, weights, inputs.block_size)
+    costs = with_adapter_costs(costs, rotated, inputs.lora_name)
     ranked = [rotated[i].replica_id for i in _by_cost(costs)]
     return _decision(inputs, ranked, RoutingReason.LEAST_LOADED, usable_hits(inputs))
 
@@ -109,6 +112,7 @@ def choose_prefix_aware(
     rotated = _rotated(inputs)
     hits = usable_hits(inputs)
     costs, holders = _total_costs(rotated, hits, inputs, weights)
+    costs = with_adapter_costs(costs, rotated, inputs.lora_name)
     ranked = [rotated[i].replica_id for i in _by_cost(costs)]
     pinned = _live_pin(rotated, inputs, hot_spot)
     if pinned is not None:

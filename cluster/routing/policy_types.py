@@ -47,6 +47,10 @@ class ReplicaLoad:
     num_free_blocks: int | None = None  # KV blocks allocatable (reported); None = unknown
     host_block_cost: float | None = None  # host-tier load / recompute, measured; None = unknown
     disk_block_cost: float | None = None  # the same for the disk tier
+    num_pending_prompt_tokens: int = 0  # prompt tokens queued inside the replica (reported)
+    prefill_tokens_per_s: float | None = None  # measured prefill throughput; None = unknown
+    device_adapters: frozenset[str] = frozenset()  # LoRA adapters in a device slot (reported)
+    host_adapters: frozenset[str] = frozenset()  # LoRA adapters in host memory only (reported)
 
     @property
     def kv_usage(self) -> float:
@@ -86,6 +90,7 @@ class RoutingInputs:
     session_pin: SessionPin | None = None
     now_s: float = 0.0
     tie_break: int = 0  # rotates the order among equal costs
+    lora_name: str | None = None  # the request's LoRA adapter (None: the base model)
 
     @property
     def num_prompt_blocks(self) -> int:

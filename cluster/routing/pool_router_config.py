@@ -15,6 +15,7 @@ from ray.serve.config import RequestRouterConfig
 
 from cluster.routing.router_kwargs import RouterSettings
 from cluster.routing.serve_router import (
+    HotPrefixRequestRouter,
     LeastLoadedRequestRouter,
     PdserveRequestRouter,
     PrefixAwareRequestRouter,
@@ -25,6 +26,7 @@ ROUTER_CLASSES: dict[str, type[PdserveRequestRouter]] = {
     "prefix_aware": PrefixAwareRequestRouter,
     "least_loaded": LeastLoadedRequestRouter,
     "round_robin": RoundRobinRequestRouter,
+    "hot_prefix": HotPrefixRequestRouter,
 }
 
 DEFAULT_ROUTING_STATS_PERIOD_S = 1.0

@@ -13,8 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from cluster.routing.policy_registry import RoutingPolicy, make_policy
 from cluster.routing.policy_types import CostWeights, HotSpotConfig, PoolRole
+from core.config import HotPrefixConfig
 from core.errors import ConfigError
 
 
@@ -37,6 +40,8 @@ class RouterSettings:
     index_shards: int = 1  # ``routing.kv_index_shards``: how many index actors to follow
     index_stride: int = 1  # ``routing.kv_index_stride``: one block hash in this many indexed
     max_scored_candidates: int = 64  # past this, score the best holders and a random sample
+    hot_prefixes: HotPrefixConfig = field(default_factory=HotPrefixConfig)  # ``hot_prefix``
+    deliver_copies: bool = False  # ``hot_prefix``: call holder and target (off: copies wait)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RouterSettings:
@@ -60,6 +65,7 @@ class RouterSettings:
         values["hot_spot"] = _nested(HotSpotConfig, values.get("hot_spot"), "hot_spot")
         if values["hot_spot"] is None:
             values["hot_spot"] = HotSpotConfig()
+        values["hot_prefixes"] = _hot_prefixes(values.get("hot_prefixes"))
         if "block_size" not in values:
             raise ConfigError(
                 "request router option block_size is required",
@@ -92,11 +98,28 @@ class RouterSettings:
         """The JSON-shaped ``request_router_kwargs`` for these settings."""
         data = dataclasses.asdict(self)
         data["pool"] = self.pool.value
+        data["hot_prefixes"] = self.hot_prefixes.model_dump()
         return data
 
     def make_policy(self) -> RoutingPolicy:
         """A fresh policy instance (a router keeps its own: round robin has a counter)."""
-        return make_policy(self.policy, weights=self.weights, hot_spot=self.hot_spot)
+        return make_policy(
+            self.policy,
+            weights=self.weights,
+            hot_spot=self.hot_spot,
+            hot_prefixes=self.hot_prefixes,
+        )
+
+
+def _hot_prefixes(value: Any) -> HotPrefixConfig:
+    if value is None or isinstance(value, HotPrefixConfig):
+        return value or HotPrefixConfig()
+    try:
+        return HotPrefixConfig.model_validate(value)
+    except ValidationError as e:
+        raise ConfigError(
+            f"invalid hot_prefixes: {e}", param="request_router_kwargs.hot_prefixes"
+        ) from e
 
 
 def _nested(kind: type[Any], value: Any, key: str) -> Any:

@@ -4,9 +4,11 @@ Serve constructs the request routers inside the ingress process, so they record 
 process-wide :func:`routing_metrics` object; the ingress renders its :class:`RoutingSnapshot`
 on ``/metrics`` (``pdserve:routing_decisions_total{pool,reason}``,
 ``pdserve:routing_prefix_hit_rate{pool}`` (cached over prompt blocks at the chosen replica),
-``pdserve:routing_decision_seconds_p50{pool}``, ``pdserve:kv_index_*``) and returns it, as plain
-data through ``core.codec``, from its ``routing_snapshot`` Serve method. Thread-safe: Serve may
-run routers on its own loop thread while the ingress reads.
+``pdserve:routing_decision_seconds_p50{pool}``, ``pdserve:kv_index_*``, and the ``hot_prefix``
+policy's ``pdserve:hot_prefixes{pool}``, ``pdserve:prefix_copies_made_total{pool}``,
+``pdserve:prefix_copies_dropped_total{pool}``, ``pdserve:prefix_copy_bytes_total{pool}``) and
+returns it, as plain data through ``core.codec``, from its ``routing_snapshot`` Serve method.
+Thread-safe: Serve may run routers on its own loop thread while the ingress reads.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ class PoolRoutingSnapshot:
     cached_blocks_total: int
     prefix_hit_rate: float
     decision_latency_s: LatencySummary
+    hot_prefixes: int = 0
+    """Prefixes with a deliberate copy now (``hot_prefix`` policy)."""
+    prefix_copies_made_total: int = 0
+    prefix_copies_dropped_total: int = 0
+    """Deliberate copies retired (the prefix cooled), given up (never landed) or lost."""
+    prefix_copy_bytes_total: int = 0
+    """KV bytes the deliberate copies were to move."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,10 @@ class _PoolMetrics:
     latency_sum_s: float = 0.0
     bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_LATENCIES))
+    hot_prefixes: int = 0
+    copies_made: int = 0
+    copies_dropped: int = 0
+    copy_bytes: int = 0
 
     def snapshot(self) -> PoolRoutingSnapshot:
         cumulative, buckets = 0, {}
@@ -92,6 +105,10 @@ class _PoolMetrics:
                 p99=_quantile(recent, 0.99),
                 buckets=buckets,
             ),
+            hot_prefixes=self.hot_prefixes,
+            prefix_copies_made_total=self.copies_made,
+            prefix_copies_dropped_total=self.copies_dropped,
+            prefix_copy_bytes_total=self.copy_bytes,
         )
 
 
@@ -120,6 +137,18 @@ class RoutingMetrics:
             )
             metrics.bucket_counts[bucket] += 1
             metrics.recent_s.append(latency_s)
+
+    def record_prefix_copies(
+        self, pool: str, *, num_made: int, num_dropped: int, num_bytes: int, num_hot: int
+    ) -> None:
+        """Count deliberate prefix copies made and dropped and their bytes; ``num_hot`` is
+        the prefixes with a copy now (a gauge)."""
+        with self._lock:
+            metrics = self._pools.setdefault(pool, _PoolMetrics())
+            metrics.copies_made += num_made
+            metrics.copies_dropped += num_dropped
+            metrics.copy_bytes += num_bytes
+            metrics.hot_prefixes = num_hot
 
     def record_index(self, stats: IndexStats) -> None:
         """Remember the index size seen by the latest sync (a gauge)."""

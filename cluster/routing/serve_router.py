@@ -25,6 +25,12 @@ keeps a follower copy that a background task on the router's loop updates from t
 log every ``poll_interval_s`` (see ``kv_index.follower``). ``record_routing_stats`` is used only for
 load figures: it is periodic (seconds) and would have to carry every hash.
 
+A call whose routing keys name a replica (``RoutingKeys.replica_id``: a hot-prefix copy's
+export or pull, ``prefix_copy_delivery``) goes to that replica alone and is not counted as load.
+Under ``hot_prefix`` with ``deliver_copies`` the router hands each copy it decides to a
+:class:`~cluster.routing.prefix_copy_delivery.PrefixCopyDelivery` on its own loop and counts
+the bytes that moved and the copies that failed when they end.
+
 The deployments must define ``record_routing_stats()`` returning ``core.stats.RoutingStats`` as
 plain data (``core.codec``); a replica that has not reported yet counts as empty.
 """
@@ -40,6 +46,8 @@ from typing import Any, ClassVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from cluster.routing.hot_prefixes import HotPrefixes
+from cluster.routing.kv_index.fingerprints import of_fingerprint
 from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import KVIndex
@@ -51,14 +59,16 @@ from cluster.routing.policy_types import (
     RoutingInputs,
     SessionPin,
 )
+from cluster.routing.prefix_copy_delivery import CopyOutcome, PrefixCopyDelivery
 from cluster.routing.request_features import read_routing_keys
 from cluster.routing.router_kwargs import RouterSettings
 from cluster.routing.routing_metrics import routing_metrics
+from cluster.routing.serve_prefix_caller import ServeReplicaCaller
 from cluster.routing.sessions import SessionAffinity
 from core.codec import from_plain
 from core.config import pool_key
 from core.errors import MessageError
-from core.messages import RoutingKeys
+from core.messages import RoutingKeys, WarmPrefixRequest
 from core.stats import RoutingStats
 
 logger = logging.getLogger(__name__)
@@ -80,6 +90,15 @@ class PdserveRequestRouter(RequestRouter):
         self._num_decisions = 0
         self._rng = random.Random()
         self._stats_cache: dict[str, tuple[object, RoutingStats]] = {}
+        self._block_bytes = 0  # a KV block's bytes, as the replicas report it
+        pool = pool_key(self.settings.pool.value, self.settings.model)
+        self.hot_prefixes: HotPrefixes | None = (
+            HotPrefixes(self.settings.hot_prefixes, pool)
+            if self.settings.policy == "hot_prefix"
+            else None
+        )
+        self.copy_delivery: PrefixCopyDelivery | None = None  # made by the first copy to deliver
+        self._deployment_name = ""  # the pool's Serve deployment, as its replicas name it
         self.index_source: IndexSource = (
             ActorIndexSource(
                 self.app_name,
@@ -104,8 +123,18 @@ class PdserveRequestRouter(RequestRouter):
             return []
         started_s = time.perf_counter()
         try:
-            self.index_source.ensure_started()
             features = self._features(pending_request)
+            if features.replica_id is not None:  # a hot-prefix copy's call: that one, or none
+                return [
+                    [r] for r in candidate_replicas if r.replica_id.unique_id == features.replica_id
+                ]
+            self._deployment_name = candidate_replicas[0].replica_id.deployment_id.name
+            self.index_source.ensure_started()
+            candidate_replicas = of_fingerprint(
+                candidate_replicas,
+                features.kv_fingerprint,
+                lambda replica: self._routing_stats(replica).kv_fingerprint,
+            )
             now_s = time.monotonic()
             index = self.index_source.view()
             pool = pool_key(self.settings.pool.value, self.settings.model)
@@ -114,7 +143,8 @@ class PdserveRequestRouter(RequestRouter):
             scored, unscored = self._shortlist(candidate_replicas, tier_hits, pin)
             inputs = self._inputs(scored, features, index, tier_hits, pin, now_s)
             decision = self.policy.choose(inputs)
-            self._record(decision, features, pending_request, time.perf_counter() - started_s)
+            latency_s = time.perf_counter() - started_s
+            self._record(decision, features, inputs, pending_request, latency_s)
         except Exception:  # a routing bug must not strand the request: Serve's order then
             logger.exception("routing failed; falling back to Serve's replica order")
             return [[replica] for replica in candidate_replicas]
@@ -131,6 +161,8 @@ class PdserveRequestRouter(RequestRouter):
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """The request finished on ``replica_id``: its load is gone."""
         self.load.finish(internal_request_id)
+        if self.hot_prefixes is not None:
+            self.hot_prefixes.finished(internal_request_id)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Serve's new replica set; replicas that left it (died, drained, scaled down) are
@@ -152,6 +184,8 @@ class PdserveRequestRouter(RequestRouter):
         self.load.forget_replica(replica_id)
         self.sessions.forget_replica(replica_id)
         self.index_source.report_replica_gone(replica_id)
+        if self.hot_prefixes is not None:
+            self.hot_prefixes.forget_replica(replica_id)
 
     # -- one decision ---------------------------------------------------------------------
 
@@ -213,11 +247,13 @@ class PdserveRequestRouter(RequestRouter):
             session_pin=pin,
             now_s=now_s,
             tie_break=self._num_decisions,
+            lora_name=features.lora_name,
         )
 
     def _replica_load(self, replica: RunningReplica) -> ReplicaLoad:
         replica_id = replica.replica_id.unique_id
         stats = self._routing_stats(replica)
+        self._block_bytes = stats.kv_block_bytes or self._block_bytes
         num_running = self.load.num_requests(replica_id)
         if self._use_replica_queue_len_cache:
             num_ongoing = self.replica_queue_len_cache.get(replica.replica_id) or 0
@@ -231,12 +267,17 @@ class PdserveRequestRouter(RequestRouter):
             num_free_blocks=stats.kv_blocks_free,
             host_block_cost=stats.host_block_cost,
             disk_block_cost=stats.disk_block_cost,
+            num_pending_prompt_tokens=stats.pending_prompt_tokens,
+            prefill_tokens_per_s=stats.prefill_tokens_per_s,
+            device_adapters=frozenset(stats.device_adapters),
+            host_adapters=frozenset(stats.host_adapters),
         )
 
     def _record(
         self,
         decision: RoutingDecision,
         features: RoutingKeys,
+        inputs: RoutingInputs,
         pending_request: PendingRequest | None,
         latency_s: float,
     ) -> None:
@@ -245,13 +286,69 @@ class PdserveRequestRouter(RequestRouter):
         self.sessions.record(features.session_id, decision.replica_id, now_s)
         if pending_request is None:
             return
-        # prefill works on the uncached part; decode holds the whole prompt's KV
+        # prefill works on the uncached part; decode holds the whole prompt's KV, except under
+        # hot_prefix, whose queue is prefill work in both pools (``hit_minus_load``)
         num_work_tokens = features.num_prompt_tokens
-        if self.settings.pool is PoolRole.PREFILL:
+        if self.settings.pool is PoolRole.PREFILL or self.hot_prefixes is not None:
             num_work_tokens -= decision.num_cached_blocks * self.settings.block_size
+        num_work_tokens = max(num_work_tokens, 0)
         request_id = pending_request.metadata.internal_request_id
-        if self.load.begin(request_id, decision.replica_id, max(num_work_tokens, 0), now_s):
+        if self.load.begin(request_id, decision.replica_id, num_work_tokens, now_s):
             self.metrics.record_decision(self.settings.pool.value, decision, latency_s)
+        if self.hot_prefixes is not None:
+            self._record_heat(request_id, inputs, num_work_tokens, now_s)
+
+    def _record_heat(
+        self, request_id: str, inputs: RoutingInputs, num_work_tokens: int, now_s: float
+    ) -> None:
+        """Feed the prefix's heat; a copy it leads to waits in ``hot_prefixes`` for delivery."""
+        assert self.hot_prefixes is not None
+        before = self.hot_prefixes.counters()
+        warm = self.hot_prefixes.placed(
+            request_id, inputs, num_work_tokens, now_s, self._block_bytes
+        )
+        after = self.hot_prefixes.counters()
+        if warm is not None:
+            logger.info(
+                "request %s: prefix %s is hot; copying %d blocks from %s to %s",
+                request_id,
+                warm.prefix_head,
+                len(warm.block_hashes),
+                warm.source_replica_id,
+                warm.target_replica_id,
+            )
+        delivering = self.settings.deliver_copies
+        self.metrics.record_prefix_copies(
+            self.settings.pool.value,
+            num_made=after.copies_made_total - before.copies_made_total,
+            num_dropped=after.copies_dropped_total - before.copies_dropped_total,
+            num_bytes=0 if delivering else after.copy_bytes_total - before.copy_bytes_total,
+            num_hot=after.num_hot_prefixes,
+        )
+        if warm is not None and delivering:
+            delivery = self.copy_delivery or self._make_copy_delivery()
+            for decided in self.hot_prefixes.take_warm_requests():
+                delivery.submit(decided)
+
+    def _make_copy_delivery(self) -> PrefixCopyDelivery:
+        """Copies delivered through this pool's own deployment, each call pinned to its
+        replica by ``routing.replica_id``; they give up when the replicator would."""
+        caller = ServeReplicaCaller(self._deployment_name, self.app_name)
+        timeout_s = self.settings.hot_prefixes.copy_interval_s
+        self.copy_delivery = PrefixCopyDelivery(caller, self._copy_ended, timeout_s=timeout_s)
+        return self.copy_delivery
+
+    def _copy_ended(self, warm: WarmPrefixRequest, outcome: CopyOutcome) -> None:
+        """A delivered copy's bytes count as moved; one that landed nothing is dropped."""
+        assert self.hot_prefixes is not None
+        num_dropped = 0 if outcome.landed else int(self.hot_prefixes.give_up(warm))
+        self.metrics.record_prefix_copies(
+            self.settings.pool.value,
+            num_made=0,
+            num_dropped=num_dropped,
+            num_bytes=outcome.num_bytes,
+            num_hot=self.hot_prefixes.counters().num_hot_prefixes,
+        )
 
     def _routing_stats(self, replica: RunningReplica) -> RoutingStats:
         """The replica's last ``record_routing_stats``; empty before the first one. Parsed
@@ -282,6 +379,12 @@ class LeastLoadedRequestRouter(PdserveRequestRouter):
     """``least_loaded``: the lowest load, cache ignored."""
 
     default_policy = "least_loaded"
+
+
+class HotPrefixRequestRouter(PdserveRequestRouter):
+    """``hot_prefix``: hit minus load in seconds, with heat and deliberate prefix copies."""
+
+    default_policy = "hot_prefix"
 
 
 class RoundRobinRequestRouter(PdserveRequestRouter):

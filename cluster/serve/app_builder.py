@@ -126,6 +126,8 @@ def _pool_options(config: ClusterConfig, served: ServedModel, role: Role) -> dic
                 "model": served.scope,
                 "index_shards": config.routing.kv_index_shards,
                 "index_stride": config.routing.kv_index_stride,
+                "hot_prefixes": config.routing.hot_prefixes.model_dump(),
+                "deliver_copies": True,  # hot_prefix: the router calls holder and target
             },
         ),
     }

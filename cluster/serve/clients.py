@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -75,6 +76,7 @@ class PoolWatch:
         self._board = board
         self._refresh_s = refresh_s
         self._num_live: dict[str, int] = {}
+        self._fingerprints: dict[str, dict[str, int]] = {}
         self._task: asyncio.Task[None] | None = None
         self._epoch: str | None = None
         self.unavailable_total = 0
@@ -96,6 +98,10 @@ class PoolWatch:
         """Replicas of ``pool`` that reported within the board's staleness bound."""
         return self._num_live.get(pool, 0)
 
+    def fingerprints(self, pool: str) -> dict[str, int]:
+        """Live replicas of ``pool`` by KV fingerprint (``ReplicaStats.kv_fingerprint``)."""
+        return self._fingerprints.get(pool, {})
+
     async def snapshot(self) -> dict[str, list[ReplicaReport]]:
         """The board's current reports by role (also refreshes the live counts)."""
         view: dict[str, Any] = await self._board.view.remote()
@@ -105,6 +111,10 @@ class PoolWatch:
         self._epoch = view["epoch"]
         reports = decode_reports(view["pools"])
         self._num_live = {role: len(replicas) for role, replicas in reports.items()}
+        self._fingerprints = {
+            role: dict(Counter(r.stats.kv_fingerprint for r in replicas))
+            for role, replicas in reports.items()
+        }
         return reports
 
     async def stats_by_role(self) -> dict[str, dict[str, ReplicaStats]]:
@@ -123,6 +133,23 @@ class PoolWatch:
                 self.unavailable_total += 1
                 logger.warning("stats board unavailable: %s: %s", type(e).__name__, e)
             await asyncio.sleep(self._refresh_s)
+
+
+class PoolVersions:
+    """``FleetVersions`` of one model's two pools, from the stats board (never blocks)."""
+
+    def __init__(self, watch: PoolWatch, prefill_pool: str, decode_pool: str) -> None:
+        self._watch = watch
+        self._prefill_pool = prefill_pool
+        self._decode_pool = decode_pool
+
+    def decode_fingerprints(self) -> dict[str, int]:
+        """Live decode replicas by fingerprint."""
+        return self._watch.fingerprints(self._decode_pool)
+
+    def prefill_fingerprints(self) -> dict[str, int]:
+        """Live prefill replicas by fingerprint."""
+        return self._watch.fingerprints(self._prefill_pool)
 
 
 class ServePrefillClient:

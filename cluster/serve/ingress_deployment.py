@@ -12,6 +12,10 @@ the ingress's own follower of the app's KV index (an :class:`ActorIndexSource` i
 of a prompt the decode pool already caches. ``/metrics`` also renders the process's routing
 metrics (:class:`RoutingCollector`), and :meth:`IngressDeployment.routing_snapshot` returns them
 as a plain ``RoutingSnapshot``.
+
+In place: Serve calls :meth:`IngressDeployment.reconfigure` with the Ingress deployment's
+``user_config`` (what ``pdserve upgrade`` sets for the fields the ingress alone reads); the
+replica rebuilds its app and swaps it behind the ASGI app Serve mounted, restarting nothing.
 """
 
 from __future__ import annotations
@@ -21,24 +25,32 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from fastapi import FastAPI
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from cluster.ingress import RequestGate, create_app
+from cluster.ingress import IngressApp, RequestGate, create_app
 from cluster.ingress.dispatch.pool_clients import PrefillClient
 from cluster.ingress.model_table import ModelEndpoint
 from cluster.routing.kv_index.actor import INDEX_NAMESPACE
 from cluster.routing.kv_index.follower import ActorIndexSource
 from cluster.routing.routing_metrics import RoutingMetrics, routing_metrics
-from cluster.serve.clients import NoPrefillPool, PoolWatch, ServeDecodeClient, ServePrefillClient
+from cluster.serve.clients import (
+    NoPrefillPool,
+    PoolVersions,
+    PoolWatch,
+    ServeDecodeClient,
+    ServePrefillClient,
+)
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.controller_watch import ControllerWatch
 from cluster.serve.fault_admin import ServeFaultAdmin
+from cluster.serve.in_place import with_in_place
 from cluster.serve.ingress_setup import build_ingress_settings
+from cluster.serve.lora_admin import ServeLoRAAdmin
+from cluster.serve.swappable_asgi import SwappableAsgi
 from core.codec import to_plain
 from core.config import ClusterConfig, ServedModel
 from engine.builtin import resolve_model
@@ -79,7 +91,27 @@ class RoutingCollector(Collector):
             "Of those, blocks cached at the chosen replica.",
             labels=["pool"],
         )
+        hot = GaugeMetricFamily(
+            "pdserve:hot_prefixes", "Prefixes with a deliberate KV copy now.", labels=["pool"]
+        )
+        copies = {
+            "made": CounterMetricFamily(
+                "pdserve:prefix_copies_made", "Deliberate hot-prefix copies made.", labels=["pool"]
+            ),
+            "dropped": CounterMetricFamily(
+                "pdserve:prefix_copies_dropped",
+                "Deliberate hot-prefix copies retired, given up or lost.",
+                labels=["pool"],
+            ),
+            "bytes": CounterMetricFamily(
+                "pdserve:prefix_copy_bytes", "KV bytes of deliberate copies.", labels=["pool"]
+            ),
+        }
         for pool, metrics in snapshot.pools.items():
+            hot.add_metric([pool], metrics.hot_prefixes)
+            copies["made"].add_metric([pool], metrics.prefix_copies_made_total)
+            copies["dropped"].add_metric([pool], metrics.prefix_copies_dropped_total)
+            copies["bytes"].add_metric([pool], metrics.prefix_copy_bytes_total)
             for reason, count in metrics.decisions_total.items():
                 decisions.add_metric([pool, reason], count)
             hit_rate.add_metric([pool], metrics.prefix_hit_rate)
@@ -97,7 +129,7 @@ class RoutingCollector(Collector):
             value=snapshot.index_restarts_total,
         )
         yield from (decisions, hit_rate, latency_p50, prompt_blocks, cached_blocks)
-        yield from (shard_losses, restarts)
+        yield from (shard_losses, restarts, hot, *copies.values())
         if snapshot.index is not None:
             for key, value in dataclasses.asdict(snapshot.index).items():
                 yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)
@@ -127,6 +159,14 @@ class ControlPlaneCollector(Collector):
             yield CounterMetricFamily(f"pdserve:{name}", text, value=value)
 
 
+def lora_admin(board: DeploymentHandle, config: ClusterConfig) -> ServeLoRAAdmin | None:
+    """The runtime LoRA admin when the default model serves adapters (None: the routes are off)."""
+    served = config.served_models()
+    if not served[0].engine_for("decode").enable_lora:
+        return None
+    return ServeLoRAAdmin(board, {model.name: model.scope for model in served})
+
+
 @serve.ingress()
 class IngressDeployment:
     """One ingress replica: tokenizer, admission gate, pool clients and the FastAPI app."""
@@ -153,7 +193,15 @@ class IngressDeployment:
             stride=cluster_config.routing.kv_index_stride,
         )
         self._index.ensure_started()
-        self._ingress = create_app(
+        self._pools, self._board = pools, board
+        self._base_config = self._config = cluster_config
+        self._ingress = self._build_ingress(cluster_config)
+        self._asgi = SwappableAsgi(self._ingress.asgi)
+
+    def _build_ingress(self, cluster_config: ClusterConfig) -> IngressApp:
+        """The FastAPI app and its metrics for ``cluster_config`` over this replica's pools."""
+        pools, board = self._pools, self._board
+        ingress = create_app(
             [
                 self._endpoint(cluster_config, s, *pools[s.name])
                 for s in cluster_config.served_models()
@@ -162,11 +210,26 @@ class IngressDeployment:
             stats_provider=self._watch.stats_by_role,
             gate=self._gate,
             fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
+            lora_admin=lora_admin(board, cluster_config),
         )
-        self._ingress.metrics.registry.register(RoutingCollector())
-        registry = self._ingress.metrics.registry
+        ingress.metrics.registry.register(RoutingCollector())
+        registry = ingress.metrics.registry
         registry.register(ControlPlaneCollector(self._watch, self._controller))
         ProcessCollector(registry=registry)  # process_start_time_seconds: this ingress's restarts
+        return ingress
+
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's lightweight update (``pdserve upgrade`` of fields the ingress alone reads,
+        ``cluster.serve.in_place``): rebuild the app from the deployed config overlaid with
+        ``user_config`` and serve the next requests from it; requests in flight finish on the
+        old one, and no replica restarts. The rebuilt app starts its metrics from zero."""
+        config = with_in_place(self._base_config, user_config)
+        if config == self._config:
+            return
+        self._ingress = self._build_ingress(config)
+        self._config = config
+        self._asgi.swap(self._ingress.asgi)
+        logger.info("ingress reconfigured in place: %s", ", ".join(sorted(user_config)))
 
     def _endpoint(
         self,
@@ -191,11 +254,12 @@ class IngressDeployment:
             ServeDecodeClient(decode, self._watch, decode_pool),
             build_ingress_settings(config, served, model_dir),
             cached_blocks,
+            PoolVersions(self._watch, served.pool_key("prefill"), decode_pool),
         )
 
-    def __serve_build_asgi_app__(self) -> FastAPI:
-        """The ASGI app Serve mounts for this replica."""
-        return self._ingress.asgi
+    def __serve_build_asgi_app__(self) -> SwappableAsgi:
+        """The ASGI app Serve mounts for this replica (it forwards to the current one)."""
+        return self._asgi
 
     async def routing_snapshot(self) -> dict[str, Any]:
         """The routing metrics of this replica's routers: a plain ``RoutingSnapshot``."""

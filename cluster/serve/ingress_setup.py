@@ -74,6 +74,7 @@ def build_ingress_settings(
         pipelined_from_tokens=pipelined_from_tokens(config, served),
         prefill_required=served.prefill.min_replicas > 0,
         api_keys=load_api_keys(config.server, environ),
+        lora_modules=served.model.lora_modules,
     )
 
 

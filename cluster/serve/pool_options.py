@@ -92,6 +92,8 @@ def autoscaling_options(pool: PoolConfig) -> dict[str, Any] | None:
         options["initial_replicas"] = scaling.initial_replicas
     if scaling.look_back_period_s is not None:
         options["look_back_period_s"] = scaling.look_back_period_s
+    if scaling.metrics_interval_s is not None:
+        options["metrics_interval_s"] = scaling.metrics_interval_s
     return options
 
 

@@ -10,6 +10,10 @@ deployments; they call it once with their role and their ``stats`` function. Rep
 :class:`~core.stats.ReplicaReport` s, stored and returned as plain data (``core.codec``);
 :func:`decode_reports` gives readers the typed form.
 
+The board is also the registry of LoRA adapters loaded at run time (``/v1/load_lora_adapter``,
+``cluster.serve.lora_admin``): :meth:`StatsBoard.register_adapter` keeps them per model, and
+every replica reads its model's after each report, so replicas started later load them too.
+
 The board is also how a load test's transfer faults reach the replicas (``/admin/faults``,
 off unless ``server.fault_injection``): :meth:`StatsBoard.set_faults` holds a
 :class:`~core.transfer_faults.FaultInjection` for a role until it expires, and each report's
@@ -24,7 +28,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +38,7 @@ from ray import serve
 from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.codec import from_plain, to_plain
 from core.config import pool_key
+from core.lora_registry import RegisteredAdapter
 from core.stats import ReplicaReport, ReplicaStats
 from core.transfer_faults import FaultInjection
 
@@ -41,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 StatsFn = Callable[[], ReplicaStats]
 FaultsFn = Callable[[FaultInjection], None]
+AdaptersFn = Callable[[Sequence[RegisteredAdapter]], Awaitable[None]]
 
 
 def decode_reports(snapshot: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[ReplicaReport]]:
@@ -59,6 +65,7 @@ class StatsBoard:
         self._stale_after_s = stale_after_s
         self._reports: dict[str, dict[str, Any]] = {}
         self._faults: dict[str, tuple[dict[str, Any], float]] = {}  # role -> (plain, until)
+        self._adapters: dict[str, dict[str, str]] = {}  # model scope -> LoRA name -> path
 
     def report(self, replica: dict[str, Any]) -> dict[str, Any] | None:
         """Store one replica's report (a plain ``ReplicaReport``); answer the faults its role
@@ -74,6 +81,20 @@ class StatsBoard:
         """Have every replica of ``role`` inject ``faults`` (a plain ``FaultInjection``) for
         the next ``duration_s``."""
         self._faults[role] = (faults, time.monotonic() + duration_s)
+
+    def register_adapter(self, model: str, name: str, path: str) -> None:
+        """Every replica of the model of scope ``model`` serves LoRA adapter ``name`` from
+        ``path`` (they read it after their next report; replicas started later too)."""
+        self._adapters.setdefault(model, {})[name] = path
+
+    def unregister_adapter(self, model: str, name: str) -> None:
+        """The model's replicas stop serving ``name`` (no-op when it is not registered)."""
+        self._adapters.get(model, {}).pop(name, None)
+
+    def adapters(self, model: str) -> list[dict[str, Any]]:
+        """The registered adapters of ``model`` (plain ``RegisteredAdapter`` s)."""
+        registered = self._adapters.get(model, {})
+        return [to_plain(RegisteredAdapter(name, path)) for name, path in registered.items()]
 
     def forget(self, replica_id: str) -> None:
         """Drop a replica's report at once (it is shutting down)."""
@@ -116,13 +137,18 @@ class BoardReporter:
     """The scope of the model whose replicas report through this (empty: the only model)."""
 
     def __call__(
-        self, role: str, stats: StatsFn, on_faults: FaultsFn | None = None
+        self,
+        role: str,
+        stats: StatsFn,
+        on_faults: FaultsFn | None = None,
+        on_adapters: AdaptersFn | None = None,
     ) -> Callable[[], None]:
         """Start reporting ``stats()`` as ``role`` in the background; returns ``stop``.
-        ``on_faults`` gets the faults the board answers whenever they change."""
+        ``on_faults`` gets the faults the board answers whenever they change; ``on_adapters``
+        is awaited with the model's registered LoRA adapters after every report."""
         replica_id = serve.get_replica_context().replica_id.unique_id
         task = asyncio.get_running_loop().create_task(
-            self._report_forever(role, replica_id, stats, on_faults)
+            self._report_forever(role, replica_id, stats, on_faults, on_adapters)
         )
 
         def stop() -> None:
@@ -135,7 +161,12 @@ class BoardReporter:
         return serve.get_deployment_handle(BOARD_DEPLOYMENT, self.app_name)
 
     async def _report_forever(
-        self, role: str, replica_id: str, stats: StatsFn, on_faults: FaultsFn | None
+        self,
+        role: str,
+        replica_id: str,
+        stats: StatsFn,
+        on_faults: FaultsFn | None,
+        on_adapters: AdaptersFn | None,
     ) -> None:
         context = ray.get_runtime_context()
         report = ReplicaReport(
@@ -160,6 +191,9 @@ class BoardReporter:
                     )
                     logger.warning("transfer faults of %s now %s", replica_id, faults)
                     applied = faults
+                if on_adapters is not None:
+                    registered = await board.adapters.remote(self.model)
+                    await on_adapters([from_plain(RegisteredAdapter, a) for a in registered])
             except Exception as e:  # the board restarting must not stop the reports
                 logger.warning("stats report of %s failed: %s", replica_id, e)
             await asyncio.sleep(self.interval_s)

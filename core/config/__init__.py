@@ -24,7 +24,7 @@ from core.config.pools import (
     Role,
 )
 from core.config.ray_cluster import RayClusterConfig
-from core.config.routing import DisaggregationConfig, RoutingConfig
+from core.config.routing import DisaggregationConfig, HotPrefixConfig, RoutingConfig
 from core.config.server import ServerConfig
 from core.config.speculative import SpeculativeConfig, SpeculativeMethod
 from core.config.transfer import TransferConfig
@@ -41,6 +41,7 @@ __all__ = [
     "EPLBConfig",
     "EngineConfig",
     "HostTierConfig",
+    "HotPrefixConfig",
     "KVFailurePolicy",
     "KVTiersConfig",
     "ModelConfig",

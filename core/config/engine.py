@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from core.config.base import DType, StrictModel
 from core.config.kv_tiers import KVTiersConfig
+from core.config.lora import LoRAModuleConfig
 from core.config.speculative import SpeculativeConfig
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -213,4 +214,10 @@ class ModelConfig(StrictModel):
         description="Weight-only quantization at load: int8 stores attention, MLP and expert "
         "projections as int8 with a scale per output channel (embeddings, LM head and router "
         "gates stay in dtype). None: weights as loaded. Pre-quantized checkpoints are refused.",
+    )
+    lora_modules: tuple[LoRAModuleConfig, ...] = Field(
+        (),
+        description="LoRA adapters both pools load at start, each served under its name "
+        "(vLLM's --lora-modules); needs engine.enable_lora. More load at run time through "
+        "POST /v1/load_lora_adapter.",
     )

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from core.config.base import StrictModel
 from core.config.engine import EngineConfig, ModelConfig
+from core.config.lora import check_lora_modules
 from core.config.pools import DecodePoolConfig, PoolConfig, PrefillPoolConfig, Role
 
 ROLES: tuple[Role, Role] = ("prefill", "decode")
@@ -111,6 +112,21 @@ class ServedModel:
                 "one GPU per rank"
             )
 
+    def _check_lora(self, engines: dict[Role, EngineConfig]) -> None:
+        """Both pools serve adapters alike: ``lora_modules`` needs ``enable_lora`` in both, and
+        a pool with adapters and one without would split a request's prefill from its decode."""
+        at = self.field_path
+        enabled = {role: engine.enable_lora for role, engine in engines.items()}
+        if enabled["prefill"] != enabled["decode"] and self.prefill.initial_replicas:
+            raise ValueError(
+                f"{at}prefill.engine.enable_lora ({enabled['prefill']}) must equal "
+                f"{at}decode.engine.enable_lora ({enabled['decode']}): both pools apply a "
+                "request's adapter"
+            )
+        if self.model.lora_modules and not enabled["decode"]:
+            raise ValueError(f"{at}model.lora_modules needs engine.enable_lora: true")
+        check_lora_modules(self.model.lora_modules, self.name, at)
+
     def check(self) -> None:
         """The checks between this model's two pools; ValueError naming the field."""
         at = self.field_path
@@ -122,6 +138,7 @@ class ServedModel:
                     f"{at}prefill.engine.{key} ({mine}) must equal {at}decode.engine.{key} "
                     f"({theirs}): the KV layouts and block hashes must match"
                 )
+        self._check_lora(engines)
         for role, engine in engines.items():
             self._check_tensor_parallel(role, engine.tensor_parallel_size)
             ranks = self.pool_for(role).expert_parallel

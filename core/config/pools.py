@@ -40,6 +40,13 @@ class AutoscalingConfig(StrictModel):
         "planner signals) before a decision; None: Serve's default (30 s). Shorter reacts "
         "sooner to a burst and flaps more.",
     )
+    metrics_interval_s: float | None = Field(
+        None,
+        gt=0.0,
+        description="How often each replica (and each router) reports its load to Serve's "
+        "autoscaler (Serve's metrics_interval_s); None: Serve's default (10 s). A decision can "
+        "only follow a burst once a report carries it.",
+    )
 
     @model_validator(mode="after")
     def _range_is_ordered(self) -> AutoscalingConfig:

@@ -9,16 +9,91 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from core.config.base import StrictModel
+
+
+class HotPrefixConfig(StrictModel):
+    """The ``hot_prefix`` policy: routing by a hit's saved prefill seconds against the queue a
+    request joins, and deliberate copies of prefixes too hot for their holders."""
+
+    prefill_tokens_per_s: float = Field(
+        8000.0,
+        gt=0.0,
+        description="A replica's prefill throughput until it has measured its own (prompt "
+        "tokens computed over their share of step time): turns queued and uncached tokens "
+        "into seconds.",
+    )
+    ttft_target_s: float = Field(
+        1.0,
+        gt=0.0,
+        description="Predicted first-token wait (queue plus uncached prefill) above which a "
+        "hot prefix's holders count as too slow and it is copied to another replica; a "
+        "session's pinned replica is left when its queue alone is longer.",
+    )
+    no_room_s: float = Field(
+        60.0,
+        ge=0.0,
+        description="Seconds added to a replica whose free KV blocks cannot hold the prompt.",
+    )
+    head_blocks: int = Field(
+        1,
+        ge=1,
+        description="A prefix is named by the chained hash of a prompt's first this many "
+        "blocks (shorter prompts: of all their blocks); heat is tracked per such head.",
+    )
+    heat_half_life_s: float = Field(
+        10.0, gt=0.0, description="Half-life of a prefix's decayed request and token rates."
+    )
+    max_tracked_prefixes: int = Field(
+        1024,
+        ge=1,
+        description="Prefix heads whose heat is kept; a new one evicts the coldest.",
+    )
+    min_copy_rate_per_s: float = Field(
+        2.0,
+        ge=0.0,
+        description="A prefix is copied only while its decayed request rate is at least this.",
+    )
+    retire_rate_per_s: float = Field(
+        1.0,
+        ge=0.0,
+        description="A deliberate copy is retired (its blocks left to the replica's LRU, no "
+        "longer counted) when its prefix's request rate falls below this.",
+    )
+    max_copies_per_prefix: int = Field(
+        2, ge=0, description="Deliberate copies of one prefix at most; 0 turns copying off."
+    )
+    copy_bytes_per_interval: int = Field(
+        8 * 1024**3,
+        ge=0,
+        description="KV bytes all deliberate copies may move per copy interval.",
+    )
+    copy_interval_s: float = Field(
+        10.0, gt=0.0, description="The window of copy_bytes_per_interval."
+    )
+
+    @model_validator(mode="after")
+    def _retire_below_copy(self) -> HotPrefixConfig:
+        if self.retire_rate_per_s > self.min_copy_rate_per_s:
+            raise ValueError(
+                f"routing.hot_prefixes.retire_rate_per_s ({self.retire_rate_per_s}) must not "
+                f"exceed min_copy_rate_per_s ({self.min_copy_rate_per_s}): a copy would retire "
+                "as soon as it was made"
+            )
+        return self
 
 
 class RoutingConfig(StrictModel):
     """How a prefill and a decode replica are picked for a request, and re-picked."""
 
-    policy: Literal["round_robin", "least_loaded", "prefix_aware"] = Field(
+    policy: Literal["round_robin", "least_loaded", "prefix_aware", "hot_prefix"] = Field(
         "prefix_aware", description="How a prefill and a decode replica are picked."
+    )
+    hot_prefixes: HotPrefixConfig = Field(
+        default_factory=HotPrefixConfig,
+        description="The hot_prefix policy's throughput prior, TTFT target and copy limits.",
     )
     migration_limit: int = Field(
         3,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.errors import KVCacheError
@@ -74,6 +74,7 @@ class KVCacheManager:
         self._cached_listeners: list[Callable[[int, BlockHash], None]] = []
         self._before_free_listeners: list[BeforeFree] = []
         self._held: dict[str, list[list[int]]] = {}  # tables freed while a copy still writes
+        self._pins: dict[str, list[int]] = {}  # cached blocks an export of a prefix reads
 
     # -- listeners ----------------------------------------------------------------------------
 
@@ -285,15 +286,48 @@ class KVCacheManager:
         for request_id, table in self._tables.items():
             self._num_offered_blocks[request_id] = len(table)
 
+    # -- pins of cached prefixes (a hot prefix's export) --------------------------------------
+
+    def pin_cached(self, pin_id: str, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Hold the leading run of ``block_hashes`` the prefix cache holds, under ``pin_id``
+        (not a request: another thread reads their KV for an export), until :meth:`unpin`.
+        Returns their block ids, leading block first; empty when the first is not cached."""
+        if pin_id in self._pins:
+            raise KVCacheError(f"KV pin {pin_id} already holds blocks")
+        block_ids: list[int] = []
+        for block_hash in block_hashes:
+            block_id = self.pool.lookup(block_hash)
+            if block_id is None:
+                break
+            block_ids.append(block_id)
+        if block_ids:
+            self.pool.touch(block_ids)
+            self._pins[pin_id] = block_ids
+        return list(block_ids)
+
+    def unpin(self, pin_id: str) -> bool:
+        """Let a pin's blocks go (they stay cached, last block evicted first); False when
+        ``pin_id`` holds nothing (never pinned, or already unpinned)."""
+        block_ids = self._pins.pop(pin_id, None)
+        if block_ids is None:
+            return False
+        self.pool.free(block_ids[::-1])
+        return True
+
+    @property
+    def num_pinned_prefix_blocks(self) -> int:
+        """Blocks held by :meth:`pin_cached` pins now."""
+        return sum(len(block_ids) for block_ids in self._pins.values())
+
     # -- integrity ----------------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """Pool integrity plus: each block's ref count equals the tables holding it."""
+        """Pool integrity plus: each block's ref count equals the tables (and pins) holding it."""
         self.pool.check_integrity()
         held = [table for tables in self._held.values() for table in tables]
         holders = Counter(
             block_id
-            for table in [*self._tables.values(), *held]
+            for table in [*self._tables.values(), *held, *self._pins.values()]
             for block_id in table
             if block_id != NULL_BLOCK_ID
         )

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
 from core.errors import InvalidRequestError
+from core.stats import LoRAAdapterStats
 from engine.lora.adapter import LoRAAdapter, ServedBase, load_adapter
 from engine.lora.request import LoRARequest
 from engine.models import CausalLM
@@ -86,6 +87,8 @@ class LoRAManager:
         self._device: OrderedDict[str, int] = OrderedDict()  # name -> slot, least recent first
         self._free_slots = list(range(max_loras - 1, -1, -1))
         self._bound: dict[str, LoRARequest] = {}  # request id -> its adapter
+        self._requests_total: Counter[str] = Counter()  # adapter -> requests bound, ever
+        self._stepped: Counter[str] = Counter()  # adapter -> its requests in the latest step
 
     # -- adapters ---------------------------------------------------------------------------
 
@@ -143,6 +146,20 @@ class LoRAManager:
         """Every loaded adapter's residency (cold ones are not listed)."""
         return {name: self.residency(name) for name in self._host}
 
+    def adapter_stats(self) -> tuple[LoRAAdapterStats, ...]:
+        """Every loaded adapter's residency and requests, least recently used first."""
+        bound = Counter(request.lora_name for request in self._bound.values())
+        return tuple(
+            LoRAAdapterStats(
+                name=name,
+                residency=self.residency(name).value,
+                requests_total=self._requests_total[name],
+                num_running=self._stepped[name],
+                num_waiting=max(bound[name] - self._stepped[name], 0),
+            )
+            for name in self._host
+        )
+
     # -- requests ---------------------------------------------------------------------------
 
     def bind(self, request_id: str, request: LoRARequest) -> None:
@@ -150,6 +167,7 @@ class LoRAManager:
         :meth:`unbind`."""
         self.add_adapter(request)
         self._bound[request_id] = request
+        self._requests_total[request.lora_name] += 1
 
     def unbind(self, request_id: str) -> None:
         """The request ended (no-op for a base request)."""
@@ -174,6 +192,7 @@ class LoRAManager:
             self._load(request, keep=needed)  # back from disk if it left host memory
             self._place(name, keep=needed)
         names = [None if r is None else r.lora_name for r in requests]
+        self._stepped = Counter(n for n in names if n is not None)
         slots = [BASE_SLOT if n is None else self._device[n] for n in names]
         counts = [item.num_new_tokens for item in scheduled]
         self.step.batch = build_lora_batch(counts, slots, self.device)

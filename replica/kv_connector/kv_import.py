@@ -23,6 +23,7 @@ from core.kv_handle import KVHandle
 from core.sampling import SamplingParams
 from engine.async_engine import AsyncEngine, ConnectedImport
 from engine.kv_connector.base import ImportEnded
+from engine.lora import LoRARequest
 from replica.kv_connector.transport_connector import TransportKVConnector
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class KVImport:
         prompt_chunk_ends: tuple[int, ...] = (),
         *,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
         recompute_on_failure: bool = True,
     ) -> ConnectedImport:
         """Check the layout, then reserve blocks (reusing local prefix hits of the same
@@ -92,6 +94,7 @@ class KVImport:
                     first_token_id,
                     prompt_chunk_ends,
                     cache_salt=cache_salt,
+                    lora_request=lora_request,
                     recompute_on_failure=recompute_on_failure,
                 )
                 break

@@ -53,12 +53,14 @@ SIZES = {"load": (0, 1), "slo": (1, 2)}
 
 
 def _planner_config(port: int, planner: dict[str, Any]) -> dict[str, Any]:
-    # a 5 s window (Serve's default: 30 s) so the burst shows in the averages within seconds
+    # a 5 s window (Serve's default: 30 s) and a report each second (10 s) so the burst shows
+    # in the averages within seconds
     scaling = {
         "min_replicas": 1,
         "max_replicas": 2,
         "upscale_delay_s": 0.0,
         "look_back_period_s": 5.0,
+        "metrics_interval_s": 1.0,
     }
     raw = app_config(
         port,

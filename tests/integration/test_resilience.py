@@ -4,6 +4,7 @@ prefill replica killed while requests flow. Nothing may fail, hang or leak KV.""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ import pytest
 import ray
 
 from cluster.ops.scaling import scale
+from core.shared_memory import NAME_PREFIX, SHM_DIR
 from tests.cluster_fixtures import ServingApp, SimCluster
 from tests.integration.support import APP_NAME, SERVED_NAME
 from tests.waiting import wait_until
@@ -101,6 +103,7 @@ def test_each_pool_scales_up_and_down_while_requests_flow(
         for deployment, role, count in steps:
             before = outcome.num_ok
             kept = {r["replica_id"] for r in app.running_replicas(deployment)}
+            pids_before = {r["pid"] for r in app.board().get(role, [])}
             scale(
                 APP_NAME,
                 count if role == "prefill" else None,
@@ -116,6 +119,12 @@ def test_each_pool_scales_up_and_down_while_requests_flow(
             assert kept <= now or now <= kept, "scaling restarted replicas instead of resizing"
             node = sim_cluster.prefill_node_id if role == "prefill" else sim_cluster.decode_node_id
             assert {r["node_id"] for r in app.running_replicas(deployment)} == {node}
+            gone = pids_before - {r["pid"] for r in app.board().get(role, [])}
+            wait_until(
+                lambda g=gone: not _shm_segments_of(g),  # type: ignore[misc]
+                30,
+                f"the KV segments of the removed {role} replicas {sorted(gone)} unlinked",
+            )
             wait_until(
                 lambda n=before: outcome.num_ok >= n + 3,  # type: ignore[misc]
                 60,
@@ -123,6 +132,16 @@ def test_each_pool_scales_up_and_down_while_requests_flow(
             )
     assert not outcome.failures, outcome.failures
     assert outcome.num_ok >= 12
+    board = app.board()  # one checkpoint: one KV fingerprint on every replica of both pools
+    fingerprints = {r["stats"]["kv_fingerprint"] for role in board.values() for r in role}
+    assert len(fingerprints) == 1 and "" not in fingerprints, fingerprints
+
+
+def _shm_segments_of(pids: set[int]) -> list[str]:
+    """The shared KV segments in ``/dev/shm`` made by processes ``pids`` (``core.shared_memory``
+    names carry their creator's pid)."""
+    names = [n for n in os.listdir(SHM_DIR) if n.startswith(NAME_PREFIX)]
+    return [n for n in names if any(f"-{pid}-" in n for pid in pids)]
 
 
 def _kv_idle(app: ServingApp) -> bool:

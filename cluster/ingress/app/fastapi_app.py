@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from cluster.ingress.app.fault_routes import FaultAdmin, FaultRequest, add_fault_routes
 from cluster.ingress.app.generation_routes import add_generation_routes
+from cluster.ingress.app.lora_routes import LoRAAdmin, add_lora_routes
 from cluster.ingress.app.metrics_route import add_metrics_route
 from cluster.ingress.app.model_routes import add_model_routes
 from cluster.ingress.app.openapi import describe_bodies
@@ -66,6 +67,7 @@ def create_app(
     stats_provider: StatsProvider | None = None,
     gate: RequestGate | None = None,
     fault_admin: FaultAdmin | None = None,
+    lora_admin: LoRAAdmin | None = None,
 ) -> IngressApp:
     """The OpenAI-compatible ingress over ``models`` (the first answers requests naming no
     model); ``gate`` defaults to one sized by the server settings."""
@@ -94,6 +96,7 @@ def create_app(
     add_generation_routes(app, handlers)
     add_tokenize_routes(app, table, metrics)
     add_fault_routes(app, fault_admin)
+    add_lora_routes(app, table, lora_admin)
     add_model_routes(app, table, settings, metrics)
     add_probe_routes(app, table, gate)
     add_metrics_route(app, metrics, stats_provider, settings.stats_timeout_s)

@@ -1,5 +1,5 @@
 """``GET /v1/models``: every served and virtual model name, in the OpenAI list shape (plus vLLM's
-``max_model_len``)."""
+``max_model_len``), then every LoRA adapter with its base model as ``parent`` (vLLM's shape)."""
 
 from __future__ import annotations
 
@@ -38,5 +38,17 @@ def add_model_routes(
                 "max_model_len": table.max_model_len(name),
             }
             for name in table.names()
+        ]
+        data += [
+            {
+                "id": adapter.name,
+                "object": "model",
+                "created": created,
+                "owned_by": settings.owned_by,
+                "root": adapter.path,
+                "parent": adapter.base,
+                "max_model_len": table.max_model_len(adapter.base),
+            }
+            for adapter in table.adapters.all()
         ]
         return JSONResponse({"object": "list", "data": data})

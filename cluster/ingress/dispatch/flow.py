@@ -4,7 +4,8 @@ Remote path: the prefill pool computes the prompt and returns the first token pl
 (:mod:`~cluster.ingress.dispatch.remote_prefill`, pipelined for long prompts); the first token
 is yielded at once (TTFT never waits for the KV transfer), then the decode pool pulls the KV and
 streams the rest, one chunk per engine step. Local path (short or cached prompt, no healthy
-prefill capacity, or a failed remote prefill, see
+prefill capacity — none of the fingerprint the request is paired to, see
+:mod:`~cluster.ingress.dispatch.pairing` — or a failed remote prefill, see
 :mod:`~cluster.ingress.dispatch.prefill_failover`): decode runs the whole request. A decode
 stream that dies mid-way migrates (:mod:`~cluster.ingress.dispatch.migrating_decode`); what the
 run sent and cost is kept by :mod:`~cluster.ingress.dispatch.run_accounting`. Every await is
@@ -15,6 +16,7 @@ replica and frees its blocks.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
@@ -24,6 +26,7 @@ from cluster.ingress.dispatch.deltas import Delta, RequestUsage
 from cluster.ingress.dispatch.disagg import DisaggPolicy
 from cluster.ingress.dispatch.migrating_decode import MigratingDecode
 from cluster.ingress.dispatch.migration import DetokenizerFactory
+from cluster.ingress.dispatch.pairing import FleetVersions, Pairing, choose_pairing, paired
 from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient
 from cluster.ingress.dispatch.pool_requests import decode_request
 from cluster.ingress.dispatch.prefill_failover import PrefillFailover
@@ -47,7 +50,12 @@ class GenerationFlow:
         settings: IngressSettings,
         metrics: IngressMetrics,
         detokenizer: DetokenizerFactory | None = None,
+        versions: FleetVersions | None = None,
     ) -> None:
+        """``versions``: the pools' live replicas by KV fingerprint, to pair each request's
+        prefill and decode by (None: any pair, as when every replica runs one version)."""
+        self.versions = versions
+        self._rng = random.Random()
         self.detokenizer = detokenizer  # renders a migrated request's text (see migration.py)
         self.prefill = prefill
         self.decode = decode
@@ -66,19 +74,31 @@ class GenerationFlow:
         """A remote prefill failed for lack of capacity (see :class:`PrefillBreaker`)."""
         self.failover.capacity_failed()
 
+    def pairing(self) -> Pairing | None:
+        """The fingerprint a new request runs under (``dispatch.pairing``); None: any."""
+        return None if self.versions is None else choose_pairing(self.versions, self._rng)
+
     def start(self, request_id: str, prompt: PreparedPrompt, arrival_s: float) -> RequestRun:
-        """A run of one request; iterate :meth:`RequestRun.events` to drive it."""
-        return RequestRun(self, request_id, prompt, arrival_s)
+        """A run of one request, paired to one fingerprint; iterate :meth:`RequestRun.events`
+        to drive it."""
+        return RequestRun(self, request_id, prompt, arrival_s, self.pairing())
 
 
 class RequestRun:
     """One request's generation; :meth:`events` yields its deltas."""
 
     def __init__(
-        self, flow: GenerationFlow, request_id: str, prompt: PreparedPrompt, arrival_s: float
+        self,
+        flow: GenerationFlow,
+        request_id: str,
+        prompt: PreparedPrompt,
+        arrival_s: float,
+        pairing: Pairing | None = None,
     ) -> None:
         self._flow = flow
         self.request_id = request_id
+        self.pairing = pairing
+        prompt = paired(prompt, pairing)
         self.prompt = prompt
         self.accounting = RunAccounting(
             request_id, prompt.num_prompt_tokens, arrival_s, flow.metrics
@@ -122,8 +142,12 @@ class RequestRun:
 
     async def _generate(self) -> AsyncGenerator[Delta, None]:
         flow, prompt = self._flow, self.prompt
+        # NOTE: no prefill of the decode's fingerprint: local prefill, never a cross-version pull
+        paired_prefill = self.pairing is None or self.pairing.has_prefill
         decision = flow.policy.decide(
-            prompt.num_prompt_tokens, prompt.block_hashes, flow.prefill_available()
+            prompt.num_prompt_tokens,
+            prompt.block_hashes,
+            paired_prefill and flow.prefill_available(),
         )
         self.accounting.count_decision(decision)
         if decision.remote:

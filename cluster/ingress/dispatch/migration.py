@@ -15,6 +15,10 @@ migration the ingress renders the text itself (:class:`ResumedText`): an increme
 detokenizer over the prompt and every token sent and received, emitting whatever lies beyond the
 text already sent, so the client's text equals a fault-free run's.
 
+During a rolling upgrade the continuation keeps the request's KV fingerprint: it goes to a
+replica of the version it ran on while one serves, else to the new version, which recomputes
+prompt and tokens so far under its own weights (identical output when the weights are).
+
 Limits: a seeded sampled request continues with a fresh generator on the new replica (the same
 seed, restarted), so its continuation differs from a fault-free run; a stop string that would
 have spanned the break is matched only within the new replica's text.
@@ -28,7 +32,7 @@ from typing import Protocol
 
 from core.errors import PdserveError, TransferError, UnavailableError
 from core.hashing import hash_prompt_blocks
-from core.messages import DecodeRequest, RoutingKeys
+from core.messages import DecodeRequest
 
 
 def can_migrate(error: BaseException) -> bool:
@@ -56,12 +60,18 @@ def migrated_request(
         sampling, max_tokens=max(owed, 1), min_tokens=max(sampling.min_tokens - len(generated), 0)
     )
     routing = original.routing
-    hashes = hash_prompt_blocks(prompt, block_size, seed=hash_seed, salt=routing.cache_salt)
+    hashes = hash_prompt_blocks(
+        prompt, block_size, seed=hash_seed, salt=routing.cache_salt, lora_name=routing.lora_name
+    )
     return DecodeRequest(
         request_id=f"{original.request_id}-m{attempt}",
         prompt_token_ids=prompt,
         sampling=sampling,
-        routing=RoutingKeys(tuple(hashes), len(prompt), routing.session_id, routing.cache_salt),
+        # the same fingerprint (a replica of the same version while one serves: its prefix cache
+        # is of the same weights; once none does, any: recomputed), the same adapter
+        routing=dataclasses.replace(
+            routing, block_hashes=tuple(hashes), num_prompt_tokens=len(prompt)
+        ),
     )
 
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cluster.ingress.dispatch.open_decode import OpenDecode, close_opened
 from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient
-from cluster.ingress.dispatch.pool_requests import decode_request, prefill_request
+from cluster.ingress.dispatch.pool_requests import (
+    pipelined_decode_request,
+    prefill_request,
+)
 from cluster.ingress.dispatch.prefill_failover import PrefillFailover
 from cluster.ingress.dispatch.prepared_prompt import PreparedPrompt
 from cluster.ingress.settings import IngressSettings
@@ -76,10 +79,7 @@ class RemotePrefill:
                 async with aclosing(updates):  # type: ignore[type-var]
                     async for update in updates:
                         if isinstance(update, PrefillStarted):
-                            request = replace(
-                                decode_request(request_id, prompt, None),
-                                kv_handle=update.kv_handle,
-                            )
+                            request = pipelined_decode_request(request_id, prompt, update.kv_handle)
                             opened = OpenDecode.start(self._decode, request)
                             continue
                         self._failover.succeeded()

@@ -71,6 +71,7 @@ class GenerationHandlers:
         metrics: IngressMetrics,
     ) -> None:
         self._settings = table.default.settings  # the server section all models share
+        self._adapters = table.adapters
         self._router = router
         self._gate = gate
         self._metrics = metrics
@@ -147,7 +148,9 @@ class GenerationHandlers:
         salt = None
         if self._settings.server.cache_salt_per_api_key:
             salt = tenant_salt(headers.get("authorization"))
-        builder = PromptBuilder(route.tokenizer, route.settings)
+        adapter = self._adapters.find(data.get("model"))
+        lora_name = adapter.name if adapter is not None else None
+        builder = PromptBuilder(route.tokenizer, route.settings, lora_name)
         try:
             if chat:
                 chat_body = ChatCompletionRequest.model_validate(data)

@@ -30,9 +30,16 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 class PromptBuilder:
     """Turns validated request bodies into :class:`PreparedPrompt`s for one model."""
 
-    def __init__(self, tokenizer: PromptTokenizer, settings: IngressSettings) -> None:
+    def __init__(
+        self,
+        tokenizer: PromptTokenizer,
+        settings: IngressSettings,
+        lora_name: str | None = None,
+    ) -> None:
+        """``lora_name``: the LoRA adapter the prompts run under (None: the base model)."""
         self._tokenizer = tokenizer
         self._settings = settings
+        self._lora_name = lora_name
 
     def completion(
         self,
@@ -173,9 +180,15 @@ class PromptBuilder:
         sampling = sampling_params(body, max_tokens, self._tokenizer.vocab_size)
         salt = combined_salt(tenant_salt, body.cache_salt)
         hashes = hash_prompt_blocks(
-            prompt_ids, self._settings.block_size, seed=self._settings.hash_seed, salt=salt
+            prompt_ids,
+            self._settings.block_size,
+            seed=self._settings.hash_seed,
+            salt=salt,
+            lora_name=self._lora_name,
         )
-        routing = RoutingKeys(tuple(hashes), len(prompt_ids), session_id, salt)
+        routing = RoutingKeys(
+            tuple(hashes), len(prompt_ids), session_id, salt, lora_name=self._lora_name
+        )
         if not getattr(body, "echo", False):
             return PreparedPrompt(prompt_ids, sampling, routing)
         decode = self._tokenizer.decode

@@ -22,6 +22,7 @@ from typing import TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cluster.ingress.telemetry.lora_metrics import lora_families
 from cluster.ingress.telemetry.tier_metrics import PoolLabels, tier_families
 from core.config import split_pool_key
 from core.stats import ReplicaStats
@@ -147,6 +148,7 @@ class WorkerStatsCollector(Collector):
         for labelled in _LABELLED_COUNTERS:
             yield _labelled(labelled, ever)
         yield from tier_families(live, ever)
+        yield from lora_families(self._by_pool)
 
 
 def _fill(

@@ -6,11 +6,13 @@ turns engine events into the compact ops a replica sends (the messages themselve
 stream to the shard, ``replication`` the authoritative server and the routers' followers,
 ``shard_assignment`` which shard follows which replica, ``follower`` the router-side copy kept
 current in the background, ``actor`` the named Ray actor that hosts the server (import it from
-its module: it needs Ray).
+its module: it needs Ray), ``fingerprints`` the separate view per KV fingerprint (a request is
+placed, and its prefix hits counted, only among replicas of its fingerprint).
 """
 
 from cluster.routing.kv_index.compaction import compact_events
 from cluster.routing.kv_index.event_relay import IndexSink, KVEventPump, KVEventRelay
+from cluster.routing.kv_index.fingerprints import of_fingerprint
 from cluster.routing.kv_index.holders import TierHit
 from cluster.routing.kv_index.index import ApplyStatus, IndexStats, KVIndex
 from cluster.routing.kv_index.replication import KVIndexFollower, KVIndexServer
@@ -26,4 +28,5 @@ __all__ = [
     "KVIndexServer",
     "TierHit",
     "compact_events",
+    "of_fingerprint",
 ]

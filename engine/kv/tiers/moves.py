@@ -82,6 +82,28 @@ class TierMoves:
         elif self.disk is not None:
             self._to_disk(block_hash, lambda: source.cpu().numpy().tobytes())
 
+    def admit(self, block_hash: BlockHash, payload: torch.Tensor) -> bool:
+        """A block that arrived from elsewhere (a deliberate copy of a hot prefix, pulled from
+        another replica): into the host tier whatever its reuse count, as a device eviction
+        would put it there, and published as stored on ``host``. True when the tier holds it
+        now; False without a host tier, for a payload of another size, or when every slot is
+        being read by a load."""
+        host = self.host
+        if host is None or payload.numel() != self.block_bytes:
+            return False
+        now_s = self.clock()
+        if block_hash in host.entries:
+            host.entries.touch(block_hash, now_s)
+            return True
+        if host.entries.full:
+            victim = host.entries.victim()
+            if victim is None:
+                return False
+            self._leave_host(victim, expired=False)
+        host.store(block_hash, payload, now_s)
+        self.stored([block_hash], "host")
+        return True
+
     def _to_host(self, block_hash: BlockHash, source: torch.Tensor) -> None:
         host = self.host
         assert host is not None and self.config.host is not None

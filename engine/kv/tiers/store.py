@@ -98,6 +98,18 @@ class KVTiers:
     def _tiers(self) -> list[HostTier | DiskTier]:
         return [t for t in (self.host, self.disk) if t is not None]
 
+    def admit(self, block_hashes: list[BlockHash], payloads: list[torch.Tensor]) -> int:
+        """Blocks of a prefix pulled from another replica (``uint8`` rows of ``block_bytes``,
+        leading block first) into the host tier, ahead of the requests that will onload them
+        as any host hit (engine thread). Stops at the first block it cannot hold, so what it
+        holds is a leading run; returns how many."""
+        num_admitted = 0
+        for block_hash, payload in zip(block_hashes, payloads, strict=True):
+            if not self.moves.admit(block_hash, payload):
+                break
+            num_admitted += 1
+        return num_admitted
+
     # -- back: lookups and loads ---------------------------------------------------------------
 
     def find(self, block_hashes: list[BlockHash]) -> int:

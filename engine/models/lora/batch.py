@@ -33,6 +33,7 @@ class LoRABatch:
     """Rows of the largest group (sizes the kernels' grids; known on the host)."""
     host_groups: tuple[tuple[int, int, int], ...]
     """``(slot, start, length)`` of every group: the torch path's loop, read on the host."""
+    row_slots: torch.Tensor  # [N] int64: the slot of each of sorted_rows
 
     @property
     def num_groups(self) -> int:
@@ -65,6 +66,7 @@ def build_lora_batch(
         group_lens=upload([g[2] for g in groups], torch.int32, device),
         max_group_len=max(g[2] for g in groups),
         host_groups=tuple(groups),
+        row_slots=upload([slot for slot, _, n in groups for _ in range(n)], torch.long, device),
     )
 
 

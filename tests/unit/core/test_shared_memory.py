@@ -5,6 +5,7 @@ names are opened."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import subprocess
 import sys
@@ -74,3 +75,29 @@ def test_segments_of_dead_creators_in_our_pid_namespace_are_swept() -> None:
         for name in names.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM_DIR, name))
+
+
+def test_a_segment_no_one_closed_is_unlinked_when_collected() -> None:
+    segment = SharedSegment(4096)
+    path = os.path.join(SHM_DIR, segment.name)
+    assert os.path.exists(path)
+    del segment
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_a_process_that_exits_without_closing_its_segment_unlinks_it() -> None:
+    """Even when its resource tracker is no help (killed with the process group, say)."""
+    script = (
+        "from multiprocessing import resource_tracker\n"
+        "from core.shared_memory import SharedSegment\n"
+        "segment = SharedSegment(4096)\n"
+        "resource_tracker.unregister(f'/{segment.name}', 'shared_memory')\n"
+        "print(segment.name, flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
+    )
+    name = done.stdout.strip()
+    assert name.startswith("pdserve-kv-")
+    assert not os.path.exists(os.path.join(SHM_DIR, name))

@@ -72,3 +72,20 @@ def test_prefill_rate_leaves_verify_rows_out() -> None:
     assert rate.tokens_total == 0
     rate.record([scheduled(4), verify], 0.8)  # 4 of 8 tokens are prompt
     assert rate.seconds_total == pytest.approx(0.4)
+
+
+def test_routing_stats_carry_the_measured_prefill_rate_queue_and_block_bytes() -> None:
+    fresh = ReplicaStats().routing()
+    assert (fresh.prefill_tokens_per_s, fresh.pending_prompt_tokens, fresh.kv_block_bytes) == (
+        None,
+        0,
+        0,
+    )
+    busy = ReplicaStats(
+        prefill_tokens_total=3000,
+        prefill_seconds_total=0.5,
+        pending_prompt_tokens=700,
+        kv_block_bytes=2048,
+    ).routing()
+    assert busy.prefill_tokens_per_s == pytest.approx(6000.0)
+    assert (busy.pending_prompt_tokens, busy.kv_block_bytes) == (700, 2048)

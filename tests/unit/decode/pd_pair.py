@@ -66,7 +66,7 @@ def make_pair(kind: str, prefill: PrefillWorker, decode: DecodeWorker) -> Pair:
 
         def grpc_exporter(lease_s: float) -> KVTransport:
             config = TRANSFER.model_copy(update={"lease_s": lease_s})
-            return GrpcKVTransport(storage, config, serve=True)
+            return GrpcKVTransport(storage, config, serve=True, kv_compat=prefill.kv_compat)
 
         return Pair(kind, prefill, decode, fail, transport.server.set_faults, grpc_exporter)
     hub = InProcKVHub()

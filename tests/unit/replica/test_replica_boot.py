@@ -14,7 +14,9 @@ import pytest
 from core.codec import from_plain, to_plain
 from core.config import EngineConfig, ModelConfig, TransferConfig
 from core.errors import ConfigError, MessageError
+from core.kv_compat import KVCompat
 from core.kv_events import KVEventBatch
+from core.messages import PrefixCopyCall, RoutingKeys, WarmPrefixRequest
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from replica import (
@@ -25,6 +27,7 @@ from replica import (
     RoleReplica,
     WorkerBoot,
 )
+from replica.lora_adapters import ReplicaAdapters
 
 SPEC = ReplicaSpec(
     role="decode",
@@ -51,6 +54,8 @@ class FakeWorker:
     boot: WorkerBoot
     events: list[str]
     engine: FakeEngine = field(default_factory=FakeEngine)
+    kv_compat: KVCompat | None = None
+    adapters: ReplicaAdapters = field(default_factory=ReplicaAdapters)
 
     def stats(self) -> ReplicaStats:
         return ReplicaStats(num_running=3)
@@ -108,7 +113,9 @@ class FakeDecode(RoleReplica[FakeWorker]):
 
 
 def reporter(events: list[str]) -> Any:
-    def start(role: str, stats: Callable[[], ReplicaStats], on_faults: Any = None) -> Any:
+    def start(
+        role: str, stats: Callable[[], ReplicaStats], on_faults: Any = None, on_adapters: Any = None
+    ) -> Any:
         events.append(f"report {role} {stats().num_running}")
         on_faults(FaultInjection())
         return lambda: events.append("reports stopped")
@@ -191,3 +198,15 @@ def test_a_spec_of_the_other_role_is_refused() -> None:
     with pytest.raises(ConfigError, match="a decode replica got a prefill spec"):
         cls(to_plain(ReplicaSpec("prefill", SPEC.model, SPEC.engine, SPEC.transfer)))
     assert events == []
+
+
+def test_a_warm_prefix_call_without_the_holders_export_is_refused() -> None:
+    events: list[str] = []
+    replica = boot(events)
+    call = PrefixCopyCall(
+        WarmPrefixRequest("decode", 1, (1, 2), "holder", "r-1"), RoutingKeys(replica_id="r-1")
+    )
+    with pytest.raises(MessageError, match="export"):
+        asyncio.run(asyncio.wait_for(replica.warm_prefix(to_plain(call)), timeout=5.0))
+    assert replica._prefix_copies is None  # nothing was made for it
+    stop(replica)

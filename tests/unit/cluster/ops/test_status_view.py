@@ -6,9 +6,16 @@ import time
 
 from rich.console import Console
 
-from cluster.ops.status_view import render_status, spec_cell, tiers_cell
+from cluster.ops.status_view import (
+    fingerprint_cell,
+    lora_cell,
+    render_status,
+    spec_cell,
+    tiers_cell,
+    versions_line,
+)
 from core.codec import to_plain
-from core.stats import KVTierStats, ReplicaStats, SpecDecodeStats
+from core.stats import KVTierStats, LoRAAdapterStats, ReplicaStats, SpecDecodeStats
 
 
 def _status(stats: ReplicaStats | None) -> dict[str, object]:
@@ -131,3 +138,68 @@ def test_status_shows_the_control_planes_recoveries() -> None:
     console = Console(record=True, width=200)
     render_status(status, console)
     assert "control plane: ingress /metrics unreachable" in console.export_text()
+
+
+def test_status_shows_hot_prefix_copies_once_one_was_made() -> None:
+    status = _status(None)
+    counters = {
+        "kv_index_restarts": 0.0,
+        "stats_board_restarts": 0.0,
+        "serve_controller_restarts": 0.0,
+        "request_migrations": 0.0,
+        "ingress_started_unix_s": time.time(),
+        "hot_prefixes": 0.0,
+        "prefix_copies_made": 0.0,
+        "prefix_copies_dropped": 0.0,
+        "prefix_copy_bytes": 0.0,
+    }
+    status["control_plane"] = counters
+    console = Console(record=True, width=200)
+    render_status(status, console)
+    assert "hot prefixes" not in console.export_text()  # policy off or idle: no line
+    counters.update(
+        hot_prefixes=2.0,
+        prefix_copies_made=5.0,
+        prefix_copies_dropped=3.0,
+        prefix_copy_bytes=3 * 2**20,
+    )
+    console = Console(record=True, width=200)
+    render_status(status, console)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("hot prefixes"))
+    assert line == "hot prefixes: 2 copied now; copies made 5, dropped 3; 3.0 MiB moved"
+
+
+def test_each_replica_shows_its_short_kv_fingerprint() -> None:
+    stats = ReplicaStats(kv_fingerprint="3f9a0c12d4e5f607")
+    assert fingerprint_cell(stats) == "3f9a0c12"
+    assert fingerprint_cell(ReplicaStats()) == "-"
+    narrow = Console(record=True, width=80)
+    render_status(_status(stats), narrow)
+    lines = narrow.export_text().splitlines()
+    assert any(line.split() == ["KV", "fp", "3f9a0c12"] for line in lines), lines
+    assert all(len(line) <= 80 for line in lines), lines
+    wide = Console(record=True, width=200)
+    render_status(_status(stats), wide, wide=True)
+    text = wide.export_text()
+    assert "KV fp" in text and "3f9a0c12" in text and "3f9a0c12d" not in text
+
+
+def test_a_fleet_of_two_fingerprints_shows_the_upgrade_in_progress() -> None:
+    status = _status(ReplicaStats(kv_fingerprint="aaaaaaaa00000000"))
+    decode = status["pools"][0]  # type: ignore[index]
+    second = {**decode["replicas"][0], "replica_id": "r2"}
+    second["stats"] = to_plain(ReplicaStats(kv_fingerprint="bbbbbbbb00000000"))
+    decode["replicas"].append(second)
+    assert versions_line(status) == "upgrade in progress: Decode 1 aaaaaaaa + 1 bbbbbbbb"
+    console = Console(record=True, width=80)
+    render_status(status, console)
+    assert "upgrade in progress: Decode 1 aaaaaaaa + 1 bbbbbbbb" in console.export_text()
+    assert versions_line(_status(ReplicaStats(kv_fingerprint="aaaaaaaa00000000"))) is None
+    assert versions_line(_status(None)) is None
+
+
+def test_a_replica_serving_adapters_shows_where_each_is() -> None:
+    adapters = (LoRAAdapterStats("sql", "device"), LoRAAdapterStats("chat", "host"))
+    stats = ReplicaStats(lora_adapters=adapters, served_adapters=("sql", "chat", "math"))
+    assert lora_cell(stats) == "sql:device chat:host +1 cold"
+    assert lora_cell(ReplicaStats()) == "off"

@@ -155,8 +155,10 @@ def test_a_replica_reports_arrival_rate_prompt_length_and_context() -> None:
 
 def test_pdserve_profile_writes_a_capacity_model_and_its_plots(tmp_path) -> None:
     out = tmp_path / "cap.json"
+    config = tmp_path / "tiny.yaml"  # the built-in tiny model: the command, not a model, is tested
+    config.write_text('model: {name: "builtin:tiny-llama"}\n')
     result = CliRunner().invoke(
-        app, ["profile", "local", "-o", str(out), "--prompt-lens", "16,64", "--max-len", "64"]
+        app, ["profile", str(config), "-o", str(out), "--prompt-lens", "16,64", "--max-len", "64"]
     )
     assert result.exit_code == 0, result.output
     model = CapacityModel.load(out)

@@ -45,3 +45,12 @@ def test_snapshot_counts_reasons_hit_rate_and_latency() -> None:
 
 def test_the_process_has_one_metrics_object() -> None:
     assert routing_metrics() is routing_metrics()
+
+
+def test_prefix_copies_add_up_per_pool_and_hot_is_a_gauge() -> None:
+    metrics = RoutingMetrics()
+    metrics.record_prefix_copies("decode", num_made=1, num_dropped=0, num_bytes=4096, num_hot=1)
+    metrics.record_prefix_copies("decode", num_made=1, num_dropped=2, num_bytes=1024, num_hot=0)
+    decode = metrics.snapshot().pools["decode"]
+    assert (decode.prefix_copies_made_total, decode.prefix_copies_dropped_total) == (2, 2)
+    assert (decode.prefix_copy_bytes_total, decode.hot_prefixes) == (5120, 0)

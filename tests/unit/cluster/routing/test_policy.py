@@ -251,7 +251,7 @@ def test_no_candidates_is_an_error() -> None:
 
 
 def test_registry_names_and_errors() -> None:
-    assert BUILTIN_POLICY_NAMES == ("round_robin", "least_loaded", "prefix_aware")
+    assert BUILTIN_POLICY_NAMES == ("round_robin", "least_loaded", "prefix_aware", "hot_prefix")
     assert isinstance(make_policy("prefix_aware"), PrefixAwarePolicy)
     with pytest.raises(ConfigError) as info:
         make_policy("random")

@@ -6,15 +6,18 @@ import json
 
 import pytest
 
+from cluster.routing.hit_minus_load import HotPrefixPolicy
 from cluster.routing.policy_types import CostWeights, HotSpotConfig, PoolRole
 from cluster.routing.pool_router_config import request_router_config
 from cluster.routing.router_kwargs import RouterSettings
 from cluster.routing.serve_router import (
+    HotPrefixRequestRouter,
     LeastLoadedRequestRouter,
     PdserveRequestRouter,
     PrefixAwareRequestRouter,
     RoundRobinRequestRouter,
 )
+from core.config import HotPrefixConfig
 from core.errors import ConfigError
 
 
@@ -41,6 +44,10 @@ def test_settings_round_trip_through_json_kwargs() -> None:
         ),
         ({"pool": "prefill", "hot_spot": 3, "block_size": 16}, "request_router_kwargs.hot_spot"),
         ({"pool": "prefill", "block_size": 0}, "request_router_kwargs.block_size"),
+        (
+            {"pool": "decode", "hot_prefixes": {"ttft_target_s": 0}, "block_size": 16},
+            "request_router_kwargs.hot_prefixes",
+        ),
         ({"pool": "prefill"}, "request_router_kwargs.block_size"),
         (
             {"pool": "prefill", "poll_interval_s": 0, "block_size": 16},
@@ -60,6 +67,7 @@ def test_bad_settings_name_the_key(kwargs: dict[str, object], param: str) -> Non
         ("prefix_aware", PrefixAwareRequestRouter),
         ("least_loaded", LeastLoadedRequestRouter),
         ("round_robin", RoundRobinRequestRouter),
+        ("hot_prefix", HotPrefixRequestRouter),
     ],
 )
 def test_request_router_config_per_yaml_policy(
@@ -80,3 +88,16 @@ def test_request_router_config_per_yaml_policy(
 def test_request_router_config_rejects_unknown_policies() -> None:
     with pytest.raises(ConfigError):
         request_router_config("decode", "fastest", block_size=16)
+
+
+def test_hot_prefix_settings_reach_the_policy_through_json_kwargs() -> None:
+    config = request_router_config(
+        "decode",
+        "hot_prefix",
+        block_size=16,
+        options={"hot_prefixes": {"ttft_target_s": 0.25, "max_copies_per_prefix": 3}},
+    )
+    settings = RouterSettings.from_kwargs(json.loads(json.dumps(config.request_router_kwargs)))
+    expected = HotPrefixConfig(ttft_target_s=0.25, max_copies_per_prefix=3)
+    assert settings.hot_prefixes == expected
+    assert settings.make_policy() == HotPrefixPolicy(expected)

@@ -4,6 +4,7 @@ pending requests and replica descriptions it would pass, and a local index."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -18,16 +19,26 @@ from cluster.routing.kv_index.follower import (
 )
 from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.kv_index.replication import KVIndexServer
+from cluster.routing.prefix_copy_delivery import PrefixCopyDelivery
 from cluster.routing.routing_metrics import RoutingMetrics
 from cluster.routing.serve_router import (
+    HotPrefixRequestRouter,
     PdserveRequestRouter,
     PrefixAwareRequestRouter,
     RoundRobinRequestRouter,
 )
 from core.codec import to_plain
+from core.kv_handle import KVHandle
 from core.kv_index_messages import CompactBatch, IndexOp
-from core.messages import PrefillRequest, RoutingKeys
+from core.messages import (
+    PrefillRequest,
+    PrefixCopyCall,
+    PrefixExport,
+    RoutingKeys,
+    WarmPrefixRequest,
+)
 from core.sampling import SamplingParams
+from replica.prefix_warming import WarmPrefixResult
 
 DEPLOYMENT = DeploymentID(name="Prefill", app_name="test-app")
 BLOCK_SIZE = 4
@@ -262,3 +273,123 @@ def test_actor_index_source_follows_the_server_and_goes_stale() -> None:
     now[0] = 6.0
     assert source.view() is None  # too stale to trust
     assert source.best_match("prefill", [1]) == 0
+
+
+def test_hot_prefix_router_copies_a_hot_prefix_off_its_swamped_holder() -> None:
+    hot_prefixes = {
+        "prefill_tokens_per_s": 100.0,
+        "ttft_target_s": 0.5,
+        "min_copy_rate_per_s": 0.5,  # one request reads as about one per second
+        "retire_rate_per_s": 0.0,
+    }
+    router = make_router(
+        HotPrefixRequestRouter, index_with("prefill", b=[1, 2, 3]), hot_prefixes=hot_prefixes
+    )
+    swamped = replica("b", pending_prompt_tokens=400, kv_block_bytes=2048)  # a 4 s queue
+    replicas = [replica("a"), swamped]
+    request = pending([1, 2, 3, 4])
+    assert choose(router, replicas, request)[0] == "a"  # the queue costs more than the hit
+    assert router.hot_prefixes is not None
+    (warm,) = router.hot_prefixes.take_warm_requests()
+    assert (warm.source_replica_id, warm.target_replica_id) == ("b", "a")
+    assert (warm.block_hashes, warm.num_bytes) == ((1, 2, 3), 3 * 2048)
+    pool = router.metrics.snapshot().pools["prefill"]
+    assert (pool.prefix_copies_made_total, pool.prefix_copy_bytes_total) == (1, 3 * 2048)
+    assert pool.hot_prefixes == 1
+    assert router.hot_prefixes.heat.reading(1, 0.0).num_queued_tokens > 0
+    router.on_request_completed(replicas[0].replica_id, request.metadata.internal_request_id)
+    assert router.hot_prefixes.heat.reading(1, 0.0).num_queued_tokens == 0
+    router.on_replica_actor_died(replicas[0].replica_id)  # the copy went with its replica
+    assert router.hot_prefixes.counters().copies_dropped_total == 1
+
+
+def test_a_request_is_placed_and_its_prefix_counted_only_on_its_fingerprint() -> None:
+    """While two versions serve, the old version's cache holder is no hit for the new."""
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill", old=[1, 2, 3]))
+    replicas = [
+        replica("old", kv_fingerprint="f-old"),
+        replica("new1", kv_fingerprint="f-new"),
+        replica("new2", kv_fingerprint="f-new"),
+    ]
+
+    def paired(fingerprint: str) -> PendingRequest:
+        request = pending([1, 2, 3, 4])
+        plain = request.args[0]
+        plain["routing"]["kv_fingerprint"] = fingerprint
+        return request
+
+    assert sorted(choose(router, replicas, paired("f-new"))) == ["new1", "new2"]
+    assert choose(router, replicas, paired("f-old")) == ["old"]
+    assert choose(router, replicas, paired(""))[0] == "old"  # no fingerprint: any, the hit wins
+    gone = choose(router, replicas, paired("f-gone"))  # a stale view: every replica
+    assert sorted(gone) == ["new1", "new2", "old"]
+
+
+def test_a_call_naming_its_replica_goes_there_alone_and_counts_no_load() -> None:
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill", b=[1, 2, 3]))
+    replicas = [replica("a"), replica("b")]
+    call = PrefixCopyCall(
+        WarmPrefixRequest("prefill", 1, (1,), "b", "a"), RoutingKeys(replica_id="a")
+    )
+    metadata = RequestMetadata(request_id="copy", internal_request_id="int-copy")
+    request = PendingRequest(args=[to_plain(call)], kwargs={}, metadata=metadata)
+    assert choose(router, replicas, request) == ["a"]  # not the holder b, the one named
+    gone = PendingRequest(
+        args=[to_plain(dataclasses.replace(call, routing=RoutingKeys(replica_id="c")))],
+        kwargs={},
+        metadata=metadata,
+    )
+    assert choose(router, replicas, gone) == []  # never another replica
+    assert router.load.num_requests("a") == 0
+    assert router.metrics.snapshot().pools == {}
+
+
+class CopyingReplicas:
+    """The holder exports every block asked for; the target admits them, unless ``fail``."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    async def export_prefix(self, request: WarmPrefixRequest) -> PrefixExport | None:
+        handle = KVHandle("t", "inproc://0", len(request.block_hashes), 2048, "f", 0, "e")
+        return PrefixExport(request.block_hashes, handle)
+
+    async def warm_prefix(
+        self, request: WarmPrefixRequest, export: PrefixExport
+    ) -> WarmPrefixResult:
+        if self.fail:
+            return WarmPrefixResult(3, failure="pull failed: exporter_unavailable")
+        return WarmPrefixResult(3, 3, 3 * 2048)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_delivering_router_counts_moved_bytes_and_failed_copies(fail: bool) -> None:
+    hot_prefixes = {
+        "prefill_tokens_per_s": 100.0,
+        "ttft_target_s": 0.5,
+        "min_copy_rate_per_s": 0.5,
+        "retire_rate_per_s": 0.0,
+    }
+    router = make_router(
+        HotPrefixRequestRouter,
+        index_with("prefill", b=[1, 2, 3]),
+        hot_prefixes=hot_prefixes,
+        deliver_copies=True,
+    )
+    delivery = PrefixCopyDelivery(CopyingReplicas(fail), router._copy_ended, timeout_s=5.0)
+    router.copy_delivery = delivery
+    replicas = [replica("a"), replica("b", pending_prompt_tokens=400, kv_block_bytes=2048)]
+    assert choose(router, replicas, pending([1, 2, 3, 4]))[0] == "a"
+    assert router.hot_prefixes is not None
+    assert router.hot_prefixes.take_warm_requests() == []  # taken for delivery
+    pool = router.metrics.snapshot().pools["prefill"]
+    assert (pool.prefix_copies_made_total, pool.prefix_copy_bytes_total) == (1, 0)  # not yet
+    run(asyncio.wait_for(delivery.wait_idle(), timeout=10.0))
+    pool = router.metrics.snapshot().pools["prefill"]
+    if fail:
+        assert (pool.prefix_copy_bytes_total, pool.prefix_copies_dropped_total) == (0, 1)
+        assert router.hot_prefixes.replicator.copies_of(1) == frozenset()  # may copy again
+        assert pool.hot_prefixes == 0
+    else:
+        assert (pool.prefix_copy_bytes_total, pool.prefix_copies_dropped_total) == (3 * 2048, 0)
+        assert router.hot_prefixes.replicator.copies_of(1) == frozenset({"a"})

@@ -106,13 +106,15 @@ def test_status_lists_pools_model_by_model_then_the_ingress() -> None:
     assert pool_rows({})[:2] == [("Prefill", "prefill", None), ("Decode", "decode", None)]
 
 
-def test_the_look_back_window_reaches_serve_only_when_set() -> None:
+def test_the_look_back_window_and_report_interval_reach_serve_only_when_set() -> None:
     scaling = {"min_replicas": 1, "max_replicas": 3}
     default = autoscaling_options(PoolConfig.model_validate({"autoscaling": scaling}))
-    assert default is not None and "look_back_period_s" not in default
-    short = {**scaling, "look_back_period_s": 5.0}
+    assert default is not None
+    assert "look_back_period_s" not in default and "metrics_interval_s" not in default
+    short = {**scaling, "look_back_period_s": 5.0, "metrics_interval_s": 1.0}
     options = autoscaling_options(PoolConfig.model_validate({"autoscaling": short}))
     assert options is not None and options["look_back_period_s"] == 5.0
+    assert options["metrics_interval_s"] == 1.0
 
 
 class BoardHandle:

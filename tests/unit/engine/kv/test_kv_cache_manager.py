@@ -198,3 +198,27 @@ def test_reset_prefix_cache_stops_offering_held_blocks() -> None:
     manager.cache_full_blocks(request)
     assert manager.num_cached_blocks == 0
     manager.check_integrity()
+
+
+def test_a_pinned_prefix_holds_its_cached_leading_run_until_unpinned() -> None:
+    manager, _, _ = make_manager()
+    request = make_request("a", PROMPT)
+    compute_prompt(manager, request)
+    hashes = hash_prompt_blocks(PROMPT, BLOCK_SIZE, seed=SEED)
+    assert manager.block_ids("a") == [1, 2, 3]
+    manager.free("a")
+    assert manager.pool.evictable_order() == [2, 1]  # block 3 (partial) has no hash
+    # the leading run only: a hash the cache lacks ends it
+    assert manager.pin_cached("export-1", [*hashes, 999]) == [1, 2]
+    assert manager.num_pinned_prefix_blocks == 2
+    assert [manager.pool.blocks[b].ref_cnt for b in (1, 2)] == [1, 1]
+    assert manager.pool.evictable_order() == []
+    manager.check_integrity()
+    with pytest.raises(KVCacheError, match="export-1"):
+        manager.pin_cached("export-1", hashes)
+    assert manager.pin_cached("export-2", [999, *hashes]) == []  # first block not cached
+    assert manager.unpin("export-1") is True
+    assert manager.unpin("export-1") is False and manager.unpin("export-2") is False
+    assert manager.pool.evictable_order() == [2, 1]  # freed tail first: the prefix goes last
+    assert manager.num_pinned_prefix_blocks == 0
+    manager.check_integrity()

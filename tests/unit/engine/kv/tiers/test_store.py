@@ -256,3 +256,31 @@ def test_a_restarted_engine_claims_the_most_recently_written_free_directory(
     assert again.disk is not None and again.disk.directory == newer_dir
     assert again.disk.entries.hashes() == [101]
     again.close()
+
+
+def test_admitted_blocks_of_a_pulled_prefix_load_like_host_hits(clock: Clock) -> None:
+    config = KVTiersConfig(host=HostTierConfig(bytes=2 * B, min_reuse=3))  # gate not applied
+    blocks = device()
+    tiers, batches = make(config, blocks, clock)
+    pulled = [torch.full((B,), 7, dtype=torch.uint8), torch.full((B,), 9, dtype=torch.uint8)]
+    assert tiers.admit([201, 202], pulled) == 2
+    assert events(batches, tiers) == [("stored", "host", [201]), ("stored", "host", [202])]
+    assert tiers.find([201, 202, 203]) == 2
+    assert tiers.counters["host"].offload_bytes == 0  # nothing left this engine's device
+    assert load(tiers, "req-1", [201, 202], [5, 6]) == 2
+    assert torch.equal(blocks[5], pulled[0]) and torch.equal(blocks[6], pulled[1])
+    assert tiers.admit([201], [pulled[0]]) == 1  # held already: refreshed, not stored twice
+    assert events(batches, tiers) == []
+    tiers.check_integrity()
+    tiers.close()
+
+
+def test_admitting_stops_at_a_block_it_cannot_hold(clock: Clock) -> None:
+    tiers, _ = make(KVTiersConfig(host=HostTierConfig(bytes=4 * B)), device(), clock)
+    good, short = torch.zeros(B, dtype=torch.uint8), torch.zeros(B - 1, dtype=torch.uint8)
+    assert tiers.admit([301, 302, 303], [good, short, good]) == 1  # a leading run only
+    assert tiers.find([301, 302]) == 1
+    tiers.close()
+    no_host, _ = make(KVTiersConfig(), device(), clock)
+    assert no_host.admit([301], [good]) == 0
+    no_host.close()

@@ -1,0 +1,109 @@
+"""``pdserve upgrade CONFIG``: move a running cluster to a new YAML.
+
+It reads the config the app runs (Serve keeps it as the app's ``args``), plans the change
+(:mod:`~cluster.ops.upgrade_plan`: refused, in place, or replacing a model's pools) and applies
+what it can through Serve's own deployment updates: a plan that only resizes pools is a
+:meth:`~cluster.ops.rest.ServeRest.scale` (nothing restarts); a plan that replaces pools is a
+redeploy of the app from the new config, whose changed deployments Serve replaces replica by
+replica (new deployment versions) while the old replicas serve — pairing by KV fingerprint keeps
+the two versions' prefill and decode apart meanwhile. Fields the ingress alone reads
+(``cluster.serve.in_place``) are applied in place: the new values become the Ingress
+deployment's ``user_config`` and Serve calls its ``reconfigure``; no replica restarts. Routing
+fields of the pools' routers and the planner are in Serve's code version: applying them alone
+would restart every replica, so such a plan is refused saying so, and nothing changes (they
+ride along with an upgrade that replaces pools anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from cluster.ops import run_state
+from cluster.ops.ray_session import attached
+from cluster.ops.rest import ServeRest
+from cluster.ops.upgrade_plan import ModelIdentity, UpgradePlan, plan_upgrade
+from cluster.serve.config_file import load_cluster_config
+from cluster.serve.in_place import in_place_user_config, with_in_place
+from cluster.serve.pool_options import INGRESS_DEPLOYMENT, pool_deployment_name
+from core.config import ClusterConfig
+from core.errors import UnavailableError, UpgradeRefusedError
+from engine.builtin import resolve_model
+from engine.models.config import ModelArchConfig
+
+logger = logging.getLogger(__name__)
+
+UPGRADE_TIMEOUT_S = 1800.0
+
+
+def model_identity(name: str) -> ModelIdentity:
+    """The architecture and vocabulary of the checkpoint ``name`` (a built-in or a local dir)."""
+    arch = ModelArchConfig.from_dir(resolve_model(name))
+    return ModelIdentity(arch.architecture, arch.vocab_size)
+
+
+def running_config(app: dict[str, Any] | None, app_name: str) -> ClusterConfig:
+    """The config the deployed app ``app`` (Serve's app details) runs: its ``args``, with the
+    fields an earlier upgrade applied in place (the Ingress deployment's ``user_config``)."""
+    if app is None:
+        raise UnavailableError(f"app {app_name!r} is not deployed (start it with pdserve up)")
+    try:
+        deployed = app["deployed_app_config"]
+        mapping = deployed["args"]["config"]
+    except (KeyError, TypeError) as e:
+        raise UpgradeRefusedError(
+            f"app {app_name!r} was not deployed by pdserve (no config in its args)", param="app"
+        ) from e
+    overrides: list[dict[str, Any]] = deployed.get("deployments") or []
+    ingress: dict[str, Any] = next(
+        (d for d in overrides if d.get("name") == INGRESS_DEPLOYMENT), {}
+    )
+    return with_in_place(load_cluster_config(mapping), ingress.get("user_config"))
+
+
+def upgrade(new: ClusterConfig, *, dry_run: bool = False) -> UpgradePlan:
+    """Plan the upgrade of the running app to ``new`` and, unless ``dry_run``, apply it;
+    returns the plan. Raises :class:`UpgradeRefusedError` for what cannot be applied."""
+    app_name = new.cluster.app_name
+    url, address, auth_mode = run_state.target(app_name, None, "auto")
+    with attached(address, auth_mode=auth_mode):
+        rest = ServeRest(url)
+        current = running_config(rest.app_details(app_name), app_name)
+        plan = plan_upgrade(current, new, model_identity)
+        if dry_run or plan.empty:
+            return plan
+        if plan.restarts:
+            logger.info("upgrading %s: replacing the pools of %s", app_name, _restarting(plan))
+            rest.deploy(new)
+            rest.wait_running(app_name, UPGRADE_TIMEOUT_S)
+            return plan
+        if plan.redeploy_fields:
+            raise UpgradeRefusedError(
+                f"{', '.join(plan.redeploy_fields)} changed: applying these without restarting "
+                "replicas is not supported yet (Serve rebuilds the app for them, restarting "
+                "every replica); nothing was changed",
+                param=plan.redeploy_fields[0].split(".")[0],
+            )
+        if plan.ingress_fields:
+            logger.info("upgrading %s in place: %s", app_name, ", ".join(plan.ingress_fields))
+            rest.reconfigure(app_name, INGRESS_DEPLOYMENT, in_place_user_config(new))
+        resized = _resized(plan, new)
+        if resized:
+            rest.scale(app_name, resized)
+    return plan
+
+
+def _restarting(plan: UpgradePlan) -> str:
+    return ", ".join(
+        f"{m.name} ({', '.join(m.restart_reasons)})" for m in plan.models if m.restarts
+    )
+
+
+def _resized(plan: UpgradePlan, new: ClusterConfig) -> dict[str, int]:
+    scopes = {m.name: m.scope for m in new.served_models()}
+    replicas: dict[str, int] = {}
+    for model in plan.models:
+        for role, count in (("prefill", model.num_prefill), ("decode", model.num_decode)):
+            if count is not None:
+                replicas[pool_deployment_name(role, scopes[model.name])] = count
+    return replicas

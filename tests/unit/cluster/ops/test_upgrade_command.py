@@ -1,0 +1,125 @@
+"""``pdserve upgrade`` against a fake Serve REST API: the running config is read from the app's
+args, a new checkpoint redeploys, a resize scales in place, a routing-only change is refused
+changing nothing, a dry run changes nothing."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from cluster.ops import upgrade as upgrade_module
+from cluster.ops.upgrade_plan import ModelIdentity
+from cluster.serve.config_file import config_to_mapping, load_cluster_config
+from cluster.serve.in_place import in_place_user_config
+from core.config import ClusterConfig
+from core.errors import UnavailableError, UpgradeRefusedError
+
+pytestmark = pytest.mark.timeout(10)
+
+RUNNING = load_cluster_config(
+    {
+        "model": {"name": "/models/a", "served_name": "llama"},
+        "prefill": {"num_replicas": 1},
+        "decode": {"num_replicas": 2},
+    }
+)
+
+
+@dataclass
+class FakeRest:
+    app: dict[str, Any] | None
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+
+    def app_details(self, app_name: str) -> dict[str, Any] | None:
+        return self.app
+
+    def deploy(self, config: ClusterConfig) -> None:
+        self.calls.append(("deploy", config))
+
+    def wait_running(self, app_name: str, timeout_s: float) -> dict[str, Any]:
+        self.calls.append(("wait_running", app_name))
+        return {}
+
+    def scale(self, app_name: str, replicas: dict[str, int]) -> None:
+        self.calls.append(("scale", replicas))
+
+    def reconfigure(self, app_name: str, deployment: str, user_config: dict[str, Any]) -> None:
+        self.calls.append(("reconfigure", (deployment, user_config)))
+
+
+@pytest.fixture
+def rest(monkeypatch: pytest.MonkeyPatch) -> FakeRest:
+    fake = FakeRest({"deployed_app_config": {"args": {"config": config_to_mapping(RUNNING)}}})
+
+    @contextlib.contextmanager
+    def attached(address: str, auth_mode: str | None = None) -> Iterator[None]:
+        yield
+
+    monkeypatch.setattr(upgrade_module, "ServeRest", lambda url: fake)
+    monkeypatch.setattr(upgrade_module, "attached", attached)
+    monkeypatch.setattr(
+        upgrade_module.run_state, "target", lambda *args: ("http://dash", "auto", None)
+    )
+    monkeypatch.setattr(
+        upgrade_module, "model_identity", lambda name: ModelIdentity("LlamaForCausalLM", 256)
+    )
+    return fake
+
+
+def new(**changes: Any) -> ClusterConfig:
+    return load_cluster_config({**config_to_mapping(RUNNING), **changes})
+
+
+def test_a_new_checkpoint_redeploys_the_app(rest: FakeRest) -> None:
+    target = new(model={"name": "/models/b", "served_name": "llama"})
+    plan = upgrade_module.upgrade(target)
+    assert plan.restarts
+    assert rest.calls == [("deploy", target), ("wait_running", "pdserve")]
+
+
+def test_a_dry_run_changes_nothing(rest: FakeRest) -> None:
+    plan = upgrade_module.upgrade(new(engine={"block_size": 32}), dry_run=True)
+    assert plan.models[0].restart_reasons == ("engine",)
+    assert rest.calls == []
+
+
+def test_a_resize_scales_in_place(rest: FakeRest) -> None:
+    upgrade_module.upgrade(new(decode={"num_replicas": 3}))
+    assert rest.calls == [("scale", {"Decode": 3})]
+
+
+def test_a_routing_only_change_restarts_nothing(rest: FakeRest) -> None:
+    with pytest.raises(UpgradeRefusedError, match="not supported yet") as info:
+        upgrade_module.upgrade(new(routing={"policy": "least_loaded"}))
+    assert info.value.param == "routing"
+    assert rest.calls == []
+
+
+def test_an_app_that_is_not_running_is_named(rest: FakeRest) -> None:
+    rest.app = None
+    with pytest.raises(UnavailableError, match="not deployed"):
+        upgrade_module.upgrade(new())
+
+
+def test_ingress_fields_are_applied_in_place_with_a_resize(rest: FakeRest) -> None:
+    target = new(routing={"migration_limit": 0}, decode={"num_replicas": 3})
+    plan = upgrade_module.upgrade(target)
+    assert plan.ingress_fields == ("routing.migration_limit",) and not plan.restarts
+    assert rest.calls == [
+        ("reconfigure", ("Ingress", in_place_user_config(target))),
+        ("scale", {"Decode": 3}),
+    ]
+
+
+def test_the_running_config_includes_what_was_applied_in_place(rest: FakeRest) -> None:
+    applied = new(routing={"migration_limit": 0})
+    assert rest.app is not None
+    rest.app["deployed_app_config"]["deployments"] = [
+        {"name": "Ingress", "user_config": in_place_user_config(applied)}
+    ]
+    assert upgrade_module.upgrade(applied).empty
+    assert upgrade_module.upgrade(new()).ingress_fields == ("routing.migration_limit",)
