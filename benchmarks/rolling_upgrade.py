@@ -99,6 +99,8 @@ class Fleet:
 
     prefills: list[PrefillWorker] = field(default_factory=list)
     decodes: list[DecodeWorker] = field(default_factory=list)
+    decoded_on: dict[str, str] = field(default_factory=dict)
+    """Each request id's decode fingerprint."""
     _turn: itertools.count[int] = field(default_factory=itertools.count)
 
     def pick(self, workers: Sequence[Worker], fingerprint: str) -> Worker:
@@ -150,6 +152,7 @@ class FleetDecode:
         """On a live decode of the request's fingerprint."""
         worker = self.fleet.pick(self.fleet.decodes, request.routing.kv_fingerprint)
         assert isinstance(worker, DecodeWorker)
+        self.fleet.decoded_on[request.request_id] = fingerprint_of(worker)
         return worker.generate(request)
 
     def healthy(self) -> bool:

@@ -11,19 +11,18 @@ import asyncio
 import dataclasses
 import itertools
 import random
-from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from benchmarks.rolling_upgrade import Fleet, FleetDecode, FleetPrefill, count_fingerprints
 from cluster.ingress import IngressSettings, create_app
 from cluster.ingress.model_table import ModelEndpoint
 from cluster.ops.upgrade_plan import ratio_deviation, rolling_steps
-from cluster.routing.kv_index import of_fingerprint
 from core.config import DisaggregationConfig, ModelConfig
-from core.messages import DecodeRequest, PrefillRequest, PrefillResult, TokenChunk
 from decode.worker import DecodeWorker
 from engine.async_engine import AsyncEngine
 from engine.builtin.specs import BUILTIN_SPECS
@@ -78,65 +77,6 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Version
         asyncio.run(version.prefill.shutdown())
         for transport in version.transports:
             transport.close()
-
-
-@dataclass
-class Fleet:
-    """The live replicas of both pools, placed as the routers place (by fingerprint)."""
-
-    prefills: list[PrefillWorker] = field(default_factory=list)
-    decodes: list[DecodeWorker] = field(default_factory=list)
-    decoded_on: dict[str, str] = field(default_factory=dict)
-    _turn: Iterator[int] = field(default_factory=itertools.count)
-
-    def _pick(self, workers: list[PrefillWorker] | list[DecodeWorker], fingerprint: str) -> int:
-        ids = list(range(len(workers)))
-        fingerprints = {i: workers[i].kv_compat.fingerprint() for i in ids}  # type: ignore[union-attr]
-        choices = of_fingerprint(ids, fingerprint, fingerprints.__getitem__)
-        return choices[next(self._turn) % len(choices)]
-
-    def decode_fingerprints(self) -> Mapping[str, int]:
-        return _count(self.decodes)
-
-    def prefill_fingerprints(self) -> Mapping[str, int]:
-        return _count(self.prefills)
-
-
-def _count(workers: list[PrefillWorker] | list[DecodeWorker]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for worker in workers:
-        assert worker.kv_compat is not None
-        fingerprint = worker.kv_compat.fingerprint()
-        counts[fingerprint] = counts.get(fingerprint, 0) + 1
-    return counts
-
-
-@dataclass
-class FleetPrefill:
-    fleet: Fleet
-
-    async def prefill(self, request: PrefillRequest) -> PrefillResult:
-        prefills = list(self.fleet.prefills)
-        worker = prefills[self.fleet._pick(prefills, request.routing.kv_fingerprint)]
-        return await worker.prefill(request)
-
-    def healthy(self) -> bool:
-        return bool(self.fleet.prefills)
-
-
-@dataclass
-class FleetDecode:
-    fleet: Fleet
-
-    def generate(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
-        decodes = list(self.fleet.decodes)
-        worker = decodes[self.fleet._pick(decodes, request.routing.kv_fingerprint)]
-        assert worker.kv_compat is not None
-        self.fleet.decoded_on[request.request_id] = worker.kv_compat.fingerprint()
-        return worker.generate(request)
-
-    def healthy(self) -> bool:
-        return bool(self.fleet.decodes)
 
 
 async def _complete(client: httpx.AsyncClient, prompt: list[int]) -> str:
@@ -205,7 +145,10 @@ def test_a_rolling_upgrade_under_load_mixes_no_versions_and_fails_no_request(
                     fleet.decodes = [w for w in fleet.decodes if w is not old.decode]
                 replaced = (step.num_new_prefill, step.num_new_decode)
                 for fp in (old.fingerprint, new.fingerprint):
-                    p, d = _count(fleet.prefills).get(fp, 0), _count(fleet.decodes).get(fp, 0)
+                    p, d = (
+                        count_fingerprints(fleet.prefills).get(fp, 0),
+                        count_fingerprints(fleet.decodes).get(fp, 0),
+                    )
                     worst = max(worst, ratio_deviation(p, d, 1, 1))
                 await async_wait_until(lambda n=before: served(n + 6), 30)
             stop.set()
