@@ -4,14 +4,15 @@ It reads the config the app runs (Serve keeps it as the app's ``args``), plans t
 (:mod:`~cluster.ops.upgrade_plan`: refused, in place, or replacing a model's pools) and applies
 what it can through Serve's own deployment updates: a plan that only resizes pools is a
 :meth:`~cluster.ops.rest.ServeRest.scale` (nothing restarts); a plan that replaces pools is a
-redeploy of the app from the new config, whose changed deployments Serve replaces replica by
-replica (new deployment versions) while the old replicas serve — pairing by KV fingerprint keeps
-the two versions' prefill and decode apart meanwhile. Fields the ingress alone reads
-(``cluster.serve.in_place``) are applied in place: the new values become the Ingress
-deployment's ``user_config`` and Serve calls its ``reconfigure``; no replica restarts. Routing
-fields of the pools' routers and the planner are in Serve's code version: applying them alone
-would restart every replica, so such a plan is refused saying so, and nothing changes (they
-ride along with an upgrade that replaces pools anyway).
+redeploy of the app from the new config. Serve's code version covers the app's args, so that
+redeploy replaces every deployment of the app (not only the changed ones), replica by replica
+while the old replicas serve — pairing by KV fingerprint keeps the two versions' prefill and
+decode apart meanwhile; the P:D-stepped order of ``rolling_steps`` is not driven yet. Fields the
+ingress alone reads (``cluster.serve.in_place``) are applied in place: the new values become the
+Ingress deployment's ``user_config`` and Serve calls its ``reconfigure``; no replica restarts.
+Routing fields of the pools' routers and the planner are in Serve's code version: applying them
+alone would restart every replica, so such a plan is refused saying so, and nothing changes
+(they ride along with an upgrade that replaces pools anyway).
 """
 
 from __future__ import annotations
