@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import httpx
@@ -152,7 +152,13 @@ def copy_counters(endpoint: str) -> dict[str, float]:
     return found
 
 
-def stream_long(endpoint: str, prompt: list[int]) -> Iterator[str]:
+def landed_counters(endpoint: str) -> dict[str, float]:
+    """:func:`copy_counters` once bytes moved; empty before."""
+    counters = copy_counters(endpoint)
+    return counters if counters.get("pdserve:prefix_copy_bytes_total") else {}
+
+
+def stream_long(endpoint: str, prompt: list[int]) -> Generator[str, None, None]:
     """A streamed greedy completion of many tokens; yields its SSE data lines (closing the
     generator closes the stream, which aborts the request)."""
     body = {
@@ -185,11 +191,7 @@ def test_a_hot_prefix_is_copied_to_the_other_replica_and_served_from_it(hot_app:
     # the second request of the prefix: the holder is too slow for its heat, a copy is made
     repeated = prefix + tokens(101, TAIL_TOKENS)
     reference = complete(endpoint, repeated)
-    counters = wait_until(
-        lambda: (c := copy_counters(endpoint)).get("pdserve:prefix_copy_bytes_total") and c,
-        60,
-        "the copy's bytes counted",
-    )
+    counters = wait_until(lambda: landed_counters(endpoint), 60, "the copy's bytes counted")
     assert counters["pdserve:prefix_copies_made_total"] == 1
     assert counters["pdserve:prefix_copy_bytes_total"] >= len(prefix_hashes) * BLOCK_BYTES
     assert counters.get("pdserve:prefix_copies_dropped_total", 0) == 0
