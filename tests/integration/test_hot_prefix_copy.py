@@ -63,13 +63,12 @@ def hot_config(port: int) -> ClusterConfig:
     return load_cluster_config(
         app_config(
             port,
-            prefill={"num_cpus": 0.25, "graceful_shutdown_timeout_s": 1.0},
+            prefill={"num_cpus": 0.25},
             decode={
                 "autoscaling": None,
                 "num_replicas": 2,
                 "num_cpus": 0.25,
                 "engine": {"kv_tiers": {"host": {"bytes": 64 * BLOCK_BYTES}}},
-                "graceful_shutdown_timeout_s": 1.0,
             },
             routing={"policy": "hot_prefix", "hot_prefixes": HOT_PREFIXES},
             cluster={"address": "auto", "app_name": HOT_APP},
