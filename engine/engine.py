@@ -189,11 +189,15 @@ class LLMEngine:
     ) -> int:
         """A prefix's blocks pulled from another replica (``uint8`` rows of the layout's
         ``block_bytes``, leading first) into this engine's host tier, where requests find them
-        as host hits; how many of a leading run it took (0 without a host tier)."""
+        as host hits; how many of a leading run it took (0 without a host tier). Their
+        ``BlockStored`` events are published at once: the routers learn of the copy without
+        waiting for a step, which an idle replica may not take for long."""
         tiers = self.scheduler.tiers
         if tiers is None:
             return 0
-        return tiers.admit(list(block_hashes), list(payloads))
+        num_admitted = tiers.admit(list(block_hashes), list(payloads))
+        self.scheduler.events.flush()
+        return num_admitted
 
     def add_import_request(
         self,

@@ -333,8 +333,8 @@ class PdserveRequestRouter(RequestRouter):
     def _make_copy_delivery(self) -> PrefixCopyDelivery:
         """Copies delivered through this pool's own deployment, each call pinned to its
         replica by ``routing.replica_id``; they give up when the replicator would."""
-        caller = ServeReplicaCaller(self._deployment_name, self.app_name)
         timeout_s = self.settings.hot_prefixes.copy_interval_s
+        caller = ServeReplicaCaller(self._deployment_name, self.app_name, timeout_s=timeout_s)
         self.copy_delivery = PrefixCopyDelivery(caller, self._copy_ended, timeout_s=timeout_s)
         return self.copy_delivery
 

@@ -1,5 +1,5 @@
-"""Tiers inside a real engine: outputs token-identical to no tiers, hits from every tier, and
-nothing held after aborts in the loading state."""
+"""Tiers inside a real engine: outputs token-identical to no tiers, hits from every tier,
+nothing held after aborts in the loading state, and a copied prefix published as it lands."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
-from core.config import DiskTierConfig, HostTierConfig, KVTiersConfig
+from core.config import DiskTierConfig, EngineConfig, HostTierConfig, KVTiersConfig, ModelConfig
 from core.errors import SamplingParamsError
+from core.kv_events import BlockStored, KVEventBatch
 from core.sampling import SamplingParams
+from engine.engine_builder import build_engine
 from engine.llm import LLM
 from engine.request import RequestStatus
 
@@ -115,3 +118,20 @@ def test_a_session_keep_alive_outlives_the_device_ttl_within_the_servers_bound()
     assert error.value.param == "kv_keep_alive_s"
     with pytest.raises(SamplingParamsError, match="kv_keep_alive_s must be"):
         SamplingParams(kv_keep_alive_s=-1.0)
+
+
+def test_an_admitted_prefix_is_published_without_waiting_for_a_step() -> None:
+    block = _block_bytes("builtin:tiny-llama")
+    batches: list[KVEventBatch] = []
+    engine_cfg = EngineConfig(
+        max_model_len=256,
+        kv_cache_memory_bytes=16 * block,
+        kv_tiers=KVTiersConfig(host=HostTierConfig(bytes=4 * block)),
+    )
+    model_cfg = ModelConfig(name="builtin:tiny-llama")
+    engine = build_engine(model_cfg, engine_cfg, kv_event_callback=batches.append).engine
+    payloads = [torch.full((block,), i, dtype=torch.uint8) for i in range(2)]
+    assert engine.admit_prefix([11, 12], payloads) == 2
+    (batch,) = batches  # no step ran: the routers still hear of the copy now
+    assert batch.events == [BlockStored([h], None, [], 16, medium="host") for h in (11, 12)]
+    engine.close()
