@@ -58,7 +58,9 @@ def tp_config(port: int) -> ClusterConfig:
                 "num_replicas": 1,
                 "num_cpus": 0.25,
                 "engine": {"tensor_parallel_size": PREFILL_TP},
-                "graceful_shutdown_timeout_s": 1.0,
+                # NOTE: above Serve's 2 s drain loop, so removal ends in the replica's own
+                # shutdown (which unlinks its /dev/shm KV segment) rather than a forced kill
+                "graceful_shutdown_timeout_s": 10.0,
             },
             disaggregation={"local_prefill_threshold_tokens": 0},
             decode={
@@ -66,7 +68,7 @@ def tp_config(port: int) -> ClusterConfig:
                 "num_replicas": 1,
                 "num_cpus": 0.25,
                 "engine": {"tensor_parallel_size": 2},
-                "graceful_shutdown_timeout_s": 1.0,  # scaling down and removal need no drain
+                "graceful_shutdown_timeout_s": 10.0,
             },
             cluster={"address": "auto", "app_name": TP_APP},
         )
