@@ -87,7 +87,8 @@ def add_lora_routes(app: FastAPI, table: ModelTable, admin: LoRAAdmin | None) ->
                 raise InvalidRequestError(
                     f"The lora adapter '{name}' has already been loaded.", param="lora_name"
                 )
-            adapter = ServedAdapter(name, base_of(table, admin, body.base_model_name), body.lora_path)
+            base = base_of(table, admin, body.base_model_name)
+            adapter = ServedAdapter(name, base, body.lora_path)
             await admin.load(adapter)
             table.adapters.add(adapter)
         except ValidationError as e:

@@ -149,7 +149,8 @@ def test_without_a_base_several_lora_models_are_a_400_naming_them(tokenizer: Tok
 
 def test_without_a_base_the_only_lora_model_takes_it(tokenizer: Tokenizer) -> None:
     two = TwoLoRAModels(tokenizer, ("large",))
-    assert call(two.app, "POST", LOAD, {"lora_name": "sql", "lora_path": "/a/sql"}).status_code == 200
+    loaded = call(two.app, "POST", LOAD, {"lora_name": "sql", "lora_path": "/a/sql"})
+    assert loaded.status_code == 200
     assert two.admin.board["sql"].base == "large"
     body = {"lora_name": "x", "lora_path": "/a/x", "base_model_name": "small"}
     refused = call(two.app, "POST", LOAD, body)
