@@ -6,7 +6,8 @@ handlers build their prompts with it), the disaggregation policy and the
 :class:`GenerationFlow` over that model's pools, and the ingress metrics labelled with its name.
 :class:`ModelTable` finds the route a request's ``model`` names (the first model when it names
 none), knows the virtual names (``auto``) the YAML declares, and answers a name it does not
-know with the OpenAI 404 that lists what it serves.
+know with the OpenAI 404 that lists what it serves. Its LoRA adapters follow the cluster's
+registry (:meth:`ModelTable.sync` before a lookup, ``cluster.ingress.lora_adapters``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from cluster.ingress.dispatch.disagg import CachedBlocksFn, DisaggPolicy
 from cluster.ingress.dispatch.flow import GenerationFlow
 from cluster.ingress.dispatch.pairing import FleetVersions
 from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient
-from cluster.ingress.lora_adapters import ServedAdapters
+from cluster.ingress.lora_adapters import AdapterRegistry, ServedAdapters
 from cluster.ingress.prompt_tokenizer import PromptTokenizer
 from cluster.ingress.settings import IngressSettings
 from cluster.ingress.telemetry.request_metrics import IngressMetrics
@@ -122,7 +123,10 @@ class ModelTable:
     """Served models by every name a client may send, plus the virtual names."""
 
     def __init__(
-        self, routes: Sequence[ServedRoute], virtual: Sequence[VirtualModelConfig] = ()
+        self,
+        routes: Sequence[ServedRoute],
+        virtual: Sequence[VirtualModelConfig] = (),
+        registry: AdapterRegistry | None = None,
     ) -> None:
         if not routes:
             raise ValueError("an ingress serves at least one model")
@@ -133,14 +137,27 @@ class ModelTable:
                 self._by_name.setdefault(name, route)
         self.virtual = {v.name: v for v in virtual}
         self.adapters = ServedAdapters.of_models(
-            (route.name, route.settings.lora_modules) for route in self.routes
+            ((route.name, route.settings.lora_modules) for route in self.routes), registry
         )
-        """The LoRA adapters served on these models (a request names one as ``model``)."""
+        """The LoRA adapters served on these models (a request names one as ``model``): the
+        YAML's, and ``registry``'s loaded at run time."""
 
     @property
     def default(self) -> ServedRoute:
         """The first model: what a request that names no model gets."""
         return self.routes[0]
+
+    async def sync(self, name: str | None) -> None:
+        """Bring the adapters up to date before ``name`` is looked up: a served or virtual
+        name (or none) costs nothing; any other may name an adapter loaded or unloaded through
+        another ingress (``ServedAdapters.sync``)."""
+        if name is None or name in self._by_name or name in self.virtual:
+            return
+        await self.adapters.sync(name)
+
+    def served(self, name: str) -> ServedRoute | None:
+        """The served model ``name`` names (any of its served names; None: no model)."""
+        return self._by_name.get(name)
 
     def find(self, name: str | None) -> ServedRoute:
         """The route ``name`` picks (None: the default); a virtual name picks its default

@@ -160,11 +160,10 @@ class ControlPlaneCollector(Collector):
 
 
 def lora_admin(board: DeploymentHandle, config: ClusterConfig) -> ServeLoRAAdmin | None:
-    """The runtime LoRA admin when the default model serves adapters (None: the routes are off)."""
-    served = config.served_models()
-    if not served[0].engine_for("decode").enable_lora:
-        return None
-    return ServeLoRAAdmin(board, {model.name: model.scope for model in served})
+    """The runtime LoRA admin over the models that serve adapters (None: none does, the routes
+    are off)."""
+    scopes = {m.name: m.scope for m in config.served_models() if m.engine_for("decode").enable_lora}
+    return ServeLoRAAdmin(board, scopes) if scopes else None
 
 
 @serve.ingress()

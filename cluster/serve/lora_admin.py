@@ -3,6 +3,10 @@
 replica of the model's two pools reads after each report (``cluster.serve.stats_board``), then
 wait until each live replica serves it — or one refused it: then unregister it (the replicas
 that loaded it unload it) and raise that replica's typed error. Nothing stays half-loaded.
+
+It is also how every ingress replica reads the registry (``cluster.ingress.lora_adapters``): the
+board's adapters of each model, as fresh as the replicas' (one report interval), so a load or an
+unload through one ingress reaches the others, and an ingress rebuilt or started later.
 """
 
 from __future__ import annotations
@@ -12,22 +16,32 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from ray.exceptions import RayError
+from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from cluster.ingress.lora_adapters import ServedAdapter
-from cluster.serve.stats_board import decode_reports
+from cluster.serve.stats_board import BoardReporter, decode_reports
+from core.codec import from_plain
 from core.config.models import ROLES, pool_key
 from core.errors import PdserveError, UnavailableError
+from core.lora_registry import RegisteredAdapter
 from core.stats import ReplicaReport
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.1
+_REGISTRY_TIMEOUT_S = 5.0  # a registry read never holds a request longer
+_BOARD_DOWN = (RayError, DeploymentUnavailableError, ReplicaUnavailableError, TimeoutError)
 
 
 class ServeLoRAAdmin:
     """Loads and unloads adapters on every replica of the app whose stats board is ``board``;
-    ``scopes``: each served model's canonical name -> its scope."""
+    ``scopes``: each model serving adapters, its canonical name -> its scope."""
+
+    max_age_s = BoardReporter.interval_s
+    """An ingress's view of the registry is re-read when older than the replicas' (they read it
+    after each report)."""
 
     def __init__(
         self, board: DeploymentHandle, scopes: Mapping[str, str], timeout_s: float = 60.0
@@ -35,6 +49,30 @@ class ServeLoRAAdmin:
         self._board = board
         self._scopes = dict(scopes)
         self._timeout_s = timeout_s
+
+    @property
+    def bases(self) -> tuple[str, ...]:
+        """The models serving adapters, by canonical name."""
+        return tuple(self._scopes)
+
+    async def registered(self) -> list[ServedAdapter]:
+        """Every adapter registered on the board, on every model serving adapters."""
+
+        async def of_model(scope: str) -> list[dict[str, object]]:
+            plain: list[dict[str, object]] = await self._board.adapters.remote(scope)
+            return plain
+
+        bases = list(self._scopes)
+        reads = asyncio.gather(*(of_model(self._scopes[base]) for base in bases))
+        try:
+            per_base = await asyncio.wait_for(reads, _REGISTRY_TIMEOUT_S)
+        except _BOARD_DOWN as e:
+            raise UnavailableError(f"the LoRA registry (stats board) did not answer: {e!r}") from e
+        return [
+            ServedAdapter(registered.name, base, registered.path)
+            for base, plain in zip(bases, per_base, strict=True)
+            for registered in (from_plain(RegisteredAdapter, a) for a in plain)
+        ]
 
     async def load(self, adapter: ServedAdapter) -> None:
         """Every live replica of the base model's pools serves ``adapter``, or none does."""

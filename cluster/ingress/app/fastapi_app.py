@@ -77,7 +77,7 @@ def create_app(
     )
     metrics = IngressMetrics(settings.model_name)
     metrics.in_flight.labels(ROLE).set_function(lambda: float(gate.num_in_flight))
-    table = ModelTable([build_route(m, metrics) for m in models], virtual_models)
+    table = ModelTable([build_route(m, metrics) for m in models], virtual_models, lora_admin)
 
     def degraded_now() -> float:
         return float(any(r.health().degraded for r in table.routes))

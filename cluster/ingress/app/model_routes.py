@@ -1,5 +1,7 @@
 """``GET /v1/models``: every served and virtual model name, in the OpenAI list shape (plus vLLM's
-``max_model_len``), then every LoRA adapter with its base model as ``parent`` (vLLM's shape)."""
+``max_model_len``), then every LoRA adapter with its base model as ``parent`` (vLLM's shape):
+the YAML's and those loaded at run time through any ingress (the registry is re-read when this
+ingress's view is older than its ``max_age_s``)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def add_model_routes(
         except PdserveError as e:
             metrics.count_rejected("unauthorized")
             return error_response(e)
+        await table.adapters.sync_all()
         data = [
             {
                 "id": name,

@@ -74,6 +74,7 @@ class TokenizeRoutes:
         """``POST /tokenize``."""
         try:
             body = await self._parse(request, TokenizeRequest)
+            await self._table.sync(body.model)
             route = self._table.find(body.model)
             ids = self._token_ids(route.tokenizer, body)
         except PdserveError as e:
@@ -94,6 +95,7 @@ class TokenizeRoutes:
         """``POST /detokenize``."""
         try:
             body = await self._parse(request, DetokenizeRequest)
+            await self._table.sync(body.model)
             tokenizer = self._table.find(body.model).tokenizer
             vocab = tokenizer.vocab_size
             if any(not 0 <= t < vocab for t in body.tokens):

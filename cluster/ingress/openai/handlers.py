@@ -102,7 +102,10 @@ class GenerationHandlers:
                 self._metrics.count_rejected("body_too_large")
                 return too_large_response(self._settings.server.max_request_body_bytes, headers)
             try:
-                pick = self._router.pick(parse_json_object(raw), request.headers, chat=chat)
+                data = parse_json_object(raw)
+                model = data.get("model")
+                await self._router.table.sync(model if isinstance(model, str) else None)
+                pick = self._router.pick(data, request.headers, chat=chat)
             except PdserveError as e:
                 return self._reject(for_client(e, request_id), headers)
             logger.debug("request %s accepted (client id %s)", request_id, client_id)

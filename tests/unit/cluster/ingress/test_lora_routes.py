@@ -23,8 +23,18 @@ PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]  # 3 blocks of 4, above loc
 
 
 class FakeLoRAAdmin:
-    def __init__(self) -> None:
+    """The cluster's admin over one registry (the stats board's), read by every ingress."""
+
+    def __init__(self, bases: tuple[str, ...] = (MODEL,), max_age_s: float = 0.0) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.board: dict[str, ServedAdapter] = {}
+        self.bases = bases
+        self.max_age_s = max_age_s
+        self.num_reads = 0
+
+    async def registered(self) -> list[ServedAdapter]:
+        self.num_reads += 1
+        return list(self.board.values())
 
     async def load(self, adapter: ServedAdapter) -> None:
         if "big" in adapter.path:
@@ -32,9 +42,11 @@ class FakeLoRAAdmin:
                 f"adapter {adapter.name!r} has rank 64 > max_lora_rank 16", param=adapter.name
             )
         self.calls.append(("load", adapter.name))
+        self.board[adapter.name] = adapter
 
     async def unload(self, adapter: ServedAdapter) -> None:
         self.calls.append(("unload", adapter.name))
+        self.board.pop(adapter.name, None)
 
 
 def make_app(tokenizer: Tokenizer, admin: FakeLoRAAdmin) -> tuple[httpx.ASGITransport, FakeDecode]:

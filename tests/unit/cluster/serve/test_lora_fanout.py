@@ -126,3 +126,13 @@ def test_an_unload_leaves_no_replica_serving_it() -> None:
     assert all(r.adapters.names() == () for r in replicas)
     with pytest.raises(Exception, match="not loaded on this replica"):
         replicas[0].adapters.resolve("chat")
+
+
+def test_the_registry_every_ingress_reads_follows_loads_and_unloads() -> None:
+    admin, _ = cluster(Replica("p0", "prefill"), Replica("d0", "decode"))
+    adapter = ServedAdapter("sql", "base", "/a/sql")
+    assert admin.bases == ("base",) and asyncio.run(admin.registered()) == []
+    asyncio.run(admin.load(adapter))
+    assert asyncio.run(admin.registered()) == [adapter]
+    asyncio.run(admin.unload(adapter))
+    assert asyncio.run(admin.registered()) == []
