@@ -1,0 +1,80 @@
+"""The Serve side of the rollout seam over a fake REST API and board: a step is an in-place
+``num_replicas`` update of one app's pool deployment; health joins Serve's replica states with
+the stats board's fresh reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from cluster.ops.rollout import PoolHealth, Version
+from cluster.ops.rollout_fleet import ServeRolloutFleet
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FakeRest:
+    def __init__(self, apps: dict[str, dict[str, Any]]) -> None:
+        self.apps = apps
+        self.scaled: list[tuple[str, dict[str, int]]] = []
+
+    def app_details(self, app_name: str) -> dict[str, Any] | None:
+        return self.apps.get(app_name)
+
+    def scale(self, app_name: str, replicas: Mapping[str, int]) -> None:
+        self.scaled.append((app_name, dict(replicas)))
+
+
+def deployment(status: str, *replicas: tuple[str, str]) -> dict[str, Any]:
+    return {"status": status, "replicas": [{"replica_id": i, "state": s} for i, s in replicas]}
+
+
+def report(replica_id: str, **stats: int) -> dict[str, Any]:
+    return {"replica_id": replica_id, "role": "decode", "stats": stats}
+
+
+APPS = {Version.OLD: "pdserve", Version.NEW: "pdserve-next"}
+
+
+def test_a_step_scales_one_deployment_of_the_versions_app() -> None:
+    rest = FakeRest({})
+    fleet = ServeRolloutFleet(rest, dict, APPS, "")
+    fleet.set_replicas(Version.NEW, "decode", 2)
+    fleet.set_replicas(Version.OLD, "prefill", 0)
+    assert rest.scaled == [("pdserve-next", {"Decode": 2}), ("pdserve", {"Prefill": 0})]
+
+
+def test_a_scoped_model_scales_its_own_pool() -> None:
+    rest = FakeRest({})
+    ServeRolloutFleet(rest, dict, APPS, "qwen").set_replicas(Version.NEW, "decode", 1)
+    assert rest.scaled == [("pdserve-next", {"Decode-qwen": 1})]
+
+
+def test_health_counts_running_replicas_that_report_and_their_requests() -> None:
+    rest = FakeRest(
+        {
+            "pdserve": {"deployments": {"Decode": deployment(
+                "UPDATING", ("a", "RUNNING"), ("b", "STOPPING"), ("c", "STARTING")
+            )}},
+        }
+    )  # fmt: skip
+    board = {"decode": [report("a", num_running=2, num_waiting=1), report("b", num_running=3)]}
+    fleet = ServeRolloutFleet(rest, lambda: board, APPS, "")
+    assert fleet.health(Version.OLD, "decode") == PoolHealth(3, 1, 0, 6)
+
+
+def test_a_running_replica_not_yet_on_the_board_is_not_healthy() -> None:
+    rest = FakeRest(
+        {"pdserve-next": {"deployments": {"Decode": deployment("HEALTHY", ("n", "RUNNING"))}}}
+    )
+    fleet = ServeRolloutFleet(rest, dict, APPS, "")
+    assert fleet.health(Version.NEW, "decode") == PoolHealth(1, 0, 0, 0)
+
+
+def test_a_failed_deployment_counts_as_a_failed_replica() -> None:
+    rest = FakeRest({"pdserve-next": {"deployments": {"Prefill": deployment("DEPLOY_FAILED")}}})
+    fleet = ServeRolloutFleet(rest, dict, APPS, "")
+    assert fleet.health(Version.NEW, "prefill") == PoolHealth(0, 0, 1, 0)
+    assert fleet.health(Version.OLD, "prefill") == PoolHealth(0, 0, 0, 0)  # app not deployed
