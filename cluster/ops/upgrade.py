@@ -7,7 +7,8 @@ what it can through Serve's own deployment updates: a plan that only resizes poo
 redeploy of the app from the new config. Serve's code version covers the app's args, so that
 redeploy replaces every deployment of the app (not only the changed ones), replica by replica
 while the old replicas serve — pairing by KV fingerprint keeps the two versions' prefill and
-decode apart meanwhile; the P:D-stepped order of ``rolling_steps`` is not driven yet. Fields the
+decode apart meanwhile; the P:D-stepped rollout (:mod:`~cluster.ops.rollout`) is not started
+from here yet (its second app is not deployed by anything yet). Fields the
 ingress alone reads (``cluster.serve.in_place``) are applied in place: the new values become the
 Ingress deployment's ``user_config`` and Serve calls its ``reconfigure``; no replica restarts.
 Routing fields of the pools' routers and the planner are in Serve's code version: applying them
