@@ -15,6 +15,7 @@ from typing import Any
 from cluster.planner.capacity_model import CapacityModel
 from cluster.serve.config_file import config_to_mapping
 from cluster.serve.planner_policy import POLICY_FUNCTION
+from cluster.serve.rollout_pools import IDLE_POOL_AUTOSCALING
 from core.codec import to_plain
 from core.config import ClusterConfig
 from core.errors import ConfigError
@@ -100,7 +101,9 @@ def scaled_schema(
     """``current`` (a PUT body) with deployments of ``app_name`` set to fixed replica counts.
 
     ``replicas`` maps a deployment name (``Prefill``, ``Decode``) to its new count. A pool that
-    autoscaled gets a fixed count: its ``autoscaling_config`` is cleared for this deployment.
+    autoscaled gets a fixed count: its ``autoscaling_config`` is cleared for this deployment. A
+    count of 0 (Serve refuses a fixed 0) becomes the idle range that stays at 0
+    (``IDLE_POOL_AUTOSCALING``).
     """
     schema = copy.deepcopy(dict(current))
     apps = schema.get("applications", [])
@@ -115,6 +118,10 @@ def scaled_schema(
         if entry is None:
             entry = {"name": name}
             overrides.append(entry)
+        if count == 0:
+            entry.pop("num_replicas", None)
+            entry["autoscaling_config"] = dict(IDLE_POOL_AUTOSCALING)
+            continue
         entry["num_replicas"] = count
         entry["autoscaling_config"] = None  # a range set in code yields to the fixed count
     app["deployments"] = overrides

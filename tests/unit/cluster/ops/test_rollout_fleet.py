@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from ray.serve.schema import DeploymentSchema
 
+from cluster.ops.deploy_schema import scaled_schema
 from cluster.ops.rollout import PoolHealth, Version
 from cluster.ops.rollout_fleet import ServeRolloutFleet
 
@@ -78,3 +80,22 @@ def test_a_failed_deployment_counts_as_a_failed_replica() -> None:
     fleet = ServeRolloutFleet(rest, dict, APPS, "")
     assert fleet.health(Version.NEW, "prefill") == PoolHealth(0, 0, 1, 0)
     assert fleet.health(Version.OLD, "prefill") == PoolHealth(0, 0, 0, 0)  # app not deployed
+
+
+def test_a_pool_set_to_0_is_held_by_an_idle_range_serve_accepts() -> None:
+    current = {
+        "applications": [{"name": "a", "deployments": [{"name": "Decode", "num_replicas": 2}]}]
+    }
+    (app,) = scaled_schema(current, "a", {"Decode": 0, "Prefill": 1})["applications"]
+    decode, prefill = app["deployments"]
+    assert "num_replicas" not in decode
+    assert decode["autoscaling_config"] == {
+        "min_replicas": 0,
+        "max_replicas": 1,
+        "initial_replicas": 0,
+    }
+    assert prefill == {"name": "Prefill", "num_replicas": 1, "autoscaling_config": None}
+    for entry in (decode, prefill):
+        DeploymentSchema(**entry)  # what Serve validates the PUT with
+    with pytest.raises(ValueError, match="greater than 0"):
+        DeploymentSchema(name="Decode", num_replicas=0)  # why 0 is not a fixed count
