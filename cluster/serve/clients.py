@@ -30,6 +30,7 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from cluster.ingress.dispatch.versioned_pools import app_of_actor
 from cluster.serve.stats_board import decode_reports
 from core.codec import from_plain, to_plain
 from core.errors import OverloadedError, UnavailableError
@@ -77,6 +78,7 @@ class PoolWatch:
         self._refresh_s = refresh_s
         self._num_live: dict[str, int] = {}
         self._fingerprints: dict[str, dict[str, int]] = {}
+        self._fingerprint_apps: dict[str, dict[str, str]] = {}
         self._task: asyncio.Task[None] | None = None
         self._epoch: str | None = None
         self.unavailable_total = 0
@@ -102,6 +104,11 @@ class PoolWatch:
         """Live replicas of ``pool`` by KV fingerprint (``ReplicaStats.kv_fingerprint``)."""
         return self._fingerprints.get(pool, {})
 
+    def app_of(self, pool: str, fingerprint: str) -> str | None:
+        """The Serve app whose live replicas of ``pool`` run ``fingerprint`` (a stepped
+        rollout's two versions run in two apps); None when none reports it."""
+        return self._fingerprint_apps.get(pool, {}).get(fingerprint)
+
     async def snapshot(self) -> dict[str, list[ReplicaReport]]:
         """The board's current reports by role (also refreshes the live counts)."""
         view: dict[str, Any] = await self._board.view.remote()
@@ -113,6 +120,14 @@ class PoolWatch:
         self._num_live = {role: len(replicas) for role, replicas in reports.items()}
         self._fingerprints = {
             role: dict(Counter(r.stats.kv_fingerprint for r in replicas))
+            for role, replicas in reports.items()
+        }
+        self._fingerprint_apps = {
+            role: {
+                r.stats.kv_fingerprint: app
+                for r in replicas
+                if (app := app_of_actor(r.actor_name)) is not None
+            }
             for role, replicas in reports.items()
         }
         return reports

@@ -1,14 +1,20 @@
-"""The root of a rolling upgrade's second app: the new version's pools, and nothing else.
+"""The root of a rolling upgrade's second app (the new version's pools, and nothing else), and
+how the ingress is told to follow it.
 
 Serve deploys what an app's root binds, so this tiny deployment (one replica, no CPU) holds the
 handles of the new version's Prefill and Decode deployments; it serves no request. The pools'
 replicas report to the running app's stats board and KV index (the app builder's
-:func:`~cluster.serve.app_builder.build_pools_app_from_config`).
+:func:`~cluster.serve.app_builder.build_pools_app_from_config`). The running app's ingress
+learns of the second app through its ``user_config`` (:data:`FOLLOW_KEY`, beside the in-place
+config fields), so following it restarts nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from core.errors import ConfigError
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -34,3 +40,25 @@ class RolloutPools:
     def models(self) -> list[str]:
         """The served models whose pools this app holds."""
         return sorted(self._pools)
+
+
+FOLLOW_KEY = "pools_apps"
+"""The Ingress deployment's ``user_config`` key naming, per served model, the Serve app its
+new version's pools run in while a stepped rollout serves two (``{served name: app}``)."""
+
+
+def split_user_config(
+    user_config: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ingress's ``user_config`` as its in-place config fields and the pools apps it
+    follows (:data:`FOLLOW_KEY`)."""
+    fields = dict(user_config or {})
+    apps = fields.pop(FOLLOW_KEY, None) or {}
+    if not isinstance(apps, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in apps.items()
+    ):
+        raise ConfigError(
+            f"user_config.{FOLLOW_KEY} maps served model names to app names, got {apps!r}",
+            param=f"user_config.{FOLLOW_KEY}",
+        )
+    return fields, dict(apps)

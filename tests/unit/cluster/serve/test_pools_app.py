@@ -4,6 +4,7 @@ that index; the running app's own pools are built as before."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -12,10 +13,13 @@ from ray.serve import Application
 from cluster.routing.kv_index.actor import IndexPublisherFactory
 from cluster.routing.router_kwargs import RouterSettings
 from cluster.serve.app_builder import build_app, build_app_from_config, build_pools_app
+from cluster.serve.clients import PoolWatch
 from cluster.serve.config_file import config_to_mapping, load_cluster_config
-from cluster.serve.rollout_pools import ROLLOUT_ROOT_DEPLOYMENT
-from cluster.serve.stats_board import BoardReporter
+from cluster.serve.rollout_pools import FOLLOW_KEY, ROLLOUT_ROOT_DEPLOYMENT, split_user_config
+from cluster.serve.stats_board import BoardReporter, StatsBoard
+from core.codec import to_plain
 from core.errors import ConfigError
+from core.stats import ReplicaReport, ReplicaStats
 from replica import ReplicaHooks
 
 pytestmark = pytest.mark.timeout(30)
@@ -93,3 +97,36 @@ def test_the_running_apps_builder_is_unchanged_by_the_new_option() -> None:
     assert "index_app" not in str(
         build_app({"config": config_to_mapping(config)})._bound_deployment.init_args[0]
     )
+
+
+def test_the_ingress_user_config_splits_into_fields_and_followed_apps() -> None:
+    user_config = {"routing.migration_limit": 2, FOLLOW_KEY: {"tiny-moe": "pdserve-next"}}
+    assert split_user_config(user_config) == (
+        {"routing.migration_limit": 2},
+        {"tiny-moe": "pdserve-next"},
+    )
+    assert split_user_config(None) == ({}, {})
+    with pytest.raises(ConfigError, match="maps served model names to app names"):
+        split_user_config({FOLLOW_KEY: ["pdserve-next"]})
+
+
+class BoardHandle:
+    def __init__(self, board: StatsBoard) -> None:
+        self.board = board
+        self.view = self
+
+    async def remote(self) -> dict[str, Any]:
+        return self.board.view()
+
+
+def test_the_pool_watch_knows_which_app_runs_each_fingerprint() -> None:
+    board = StatsBoard()
+    for replica_id, app, fingerprint in (("a", "pdserve", "old"), ("b", "pdserve-next", "new")):
+        stats = ReplicaStats(kv_fingerprint=fingerprint)
+        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
+        board.report(to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats)))
+    watch = PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert watch.app_of("decode", "new") == "pdserve-next"
+    assert watch.app_of("decode", "old") == "pdserve"
+    assert watch.app_of("decode", "gone") is None and watch.app_of("prefill", "new") is None
