@@ -67,10 +67,8 @@ def build_app_from_config(config: ClusterConfig) -> Application:
     """The pdserve Serve application for ``config`` (deploy with ``serve.run``)."""
     kv_token = KVToken.for_deploy(config.transfer)
     board = _deployment(StatsBoard, BOARD_DEPLOYMENT, board_deployment_options()).bind()
-    home = config.cluster.app_name
     pools = {
-        served.name: _model_pools(config, served, kv_token, home)
-        for served in config.served_models()
+        served.name: _model_pools(config, served, kv_token) for served in config.served_models()
     }
     ingress = _deployment(
         IngressDeployment,
@@ -80,14 +78,10 @@ def build_app_from_config(config: ClusterConfig) -> Application:
     return ingress.bind(pools, board, config_to_mapping(config))
 
 
-def build_pools_app_from_config(config: ClusterConfig, home_app: str) -> Application:
-    """The new version's pools for a rolling upgrade of the running app ``home_app``: every
-    pool at 0 replicas, reporting to ``home_app``'s stats board and KV index."""
-    if home_app == config.cluster.app_name:
-        raise ConfigError(
-            f"a rollout's pools need an app of their own, not the running {home_app!r}",
-            param="cluster.app_name",
-        )
+def build_pools_app_from_config(config: ClusterConfig) -> Application:
+    """The new version's pools for a stepped rollout of the running app
+    (``config.cluster.app_name``), deployed as another app: every pool at 0 replicas, reporting
+    to the running app's stats board and KV index."""
     for served in config.served_models():
         for role in ("prefill", "decode"):
             if served.pool_for(role).autoscaling is not None:
@@ -98,7 +92,7 @@ def build_pools_app_from_config(config: ClusterConfig, home_app: str) -> Applica
                 )
     kv_token = KVToken.for_deploy(config.transfer)
     pools = {
-        served.name: _model_pools(config, served, kv_token, home_app)
+        served.name: _model_pools(config, served, kv_token, rollout=True)
         for served in config.served_models()
     }
     root = _deployment(RolloutPools, ROLLOUT_ROOT_DEPLOYMENT, board_deployment_options())
@@ -106,13 +100,13 @@ def build_pools_app_from_config(config: ClusterConfig, home_app: str) -> Applica
 
 
 def _model_pools(
-    config: ClusterConfig, served: ServedModel, kv_token: KVToken | None, home_app: str
+    config: ClusterConfig, served: ServedModel, kv_token: KVToken | None, *, rollout: bool = False
 ) -> tuple[Application | None, Application]:
     """One model's Prefill (None without a prefill pool) and Decode deployments, bound."""
     prefill = None
     if served.prefill.deployed:
-        prefill = _role_deployment(PrefillDeployment, config, served, "prefill", kv_token, home_app)
-    return prefill, _role_deployment(DecodeDeployment, config, served, "decode", kv_token, home_app)
+        prefill = _role_deployment(PrefillDeployment, config, served, "prefill", kv_token, rollout)
+    return prefill, _role_deployment(DecodeDeployment, config, served, "decode", kv_token, rollout)
 
 
 def _role_deployment(
@@ -121,11 +115,13 @@ def _role_deployment(
     served: ServedModel,
     role: Role,
     kv_token: KVToken | None,
-    home_app: str,
+    rollout: bool,
 ) -> Application:
     """One pool's deployment bound to its replica spec (plain data) and hooks; its replicas
-    report to ``home_app`` (another app than its own: a rollout's new pools, starting empty)."""
-    options = _pool_options(config, served, role, home_app)
+    report to the running app's board and index (``rollout``: from another app, starting
+    empty)."""
+    home_app = config.cluster.app_name
+    options = _pool_options(config, served, role, rollout)
     deployment = _deployment(cls, pool_deployment_name(role, served.scope), options)
     hooks = ReplicaHooks(
         identity=ServeReplicaIdentity(),
@@ -134,7 +130,7 @@ def _role_deployment(
             served.pool_key(role),
             num_shards=config.routing.kv_index_shards,
             stride=config.routing.kv_index_stride,
-            index_app="" if home_app == config.cluster.app_name else home_app,
+            index_app=home_app if rollout else "",
         ),
         gang=gang_engine_factory(served.pool_for(role)),
     )
@@ -156,10 +152,10 @@ def replica_spec(
 
 
 def _pool_options(
-    config: ClusterConfig, served: ServedModel, role: Role, home_app: str
+    config: ClusterConfig, served: ServedModel, role: Role, rollout: bool
 ) -> dict[str, Any]:
-    """A pool's deployment options plus its request router for the configured policy (in
-    another app than ``home_app``: 0 replicas, following ``home_app``'s KV index)."""
+    """A pool's deployment options plus its request router for the configured policy
+    (``rollout``: in another app, at 0 replicas, following the running app's KV index)."""
     pool = served.pool_for(role)
     router_options: dict[str, Any] = {
         "model": served.scope,
@@ -169,8 +165,8 @@ def _pool_options(
         "deliver_copies": True,  # hot_prefix: the router calls holder and target
     }
     options = {**pool_deployment_options(pool), **gang_options(pool)}
-    if home_app != config.cluster.app_name:
-        router_options["index_app"] = home_app
+    if rollout:
+        router_options["index_app"] = config.cluster.app_name
         options.pop("num_replicas", None)  # the rollout grows it from 0 step by step
         options["autoscaling_config"] = IDLE_POOL_AUTOSCALING
     return {
@@ -190,23 +186,21 @@ def _deployment(cls: type, name: str, options: Mapping[str, Any]) -> Deployment:
 
 
 def build_pools_app(args: Mapping[str, Any]) -> Application:
-    """Serve's builder entry point of a rollout's second app: ``args["config"]`` (a YAML path
-    or mapping, its ``cluster.app_name`` this app's) and ``args["home_app"]``, the running
-    app."""
-    unknown = sorted(set(args) - {"config", "home_app"})
-    if unknown or "config" not in args or "home_app" not in args:
-        raise ConfigError(
-            "a rollout's pools app takes args 'config' and 'home_app' only",
-            param=(unknown or ["home_app"])[0],
-        )
-    return build_pools_app_from_config(load_cluster_config(args["config"]), str(args["home_app"]))
+    """Serve's builder entry point of a stepped rollout's second app: ``args["config"]`` is the
+    new config (a YAML path or mapping; its ``cluster.app_name`` names the running app)."""
+    _check_args(args)
+    return build_pools_app_from_config(load_cluster_config(args["config"]))
 
 
 def build_app(args: Mapping[str, Any]) -> Application:
     """Serve's builder entry point: ``args["config"]`` is a YAML path or a config mapping."""
+    _check_args(args)
+    return build_app_from_config(load_cluster_config(args["config"]))
+
+
+def _check_args(args: Mapping[str, Any]) -> None:
     if "config" not in args:
         raise ConfigError("application args need 'config': a YAML path or mapping", param="config")
     unknown = sorted(set(args) - {"config"})
     if unknown:
         raise ConfigError(f"unknown application args: {', '.join(unknown)}", param=unknown[0])
-    return build_app_from_config(load_cluster_config(args["config"]))

@@ -28,7 +28,7 @@ NEW = {
     "model": {"name": "builtin:tiny-moe"},
     "prefill": {"num_replicas": 2},
     "decode": {"num_replicas": 3},
-    "cluster": {"app_name": "pdserve-next"},
+    "cluster": {"app_name": "pdserve"},
 }
 
 
@@ -55,7 +55,7 @@ def router(app: Application) -> RouterSettings:
 
 
 def test_the_pools_app_reports_to_the_running_app_and_starts_empty() -> None:
-    built = pools_of(build_pools_app({"config": NEW, "home_app": "pdserve"}))
+    built = pools_of(build_pools_app({"config": NEW}))
     assert built["root"].name == ROLLOUT_ROOT_DEPLOYMENT
     for role, name in (("prefill", "Prefill"), ("decode", "Decode")):
         deployment = built[role]._bound_deployment
@@ -73,18 +73,17 @@ def test_the_running_app_follows_its_own_index() -> None:
     prefill, decode = next(iter(pools.values()))
     assert decode._bound_deployment.num_replicas == 3
     reporter, publisher = hooks_of(decode._bound_deployment.init_args[1])
-    assert reporter.app_name == "pdserve-next" and publisher.index_app == ""
+    assert reporter.app_name == "pdserve" and publisher.index_app == ""
     assert router(prefill).index_app == ""
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ({"config": NEW, "home_app": "pdserve-next"}, "an app of their own"),
-        ({"config": {**NEW, "decode": {"autoscaling": {"min_replicas": 1, "max_replicas": 2}}},
-          "home_app": "pdserve"}, "decode is autoscaled"),
-        ({"config": NEW}, "'config' and 'home_app' only"),
-        ({"config": NEW, "home_app": "pdserve", "extra": 1}, "'config' and 'home_app' only"),
+        ({"config": {**NEW, "decode": {"autoscaling": {"min_replicas": 1, "max_replicas": 2}}}},
+         "decode is autoscaled"),
+        ({}, "application args need 'config'"),
+        ({"config": NEW, "home_app": "pdserve"}, "unknown application args: home_app"),
     ],
 )  # fmt: skip
 def test_what_a_pools_app_cannot_be_is_refused(args: dict[str, Any], message: str) -> None:
