@@ -22,6 +22,8 @@ from core.errors import ConfigError
 
 IMPORT_PATH = "cluster.app:build_app"
 """The application builder Serve imports on the cluster."""
+POOLS_IMPORT_PATH = "cluster.app:build_pools_app"
+"""The builder of a stepped rollout's second app (the new version's pools only)."""
 
 
 def app_schema(config: ClusterConfig) -> dict[str, Any]:
@@ -40,6 +42,31 @@ def app_schema(config: ClusterConfig) -> dict[str, Any]:
             "policy_kwargs": planner_kwargs(config),
         }
     return entry
+
+
+def pools_app_schema(config: ClusterConfig, app_name: str) -> dict[str, Any]:
+    """The application entry of a stepped rollout's second app ``app_name``: the new
+    ``config``'s pools, no HTTP route (the running app's ingress reaches them by handle)."""
+    if app_name == config.cluster.app_name:
+        raise ConfigError(
+            f"a rollout's pools need an app of their own, not the running {app_name!r}",
+            param="app",
+        )
+    return {
+        "name": app_name,
+        "route_prefix": None,
+        "import_path": POOLS_IMPORT_PATH,
+        "args": {"config": config_to_mapping(config)},
+    }
+
+
+def with_app(current: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``current`` (a PUT body) with the application ``entry`` added, or replacing the one of
+    its name; every other app is sent back unchanged."""
+    schema = copy.deepcopy(dict(current))
+    apps = [a for a in schema.get("applications", []) if a.get("name") != entry["name"]]
+    schema["applications"] = [*apps, dict(entry)]
+    return schema
 
 
 def planner_kwargs(config: ClusterConfig) -> dict[str, Any]:
