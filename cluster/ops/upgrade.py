@@ -93,6 +93,7 @@ def upgrade(
         plan = plan_upgrade(current, new, model_identity)
         if dry_run or plan.empty:
             return plan
+        upgrade_rollout.refuse_while_recorded(app_name)
         if plan.restarts and stepped:
             upgrade_rollout.start(rest, current, new, plan, timeouts or RolloutTimeouts())
             return plan

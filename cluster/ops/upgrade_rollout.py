@@ -74,18 +74,7 @@ def start(
     the ingress follow it, and drive the rollout (attached to Ray already)."""
     app_name = new.cluster.app_name
     served, sizes = _rollout_model(current, new, plan)
-    recorded = rollout_state.read_rollout(app_name)
-    if recorded is not None and recorded.phase is not RolloutPhase.ROLLED_BACK:
-        raise UpgradeRefusedError(
-            f"a rollout of {app_name} is recorded ({recorded.progress_line()}); "
-            + (
-                "its new pools serve from their own app now, and upgrading from there is not "
-                "supported yet"
-                if recorded.phase is RolloutPhase.DONE
-                else "finish it (--resume) or roll it back (--rollback) first"
-            ),
-            param="app",
-        )
+    refuse_while_recorded(app_name)
     new_app = f"{app_name}{ROLLOUT_APP_SUFFIX}"
     rest.deploy_app(pools_app_schema(new, new_app))
     rest.wait_running(new_app, timeouts.ready_timeout_s)
@@ -95,6 +84,23 @@ def start(
     rollout_state.write_rollout(state)
     logger.info("rollout of %s: its new pools run in %s", served.name, new_app)
     return _drive_attached(state, rest, timeouts)
+
+
+def refuse_while_recorded(app_name: str) -> None:
+    """Raise :class:`UpgradeRefusedError` while a rollout of ``app_name`` is recorded that did
+    not roll back: the running app's config no longer says what serves."""
+    recorded = rollout_state.read_rollout(app_name)
+    if recorded is None or recorded.phase is RolloutPhase.ROLLED_BACK:
+        return
+    if recorded.phase is RolloutPhase.DONE:
+        why = (
+            "its new pools serve from their own app now; upgrading from there is not supported yet"
+        )
+    else:
+        why = "finish it (--resume) or roll it back (--rollback) first"
+    raise UpgradeRefusedError(
+        f"a rollout of {app_name} is recorded ({recorded.progress_line()}); {why}", param="app"
+    )
 
 
 def _rollout_model(

@@ -142,6 +142,8 @@ def test_a_recorded_rollout_blocks_another(
     rollout_state.write_rollout(RolloutState("pdserve", "", "pdserve-rollout", 1, 2, 1, phase))
     with pytest.raises(UpgradeRefusedError, match=message):
         upgrade_module.upgrade(new(**NEW_CHECKPOINT), stepped=True, timeouts=FAST)
+    with pytest.raises(UpgradeRefusedError, match=message):  # nor a resize in place
+        upgrade_module.upgrade(new(decode={"num_replicas": 3}))
     assert rest.calls == []
 
 
