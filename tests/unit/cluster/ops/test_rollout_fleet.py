@@ -13,6 +13,7 @@ from ray.serve.schema import DeploymentSchema
 from cluster.ops.deploy_schema import scaled_schema
 from cluster.ops.rollout import PoolHealth, Version
 from cluster.ops.rollout_fleet import ServeRolloutFleet
+from cluster.serve.rollout_pools import hold_at_zero
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -89,11 +90,10 @@ def test_a_pool_set_to_0_is_held_by_an_idle_range_serve_accepts() -> None:
     (app,) = scaled_schema(current, "a", {"Decode": 0, "Prefill": 1})["applications"]
     decode, prefill = app["deployments"]
     assert "num_replicas" not in decode
-    assert decode["autoscaling_config"] == {
-        "min_replicas": 0,
-        "max_replicas": 1,
-        "initial_replicas": 0,
-    }
+    idle = decode["autoscaling_config"]
+    assert (idle["min_replicas"], idle["max_replicas"], idle["initial_replicas"]) == (0, 1, 0)
+    assert idle["policy"] == {"policy_function": "cluster.serve.rollout_pools:hold_at_zero"}
+    assert hold_at_zero(None) == (0, {})
     assert prefill == {"name": "Prefill", "num_replicas": 1, "autoscaling_config": None}
     for entry in (decode, prefill):
         DeploymentSchema(**entry)  # what Serve validates the PUT with

@@ -129,3 +129,14 @@ def test_the_pool_watch_knows_which_app_runs_each_fingerprint() -> None:
     assert watch.app_of("decode", "new") == "pdserve-next"
     assert watch.app_of("decode", "old") == "pdserve"
     assert watch.app_of("decode", "gone") is None and watch.app_of("prefill", "new") is None
+
+
+def test_a_fingerprint_both_apps_run_is_spread_over_them() -> None:
+    board = StatsBoard()
+    for replica_id, app in (("a", "pdserve"), ("b", "pdserve-next")):
+        stats = ReplicaStats(kv_fingerprint="same")  # a change that keeps the KV layout
+        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
+        board.report(to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats)))
+    watch = PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert {watch.app_of("decode", "same") for _ in range(200)} == {"pdserve", "pdserve-next"}
