@@ -76,11 +76,18 @@ def test_a_stepped_upgrade_replaces_the_pools_under_load(tmp_path: Path) -> None
         status = pdserve_cli("status", "--no-stats", env=env)
         assert "rollout of" in status.stdout and "(done)" in status.stdout, status.stdout
 
+        seen: list[Any] = []
+
         def running_app_idle() -> bool:
             shown = json.loads(pdserve_cli("status", "--no-stats", "--json", env=env).stdout)
-            return [p["replicas"] for p in shown["pools"]] == [[], []]
+            pools = [p for p in shown["pools"] if p["pool"] in ("Prefill", "Decode")]
+            seen[:] = [(p["pool"], p["target_replicas"], p["replicas"]) for p in pools]
+            return len(seen) == 2 and all(t == 0 and not r for _, t, r in seen)
 
-        wait_until(running_app_idle, 60, "the running app's pools to be down to 0")
+        try:
+            wait_until(running_app_idle, 60, "the running app's pools to be down to 0")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {seen}") from e
         again = httpx.post(
             f"{state['endpoint']}/v1/completions",
             json={"model": "tiny", "prompt": "hello", "max_tokens": 4},
