@@ -17,7 +17,7 @@ import yaml
 from tests.integration.support import pdserve_cli, repo_config_on_free_ports
 from tests.waiting import wait_until
 
-# NOTE: about 2 minutes on a loaded 2-core machine (its own up, two replicas started, down),
+# NOTE: 2-4 minutes on a loaded 2-core machine (its own up, two replicas started, down),
 # over the integration suite's budget: make chaos runs it, make test deselects it
 pytestmark = [pytest.mark.ray, pytest.mark.chaos_full, pytest.mark.timeout(300)]
 
