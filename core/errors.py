@@ -77,6 +77,14 @@ class UpgradeRefusedError(ConfigError):
     error_type = "upgrade_refused"
 
 
+class RolloutFailedError(PdserveError):
+    """A stepped rollout stopped: a new replica failed or never became healthy; the old
+    version keeps serving at the step reached (``param`` names the pool)."""
+
+    status_code = 503
+    error_type = "rollout_failed"
+
+
 class ModelNotFoundError(PdserveError):
     """A model path, built-in name or served model name does not exist (HTTP 404)."""
 

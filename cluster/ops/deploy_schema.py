@@ -15,12 +15,15 @@ from typing import Any
 from cluster.planner.capacity_model import CapacityModel
 from cluster.serve.config_file import config_to_mapping
 from cluster.serve.planner_policy import POLICY_FUNCTION
+from cluster.serve.rollout_pools import IDLE_POOL_AUTOSCALING
 from core.codec import to_plain
 from core.config import ClusterConfig
 from core.errors import ConfigError
 
 IMPORT_PATH = "cluster.app:build_app"
 """The application builder Serve imports on the cluster."""
+POOLS_IMPORT_PATH = "cluster.app:build_pools_app"
+"""The builder of a stepped rollout's second app (the new version's pools only)."""
 
 
 def app_schema(config: ClusterConfig) -> dict[str, Any]:
@@ -39,6 +42,31 @@ def app_schema(config: ClusterConfig) -> dict[str, Any]:
             "policy_kwargs": planner_kwargs(config),
         }
     return entry
+
+
+def pools_app_schema(config: ClusterConfig, app_name: str) -> dict[str, Any]:
+    """The application entry of a stepped rollout's second app ``app_name``: the new
+    ``config``'s pools, no HTTP route (the running app's ingress reaches them by handle)."""
+    if app_name == config.cluster.app_name:
+        raise ConfigError(
+            f"a rollout's pools need an app of their own, not the running {app_name!r}",
+            param="app",
+        )
+    return {
+        "name": app_name,
+        "route_prefix": None,
+        "import_path": POOLS_IMPORT_PATH,
+        "args": {"config": config_to_mapping(config)},
+    }
+
+
+def with_app(current: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``current`` (a PUT body) with the application ``entry`` added, or replacing the one of
+    its name; every other app is sent back unchanged."""
+    schema = copy.deepcopy(dict(current))
+    apps = [a for a in schema.get("applications", []) if a.get("name") != entry["name"]]
+    schema["applications"] = [*apps, dict(entry)]
+    return schema
 
 
 def planner_kwargs(config: ClusterConfig) -> dict[str, Any]:
@@ -100,7 +128,9 @@ def scaled_schema(
     """``current`` (a PUT body) with deployments of ``app_name`` set to fixed replica counts.
 
     ``replicas`` maps a deployment name (``Prefill``, ``Decode``) to its new count. A pool that
-    autoscaled gets a fixed count: its ``autoscaling_config`` is cleared for this deployment.
+    autoscaled gets a fixed count: its ``autoscaling_config`` is cleared for this deployment. A
+    count of 0 (Serve refuses a fixed 0) becomes the idle range that stays at 0
+    (``IDLE_POOL_AUTOSCALING``).
     """
     schema = copy.deepcopy(dict(current))
     apps = schema.get("applications", [])
@@ -115,6 +145,10 @@ def scaled_schema(
         if entry is None:
             entry = {"name": name}
             overrides.append(entry)
+        if count == 0:
+            entry.pop("num_replicas", None)
+            entry["autoscaling_config"] = dict(IDLE_POOL_AUTOSCALING)
+            continue
         entry["num_replicas"] = count
         entry["autoscaling_config"] = None  # a range set in code yields to the fixed count
     app["deployments"] = overrides

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from cluster.ops.deploy_schema import configured_schema, deploy_schema, scaled_schema
+from cluster.ops.deploy_schema import configured_schema, deploy_schema, scaled_schema, with_app
 from core.config import ClusterConfig
 from core.errors import ConfigError, UnavailableError
 
@@ -60,6 +60,10 @@ class ServeRest:
             )
         current = self._current_schema()
         self._call(self._client.deploy_applications, scaled_schema(current, app_name, replicas))
+
+    def deploy_app(self, entry: Mapping[str, Any]) -> None:
+        """Deploy (or update) one application ``entry``, keeping every other app as it is."""
+        self._call(self._client.deploy_applications, with_app(self._current_schema(), entry))
 
     def reconfigure(self, app_name: str, deployment: str, user_config: Mapping[str, Any]) -> None:
         """Set ``deployment``'s ``user_config``: its running replicas are reconfigured, none

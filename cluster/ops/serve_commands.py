@@ -151,17 +151,78 @@ def scale_command(
 
 
 def upgrade_command(
-    config: str = typer.Argument(..., help="The new cluster YAML (or a name under configs/)."),
+    config: str | None = typer.Argument(
+        None, help="The new cluster YAML (or a name under configs/); not with the rollout flags."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
+    stepped: bool = typer.Option(
+        False,
+        "--stepped",
+        help="Replace a model's pools as a stepped rollout (a second app, one replica per "
+        "step, the P:D ratio kept) instead of a redeploy.",
+    ),
+    pause: bool = typer.Option(
+        False, "--pause", help="Stop the stepped rollout after the step under way."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Drive a paused or stopped rollout on from the step reached."
+    ),
+    rollback: bool = typer.Option(
+        False, "--rollback", help="Walk the rollout's steps back until only the old version serves."
+    ),
+    drain_timeout_s: float | None = typer.Option(
+        None,
+        "--drain-timeout",
+        min=0.0,
+        help="Seconds a pool that lost a replica may take to finish its requests, then they "
+        "migrate (default: cluster.ops.rollout.DRAIN_TIMEOUT_S).",
+    ),
+    app_name: str = typer.Option("pdserve", "--app", help=_APP_HELP),
 ) -> None:
     """Move the running app to a new YAML: pool sizes and the ingress's own settings in place, a
     new checkpoint or engine options by replacing the model's replicas while the old ones
-    serve."""
+    serve; --pause, --resume and --rollback steer a stepped rollout."""
+    steering = [flag for flag, on in (("--pause", pause), ("--resume", resume),
+                                      ("--rollback", rollback)) if on]  # fmt: skip
+    if config is not None and not steering:
+        _upgrade_to(config, dry_run, stepped, drain_timeout_s)
+    elif len(steering) == 1 and config is None and not dry_run and not stepped:
+        _steer_rollout(steering[0], app_name, drain_timeout_s)
+    else:
+        fail("give a new config, or one of --pause, --resume, --rollback")
+
+
+def _steer_rollout(flag: str, app_name: str, drain_timeout_s: float | None) -> None:
+    from cluster.ops import upgrade_rollout
+    from cluster.ops.rollout import RolloutTimeouts
+
+    try:
+        if flag == "--pause":
+            state = upgrade_rollout.pause(app_name)
+            console.print(f"pausing after the step under way: {state.progress_line()}")
+            return
+        timeouts = RolloutTimeouts()
+        if drain_timeout_s is not None:
+            timeouts = RolloutTimeouts(drain_timeout_s=drain_timeout_s)
+        steer = upgrade_rollout.resume if flag == "--resume" else upgrade_rollout.rollback
+        state = steer(app_name, timeouts)
+    except PdserveError as e:
+        fail(e.message)
+        return
+    console.print(state.progress_line(), highlight=False)
+
+
+def _upgrade_to(config: str, dry_run: bool, stepped: bool, drain_timeout_s: float | None) -> None:
+    from cluster.ops.rollout import RolloutTimeouts
     from cluster.ops.upgrade import upgrade
     from cluster.serve.config_file import load_cluster_config
 
+    timeouts = RolloutTimeouts()
+    if drain_timeout_s is not None:
+        timeouts = RolloutTimeouts(drain_timeout_s=drain_timeout_s)
     try:
-        plan = upgrade(load_cluster_config(config), dry_run=dry_run)
+        cfg = load_cluster_config(config)
+        plan = upgrade(cfg, dry_run=dry_run, stepped=stepped, timeouts=timeouts)
     except PdserveError as e:
         fail(e.message)
         return
@@ -178,6 +239,11 @@ def upgrade_command(
         console.print(f"in place (no replica restarts): {applied}", highlight=False)
     if plan.redeploy_fields:
         console.print(f"with the redeploy: {', '.join(plan.redeploy_fields)}", highlight=False)
+    if stepped and plan.restarts and not dry_run:
+        from cluster.ops.status_view import rollout_line
+
+        console.print(rollout_line(cfg.cluster.app_name) or "", highlight=False)
+        return
     console.print("dry run: nothing changed" if dry_run else "upgraded")
 
 

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
+from cluster.ops.rollout_state import read_rollout
 from cluster.ops.run_state import RunState
 from cluster.planner.decisions import PlannerLog, decisions_key
 from cluster.serve.pool_options import (
@@ -104,7 +105,17 @@ def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:
         "pools": pools,
         "planner": None if planner is None else to_plain(planner),
         "control_plane": control_plane(state.endpoint),
+        "rollout": rollout_line(state.app_name),
     }
+
+
+def rollout_line(app_name: str) -> str | None:
+    """``rollout of tiny-moe: step 3/8: Prefill 2 old + 1 new, ...`` while a stepped rollout
+    is recorded (None: none)."""
+    rollout = read_rollout(app_name)
+    if rollout is None:
+        return None
+    return f"rollout of {rollout.model or app_name}: {rollout.progress_line()}"
 
 
 CONTROL_PLANE_COUNTERS = {
@@ -170,6 +181,8 @@ def render_status(status: dict[str, Any], console: Console, wide: bool | None = 
     else:
         _render_narrow(status, console)
     render_versions(status, console)
+    if status.get("rollout"):
+        console.print(status["rollout"], highlight=False)
     render_control_plane(status.get("control_plane"), console)
     if status.get("planner"):
         render_planner(from_plain(PlannerLog, status["planner"]), console)

@@ -7,7 +7,9 @@ what it can through Serve's own deployment updates: a plan that only resizes poo
 redeploy of the app from the new config. Serve's code version covers the app's args, so that
 redeploy replaces every deployment of the app (not only the changed ones), replica by replica
 while the old replicas serve — pairing by KV fingerprint keeps the two versions' prefill and
-decode apart meanwhile; the P:D-stepped order of ``rolling_steps`` is not driven yet. Fields the
+decode apart meanwhile. With ``stepped`` (``pdserve upgrade --stepped``) such a plan runs
+instead as a stepped rollout (:mod:`~cluster.ops.upgrade_rollout`): the new pools go up as a
+second app and replace the old ones replica by replica, keeping the P:D ratio. Fields the
 ingress alone reads (``cluster.serve.in_place``) are applied in place: the new values become the
 Ingress deployment's ``user_config`` and Serve calls its ``reconfigure``; no replica restarts.
 Routing fields of the pools' routers and the planner are in Serve's code version: applying them
@@ -20,13 +22,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cluster.ops import run_state
+from cluster.ops import run_state, upgrade_rollout
 from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
+from cluster.ops.rollout import RolloutTimeouts
 from cluster.ops.upgrade_plan import ModelIdentity, UpgradePlan, plan_upgrade
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.in_place import in_place_user_config, with_in_place
 from cluster.serve.pool_options import INGRESS_DEPLOYMENT, pool_deployment_name
+from cluster.serve.rollout_pools import FOLLOW_KEY, split_user_config
 from core.config import ClusterConfig
 from core.errors import UnavailableError, UpgradeRefusedError
 from engine.builtin import resolve_model
@@ -55,23 +59,43 @@ def running_config(app: dict[str, Any] | None, app_name: str) -> ClusterConfig:
         raise UpgradeRefusedError(
             f"app {app_name!r} was not deployed by pdserve (no config in its args)", param="app"
         ) from e
-    overrides: list[dict[str, Any]] = deployed.get("deployments") or []
+    fields, _ = split_user_config(ingress_user_config(app))
+    return with_in_place(load_cluster_config(mapping), fields)
+
+
+def ingress_user_config(app: dict[str, Any]) -> dict[str, Any] | None:
+    """The Ingress deployment's ``user_config`` in Serve's app details ``app`` (None: unset)."""
+    overrides: list[dict[str, Any]] = app.get("deployed_app_config", {}).get("deployments") or []
     ingress: dict[str, Any] = next(
         (d for d in overrides if d.get("name") == INGRESS_DEPLOYMENT), {}
     )
-    return with_in_place(load_cluster_config(mapping), ingress.get("user_config"))
+    user_config: dict[str, Any] | None = ingress.get("user_config")
+    return user_config
 
 
-def upgrade(new: ClusterConfig, *, dry_run: bool = False) -> UpgradePlan:
+def upgrade(
+    new: ClusterConfig,
+    *,
+    dry_run: bool = False,
+    stepped: bool = False,
+    timeouts: RolloutTimeouts | None = None,
+) -> UpgradePlan:
     """Plan the upgrade of the running app to ``new`` and, unless ``dry_run``, apply it;
-    returns the plan. Raises :class:`UpgradeRefusedError` for what cannot be applied."""
+    returns the plan. With ``stepped``, a plan that replaces a model's pools runs as a stepped
+    rollout (:func:`cluster.ops.upgrade_rollout.start`) instead of a redeploy. Raises
+    :class:`UpgradeRefusedError` for what cannot be applied."""
     app_name = new.cluster.app_name
     url, address, auth_mode = run_state.target(app_name, None, "auto")
     with attached(address, auth_mode=auth_mode):
         rest = ServeRest(url)
-        current = running_config(rest.app_details(app_name), app_name)
+        app = rest.app_details(app_name)
+        current = running_config(app, app_name)
         plan = plan_upgrade(current, new, model_identity)
         if dry_run or plan.empty:
+            return plan
+        upgrade_rollout.refuse_while_recorded(app_name)
+        if plan.restarts and stepped:
+            upgrade_rollout.start(rest, current, new, plan, timeouts or RolloutTimeouts())
             return plan
         if plan.restarts:
             logger.info("upgrading %s: replacing the pools of %s", app_name, _restarting(plan))
@@ -87,7 +111,11 @@ def upgrade(new: ClusterConfig, *, dry_run: bool = False) -> UpgradePlan:
             )
         if plan.ingress_fields:
             logger.info("upgrading %s in place: %s", app_name, ", ".join(plan.ingress_fields))
-            rest.reconfigure(app_name, INGRESS_DEPLOYMENT, in_place_user_config(new))
+            _, followed = split_user_config(ingress_user_config(app or {}))
+            user_config = in_place_user_config(new)
+            if followed:  # a stepped rollout's second app stays followed
+                user_config[FOLLOW_KEY] = followed
+            rest.reconfigure(app_name, INGRESS_DEPLOYMENT, user_config)
         resized = _resized(plan, new)
         if resized:
             rest.scale(app_name, resized)

@@ -36,6 +36,7 @@ class RouterSettings:
     use_index: bool = True  # follow the KV index actor (off: load-only, e.g. no actor)
     namespace: str = "pdserve"
     poll_interval_s: float = 0.05
+    index_app: str = ""  # the app whose KV index to follow (empty: the router's own)
     max_staleness_s: float = 5.0
     index_shards: int = 1  # ``routing.kv_index_shards``: how many index actors to follow
     index_stride: int = 1  # ``routing.kv_index_stride``: one block hash in this many indexed

@@ -101,7 +101,7 @@ class PdserveRequestRouter(RequestRouter):
         self._deployment_name = ""  # the pool's Serve deployment, as its replicas name it
         self.index_source: IndexSource = (
             ActorIndexSource(
-                self.app_name,
+                self.settings.index_app or self.app_name,
                 namespace=self.settings.namespace,
                 metrics=self.metrics,
                 poll_interval_s=self.settings.poll_interval_s,

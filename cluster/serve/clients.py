@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import random
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -30,6 +31,7 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from cluster.ingress.dispatch.versioned_pools import app_of_actor
 from cluster.serve.stats_board import decode_reports
 from core.codec import from_plain, to_plain
 from core.errors import OverloadedError, UnavailableError
@@ -77,6 +79,7 @@ class PoolWatch:
         self._refresh_s = refresh_s
         self._num_live: dict[str, int] = {}
         self._fingerprints: dict[str, dict[str, int]] = {}
+        self._fingerprint_apps: dict[str, dict[str, Counter[str]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._epoch: str | None = None
         self.unavailable_total = 0
@@ -102,6 +105,16 @@ class PoolWatch:
         """Live replicas of ``pool`` by KV fingerprint (``ReplicaStats.kv_fingerprint``)."""
         return self._fingerprints.get(pool, {})
 
+    def app_of(self, pool: str, fingerprint: str) -> str | None:
+        """A Serve app whose live replicas of ``pool`` run ``fingerprint`` (a stepped rollout's
+        two versions run in two apps), drawn by their count when both do (a change that keeps
+        the fingerprint); None when none reports it."""
+        apps = self._fingerprint_apps.get(pool, {}).get(fingerprint)
+        if not apps:
+            return None
+        names = sorted(apps)
+        return names[0] if len(names) == 1 else random.choices(names, [apps[n] for n in names])[0]
+
     async def snapshot(self) -> dict[str, list[ReplicaReport]]:
         """The board's current reports by role (also refreshes the live counts)."""
         view: dict[str, Any] = await self._board.view.remote()
@@ -115,6 +128,13 @@ class PoolWatch:
             role: dict(Counter(r.stats.kv_fingerprint for r in replicas))
             for role, replicas in reports.items()
         }
+        self._fingerprint_apps = {}
+        for role, replicas in reports.items():
+            apps = self._fingerprint_apps.setdefault(role, {})
+            for r in replicas:
+                app = app_of_actor(r.actor_name)
+                if app is not None:
+                    apps.setdefault(r.stats.kv_fingerprint, Counter())[app] += 1
         return reports
 
     async def stats_by_role(self) -> dict[str, dict[str, ReplicaStats]]:

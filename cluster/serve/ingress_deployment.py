@@ -16,6 +16,10 @@ as a plain ``RoutingSnapshot``.
 In place: Serve calls :meth:`IngressDeployment.reconfigure` with the Ingress deployment's
 ``user_config`` (what ``pdserve upgrade`` sets for the fields the ingress alone reads); the
 replica rebuilds its app and swaps it behind the ASGI app Serve mounted, restarting nothing.
+The same ``user_config`` names the apps a stepped rollout runs new pools in
+(``cluster.serve.rollout_pools.FOLLOW_KEY``): a model with one gets versioned pool clients
+(``cluster.ingress.dispatch.versioned_pools``) that send each request to the app whose replicas
+run its fingerprint.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from prometheus_client import ProcessCollector
@@ -32,7 +37,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.ingress import IngressApp, RequestGate, create_app
-from cluster.ingress.dispatch.pool_clients import PrefillClient
+from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient
+from cluster.ingress.dispatch.versioned_pools import VersionedDecodeClient, VersionedPrefillClient
 from cluster.ingress.model_table import ModelEndpoint
 from cluster.routing.kv_index.actor import INDEX_NAMESPACE
 from cluster.routing.kv_index.follower import ActorIndexSource
@@ -50,6 +56,8 @@ from cluster.serve.fault_admin import ServeFaultAdmin
 from cluster.serve.in_place import with_in_place
 from cluster.serve.ingress_setup import build_ingress_settings
 from cluster.serve.lora_admin import ServeLoRAAdmin
+from cluster.serve.pool_options import pool_deployment_name
+from cluster.serve.rollout_pools import split_user_config
 from cluster.serve.swappable_asgi import SwappableAsgi
 from core.codec import to_plain
 from core.config import ClusterConfig, ServedModel
@@ -193,6 +201,7 @@ class IngressDeployment:
         )
         self._index.ensure_started()
         self._pools, self._board = pools, board
+        self._pools_apps: dict[str, str] = {}  # served name -> its rollout's second app
         self._base_config = self._config = cluster_config
         self._ingress = self._build_ingress(cluster_config)
         self._asgi = SwappableAsgi(self._ingress.asgi)
@@ -222,9 +231,11 @@ class IngressDeployment:
         ``cluster.serve.in_place``): rebuild the app from the deployed config overlaid with
         ``user_config`` and serve the next requests from it; requests in flight finish on the
         old one, and no replica restarts. The rebuilt app starts its metrics from zero."""
-        config = with_in_place(self._base_config, user_config)
-        if config == self._config:
+        fields, pools_apps = split_user_config(user_config)
+        config = with_in_place(self._base_config, fields)
+        if config == self._config and pools_apps == self._pools_apps:
             return
+        self._pools_apps = pools_apps
         self._ingress = self._build_ingress(config)
         self._config = config
         self._asgi.swap(self._ingress.asgi)
@@ -247,13 +258,46 @@ class IngressDeployment:
         prefill_client: PrefillClient = NoPrefillPool()
         if prefill is not None:
             prefill_client = ServePrefillClient(prefill, self._watch, served.pool_key("prefill"))
+        decode_client: DecodeClient = ServeDecodeClient(decode, self._watch, decode_pool)
+        second_app = self._pools_apps.get(served.name)
+        if second_app is not None:
+            prefill_client, decode_client = self._versioned_clients(
+                served, second_app, prefill_client, decode_client
+            )
         return ModelEndpoint(
             Tokenizer.from_dir(model_dir),
             prefill_client,
-            ServeDecodeClient(decode, self._watch, decode_pool),
+            decode_client,
             build_ingress_settings(config, served, model_dir),
             cached_blocks,
             PoolVersions(self._watch, served.pool_key("prefill"), decode_pool),
+        )
+
+    def _versioned_clients(
+        self,
+        served: ServedModel,
+        second_app: str,
+        prefill: PrefillClient,
+        decode: DecodeClient,
+    ) -> tuple[PrefillClient, DecodeClient]:
+        """``served``'s pool clients over the running app's pools and ``second_app``'s (a
+        stepped rollout's new version), each request sent by its fingerprint."""
+        home = serve.get_replica_context().app_name
+        prefill_pool, decode_pool = served.pool_key("prefill"), served.pool_key("decode")
+
+        def handle(role: str) -> DeploymentHandle:
+            return serve.get_deployment_handle(pool_deployment_name(role, served.scope), second_app)
+
+        prefills: dict[str, PrefillClient] = {home: prefill}
+        if not isinstance(prefill, NoPrefillPool):
+            prefills[second_app] = ServePrefillClient(handle("prefill"), self._watch, prefill_pool)
+        decodes: dict[str, DecodeClient] = {
+            home: decode,
+            second_app: ServeDecodeClient(handle("decode"), self._watch, decode_pool),
+        }
+        return (
+            VersionedPrefillClient(prefills, home, partial(self._watch.app_of, prefill_pool)),
+            VersionedDecodeClient(decodes, home, partial(self._watch.app_of, decode_pool)),
         )
 
     def __serve_build_asgi_app__(self) -> SwappableAsgi:

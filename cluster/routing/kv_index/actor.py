@@ -231,10 +231,14 @@ class IndexPublisherFactory:
     heartbeat_s: float = 2.0
     num_shards: int = 1
     stride: int = 1
+    index_app: str = ""
+    """The app whose index to publish to (empty: the replica's own; a rolling upgrade's second
+    app names the running one)."""
 
     def start(self, replica_id: str, app_name: str) -> IndexPublisher:
         """Create the relay and start the pump thread for one replica (publishing to the
         shard that follows it)."""
+        app_name = self.index_app or app_name
         relay = KVEventRelay(stride=self.stride)
         shard = shard_of(replica_id, self.num_shards)
         sink = ActorIndexSink(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,7 +53,8 @@ class FakeRest:
 
 
 @pytest.fixture
-def rest(monkeypatch: pytest.MonkeyPatch) -> FakeRest:
+def rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRest:
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))  # no rollout recorded
     fake = FakeRest({"deployed_app_config": {"args": {"config": config_to_mapping(RUNNING)}}})
 
     @contextlib.contextmanager

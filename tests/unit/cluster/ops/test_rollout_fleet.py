@@ -1,0 +1,101 @@
+"""The Serve side of the rollout seam over a fake REST API and board: a step is an in-place
+``num_replicas`` update of one app's pool deployment; health joins Serve's replica states with
+the stats board's fresh reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from ray.serve.schema import DeploymentSchema
+
+from cluster.ops.deploy_schema import scaled_schema
+from cluster.ops.rollout import PoolHealth, Version
+from cluster.ops.rollout_fleet import ServeRolloutFleet
+from cluster.serve.rollout_pools import hold_at_zero
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FakeRest:
+    def __init__(self, apps: dict[str, dict[str, Any]]) -> None:
+        self.apps = apps
+        self.scaled: list[tuple[str, dict[str, int]]] = []
+
+    def app_details(self, app_name: str) -> dict[str, Any] | None:
+        return self.apps.get(app_name)
+
+    def scale(self, app_name: str, replicas: Mapping[str, int]) -> None:
+        self.scaled.append((app_name, dict(replicas)))
+
+
+def deployment(status: str, *replicas: tuple[str, str]) -> dict[str, Any]:
+    return {"status": status, "replicas": [{"replica_id": i, "state": s} for i, s in replicas]}
+
+
+def report(replica_id: str, **stats: int) -> dict[str, Any]:
+    return {"replica_id": replica_id, "role": "decode", "stats": stats}
+
+
+APPS = {Version.OLD: "pdserve", Version.NEW: "pdserve-next"}
+
+
+def test_a_step_scales_one_deployment_of_the_versions_app() -> None:
+    rest = FakeRest({})
+    fleet = ServeRolloutFleet(rest, dict, APPS, "")
+    fleet.set_replicas(Version.NEW, "decode", 2)
+    fleet.set_replicas(Version.OLD, "prefill", 0)
+    assert rest.scaled == [("pdserve-next", {"Decode": 2}), ("pdserve", {"Prefill": 0})]
+
+
+def test_a_scoped_model_scales_its_own_pool() -> None:
+    rest = FakeRest({})
+    ServeRolloutFleet(rest, dict, APPS, "qwen").set_replicas(Version.NEW, "decode", 1)
+    assert rest.scaled == [("pdserve-next", {"Decode-qwen": 1})]
+
+
+def test_health_counts_running_replicas_that_report_and_their_requests() -> None:
+    rest = FakeRest(
+        {
+            "pdserve": {"deployments": {"Decode": deployment(
+                "UPDATING", ("a", "RUNNING"), ("b", "STOPPING"), ("c", "STARTING")
+            )}},
+        }
+    )  # fmt: skip
+    board = {"decode": [report("a", num_running=2, num_waiting=1), report("b", num_running=3)]}
+    fleet = ServeRolloutFleet(rest, lambda: board, APPS, "")
+    assert fleet.health(Version.OLD, "decode") == PoolHealth(3, 1, 0, 6)
+
+
+def test_a_running_replica_not_yet_on_the_board_is_not_healthy() -> None:
+    rest = FakeRest(
+        {"pdserve-next": {"deployments": {"Decode": deployment("HEALTHY", ("n", "RUNNING"))}}}
+    )
+    fleet = ServeRolloutFleet(rest, dict, APPS, "")
+    assert fleet.health(Version.NEW, "decode") == PoolHealth(1, 0, 0, 0)
+
+
+def test_a_failed_deployment_counts_as_a_failed_replica() -> None:
+    rest = FakeRest({"pdserve-next": {"deployments": {"Prefill": deployment("DEPLOY_FAILED")}}})
+    fleet = ServeRolloutFleet(rest, dict, APPS, "")
+    assert fleet.health(Version.NEW, "prefill") == PoolHealth(0, 0, 1, 0)
+    assert fleet.health(Version.OLD, "prefill") == PoolHealth(0, 0, 0, 0)  # app not deployed
+
+
+def test_a_pool_set_to_0_is_held_by_an_idle_range_serve_accepts() -> None:
+    current = {
+        "applications": [{"name": "a", "deployments": [{"name": "Decode", "num_replicas": 2}]}]
+    }
+    (app,) = scaled_schema(current, "a", {"Decode": 0, "Prefill": 1})["applications"]
+    decode, prefill = app["deployments"]
+    assert "num_replicas" not in decode
+    idle = decode["autoscaling_config"]
+    assert (idle["min_replicas"], idle["max_replicas"], idle["initial_replicas"]) == (0, 1, 0)
+    assert idle["policy"] == {"policy_function": "cluster.serve.rollout_pools:hold_at_zero"}
+    assert hold_at_zero(None) == (0, {})
+    assert prefill == {"name": "Prefill", "num_replicas": 1, "autoscaling_config": None}
+    for entry in (decode, prefill):
+        DeploymentSchema(**entry)  # what Serve validates the PUT with
+    with pytest.raises(ValueError, match="greater than 0"):
+        DeploymentSchema(name="Decode", num_replicas=0)  # why 0 is not a fixed count

@@ -1,0 +1,166 @@
+"""``pdserve upgrade --stepped CONFIG`` against a fake Serve REST API and fleet: a new
+checkpoint deploys the new pools as a second app, has the ingress follow it and walks every
+step; what a stepped rollout cannot do is refused before anything moves; an in-place upgrade
+keeps the followed app, and the running config ignores it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.ops import rollout_state, upgrade_rollout
+from cluster.ops import upgrade as upgrade_module
+from cluster.ops.rollout import PoolHealth, RolloutTimeouts, Version
+from cluster.ops.rollout_state import RolloutPhase, RolloutState
+from cluster.ops.upgrade_plan import ModelIdentity
+from cluster.serve.config_file import config_to_mapping, load_cluster_config
+from cluster.serve.in_place import in_place_user_config
+from cluster.serve.rollout_pools import FOLLOW_KEY
+from core.config import ClusterConfig, Role
+from core.errors import UpgradeRefusedError
+
+pytestmark = pytest.mark.timeout(30)
+
+RUNNING = load_cluster_config(
+    {
+        "model": {"name": "/models/a", "served_name": "llama"},
+        "prefill": {"num_replicas": 1},
+        "decode": {"num_replicas": 2},
+    }
+)
+FAST = RolloutTimeouts(poll_s=0.0)
+
+
+@dataclass
+class FakeRest:
+    app: dict[str, Any]
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+
+    def app_details(self, app_name: str) -> dict[str, Any] | None:
+        return self.app
+
+    def deploy_app(self, entry: Mapping[str, Any]) -> None:
+        self.calls.append(("deploy_app", dict(entry)))
+
+    def wait_running(self, app_name: str, timeout_s: float) -> dict[str, Any]:
+        self.calls.append(("wait_running", app_name))
+        return {}
+
+    def scale(self, app_name: str, replicas: dict[str, int]) -> None:
+        self.calls.append(("scale", replicas))
+
+    def reconfigure(self, app_name: str, deployment: str, user_config: dict[str, Any]) -> None:
+        self.calls.append(("reconfigure", (deployment, user_config)))
+
+
+class InstantFleet:
+    def __init__(self) -> None:
+        self.sizes: dict[tuple[Version, Role], int] = {}
+
+    def set_replicas(self, version: Version, role: Role, num_replicas: int) -> None:
+        self.sizes[(version, role)] = num_replicas
+
+    def health(self, version: Version, role: Role) -> PoolHealth:
+        size = self.sizes.get((version, role), 0)
+        return PoolHealth(size, size, 0, 0)
+
+
+@pytest.fixture
+def rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRest:
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    fake = FakeRest({"deployed_app_config": {"args": {"config": config_to_mapping(RUNNING)}}})
+
+    @contextlib.contextmanager
+    def attached(address: str, auth_mode: str | None = None) -> Iterator[None]:
+        yield
+
+    monkeypatch.setattr(upgrade_module, "ServeRest", lambda url: fake)
+    monkeypatch.setattr(upgrade_module, "attached", attached)
+    monkeypatch.setattr(
+        upgrade_module.run_state, "target", lambda *args: ("http://dash", "auto", None)
+    )
+    monkeypatch.setattr(
+        upgrade_module, "model_identity", lambda name: ModelIdentity("LlamaForCausalLM", 256)
+    )
+    monkeypatch.setattr(upgrade_rollout, "ServeRolloutFleet", lambda *args: InstantFleet())
+    return fake
+
+
+def new(**changes: Any) -> ClusterConfig:
+    return load_cluster_config({**config_to_mapping(RUNNING), **changes})
+
+
+NEW_CHECKPOINT = {"model": {"name": "/models/b", "served_name": "llama"}}
+
+
+def test_a_stepped_upgrade_deploys_a_second_app_and_walks_every_step(rest: FakeRest) -> None:
+    plan = upgrade_module.upgrade(new(**NEW_CHECKPOINT), stepped=True, timeouts=FAST)
+    assert plan.restarts
+    (deploy, wait, reconfigure) = rest.calls
+    assert deploy[0] == "deploy_app" and deploy[1]["name"] == "pdserve-rollout"
+    assert deploy[1]["import_path"] == "cluster.app:build_pools_app"
+    assert deploy[1]["route_prefix"] is None
+    assert deploy[1]["args"]["config"]["model"]["name"] == "/models/b"
+    assert wait == ("wait_running", "pdserve-rollout")
+    assert reconfigure == (
+        "reconfigure",
+        ("Ingress", {**in_place_user_config(RUNNING), FOLLOW_KEY: {"llama": "pdserve-rollout"}}),
+    )
+    done = rollout_state.read_rollout("pdserve")
+    assert done is not None and done.phase is RolloutPhase.DONE and done.step == 3
+    assert (done.num_prefill, done.num_decode, done.new_app) == (1, 2, "pdserve-rollout")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({**NEW_CHECKPOINT, "decode": {"num_replicas": 3}},
+         "keeps fixed pool sizes; decode runs 2"),
+        ({**NEW_CHECKPOINT, "disaggregation": {"local_prefill_threshold_tokens": 7}},
+         "changes pools only; disaggregation changed too"),
+    ],
+)  # fmt: skip
+def test_what_a_stepped_rollout_cannot_do_is_refused_before_anything_moves(
+    rest: FakeRest, changes: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(UpgradeRefusedError, match=message):
+        upgrade_module.upgrade(new(**changes), stepped=True, timeouts=FAST)
+    assert rest.calls == [] and rollout_state.read_rollout("pdserve") is None
+
+
+@pytest.mark.parametrize(
+    ("phase", "message"), [(RolloutPhase.PAUSED, "--resume"), (RolloutPhase.DONE, "not supported")]
+)
+def test_a_recorded_rollout_blocks_another(
+    rest: FakeRest, phase: RolloutPhase, message: str
+) -> None:
+    rollout_state.write_rollout(RolloutState("pdserve", "", "pdserve-rollout", 1, 2, 1, phase))
+    with pytest.raises(UpgradeRefusedError, match=message):
+        upgrade_module.upgrade(new(**NEW_CHECKPOINT), stepped=True, timeouts=FAST)
+    with pytest.raises(UpgradeRefusedError, match=message):  # nor a resize in place
+        upgrade_module.upgrade(new(decode={"num_replicas": 3}))
+    assert rest.calls == []
+
+
+def test_without_stepped_a_new_checkpoint_still_redeploys(rest: FakeRest) -> None:
+    rest.deploy = lambda config: rest.calls.append(("deploy", config))  # type: ignore[attr-defined]
+    upgrade_module.upgrade(new(**NEW_CHECKPOINT))
+    assert [name for name, _ in rest.calls] == ["deploy", "wait_running"]
+
+
+def test_an_in_place_upgrade_keeps_the_followed_app(rest: FakeRest) -> None:
+    followed = {FOLLOW_KEY: {"llama": "pdserve-rollout"}}
+    rest.app["deployed_app_config"]["deployments"] = [
+        {"name": "Ingress", "user_config": {**in_place_user_config(RUNNING), **followed}}
+    ]
+    target = new(routing={"migration_limit": 5})
+    assert upgrade_module.running_config(rest.app, "pdserve") == RUNNING
+    upgrade_module.upgrade(target)
+    assert rest.calls == [
+        ("reconfigure", ("Ingress", {**in_place_user_config(target), **followed}))
+    ]

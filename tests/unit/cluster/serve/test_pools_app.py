@@ -1,0 +1,142 @@
+"""A rolling upgrade's second app: only the new version's pools, each at 0 replicas, their
+replicas reporting to the running app's stats board and KV index and their routers following
+that index; the running app's own pools are built as before."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from ray.serve import Application
+
+from cluster.routing.kv_index.actor import IndexPublisherFactory
+from cluster.routing.router_kwargs import RouterSettings
+from cluster.serve.app_builder import build_app, build_app_from_config, build_pools_app
+from cluster.serve.clients import PoolWatch
+from cluster.serve.config_file import config_to_mapping, load_cluster_config
+from cluster.serve.rollout_pools import FOLLOW_KEY, ROLLOUT_ROOT_DEPLOYMENT, split_user_config
+from cluster.serve.stats_board import BoardReporter, StatsBoard
+from core.codec import to_plain
+from core.errors import ConfigError
+from core.stats import ReplicaReport, ReplicaStats
+from replica import ReplicaHooks
+
+pytestmark = pytest.mark.timeout(30)
+
+NEW = {
+    "model": {"name": "builtin:tiny-moe"},
+    "prefill": {"num_replicas": 2},
+    "decode": {"num_replicas": 3},
+    "cluster": {"app_name": "pdserve"},
+}
+
+
+def pools_of(app: Application) -> dict[str, Any]:
+    root = app._bound_deployment
+    (pools,) = root.init_args
+    return {
+        "root": root,
+        **{role: next(iter(pools.values()))[i] for i, role in enumerate(("prefill", "decode"))},
+    }
+
+
+def hooks_of(hooks: Any) -> tuple[BoardReporter, IndexPublisherFactory]:
+    """A pool's stats reporter and KV event publisher factory, as the builder made them."""
+    assert isinstance(hooks, ReplicaHooks)
+    reporter, publisher = hooks.stats_reporter, hooks.kv_events
+    assert isinstance(reporter, BoardReporter) and isinstance(publisher, IndexPublisherFactory)
+    return reporter, publisher
+
+
+def router(app: Application) -> RouterSettings:
+    config = app._bound_deployment._deployment_config.request_router_config
+    return RouterSettings.from_kwargs(config.request_router_kwargs)
+
+
+def test_the_pools_app_reports_to_the_running_app_and_starts_empty() -> None:
+    built = pools_of(build_pools_app({"config": NEW}))
+    assert built["root"].name == ROLLOUT_ROOT_DEPLOYMENT
+    for role, name in (("prefill", "Prefill"), ("decode", "Decode")):
+        deployment = built[role]._bound_deployment
+        assert deployment.name == name
+        autoscaling = deployment._deployment_config.autoscaling_config
+        assert (autoscaling.min_replicas, autoscaling.initial_replicas) == (0, 0)
+        reporter, publisher = hooks_of(deployment.init_args[1])
+        assert reporter.app_name == "pdserve" and publisher.index_app == "pdserve"
+        assert router(built[role]).index_app == "pdserve"
+
+
+def test_the_running_app_follows_its_own_index() -> None:
+    app = build_app_from_config(load_cluster_config(NEW))
+    pools = app._bound_deployment.init_args[0]
+    prefill, decode = next(iter(pools.values()))
+    assert decode._bound_deployment.num_replicas == 3
+    reporter, publisher = hooks_of(decode._bound_deployment.init_args[1])
+    assert reporter.app_name == "pdserve" and publisher.index_app == ""
+    assert router(prefill).index_app == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"config": {**NEW, "decode": {"autoscaling": {"min_replicas": 1, "max_replicas": 2}}}},
+         "decode is autoscaled"),
+        ({}, "application args need 'config'"),
+        ({"config": NEW, "home_app": "pdserve"}, "unknown application args: home_app"),
+    ],
+)  # fmt: skip
+def test_what_a_pools_app_cannot_be_is_refused(args: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_pools_app(args)
+
+
+def test_the_running_apps_builder_is_unchanged_by_the_new_option() -> None:
+    config = load_cluster_config(NEW)
+    assert "index_app" not in str(
+        build_app({"config": config_to_mapping(config)})._bound_deployment.init_args[0]
+    )
+
+
+def test_the_ingress_user_config_splits_into_fields_and_followed_apps() -> None:
+    user_config = {"routing.migration_limit": 2, FOLLOW_KEY: {"tiny-moe": "pdserve-next"}}
+    assert split_user_config(user_config) == (
+        {"routing.migration_limit": 2},
+        {"tiny-moe": "pdserve-next"},
+    )
+    assert split_user_config(None) == ({}, {})
+    with pytest.raises(ConfigError, match="maps served model names to app names"):
+        split_user_config({FOLLOW_KEY: ["pdserve-next"]})
+
+
+class BoardHandle:
+    def __init__(self, board: StatsBoard) -> None:
+        self.board = board
+        self.view = self
+
+    async def remote(self) -> dict[str, Any]:
+        return self.board.view()
+
+
+def test_the_pool_watch_knows_which_app_runs_each_fingerprint() -> None:
+    board = StatsBoard()
+    for replica_id, app, fingerprint in (("a", "pdserve", "old"), ("b", "pdserve-next", "new")):
+        stats = ReplicaStats(kv_fingerprint=fingerprint)
+        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
+        board.report(to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats)))
+    watch = PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert watch.app_of("decode", "new") == "pdserve-next"
+    assert watch.app_of("decode", "old") == "pdserve"
+    assert watch.app_of("decode", "gone") is None and watch.app_of("prefill", "new") is None
+
+
+def test_a_fingerprint_both_apps_run_is_spread_over_them() -> None:
+    board = StatsBoard()
+    for replica_id, app in (("a", "pdserve"), ("b", "pdserve-next")):
+        stats = ReplicaStats(kv_fingerprint="same")  # a change that keeps the KV layout
+        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
+        board.report(to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats)))
+    watch = PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert {watch.app_of("decode", "same") for _ in range(200)} == {"pdserve", "pdserve-next"}
