@@ -105,9 +105,9 @@ def _stacked_rows(
     span: tuple[int, int],
     device: torch.device,
 ) -> StackedRows:
-    one_hot = [[0.0] * (span[1] - span[0]) for _ in row_order]
+    one_hot = [[0] * (span[1] - span[0]) for _ in row_order]
     for i, (_, slot) in enumerate(row_order):
-        one_hot[i][slot - span[0]] = 1.0
+        one_hot[i][slot - span[0]] = 1
     every_row = len(row_order) == num_rows
     return StackedRows(
         rows=None if every_row else upload([row for row, _ in row_order], torch.long, device),
