@@ -158,7 +158,7 @@ def mixed_batch_tpot(args: argparse.Namespace, adapter_dir: Path) -> MixedBatch:
         loras.append(request)
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 200) for _ in range(args.prompt_tokens)] for _ in loras]
-    base = [None] * len(prompts)
+    base: list[LoRARequest | None] = [None] * len(prompts)
     tpot_ms(llm, prompts, loras, 2)  # warm-up: every adapter into its slot
     runs: dict[str, list[float]] = {"base": [], "mixed": [], "base_cpu": [], "mixed_cpu": []}
     for _ in range(args.repeats):  # interleaved, so both see the same machine

@@ -1,9 +1,14 @@
 """The LoRA delta in torch ops: the CPU path and the reference the Triton kernels match.
 
-A step of few rows per adapter (decode) takes every group at once: each row's A and B gathered
-by its slot, one batched matmul per projection segment, so the op count does not grow with the
-number of adapters in the batch. A step with long groups (prefill) loops over the groups, one
-matmul each, rather than copying an adapter's weights per row."""
+A step of short groups (decode, :class:`~engine.models.lora.batch.StackedRows` set) takes every
+slot of the step's span at once, the op count independent of the number of adapters and no
+adapter weights copied: one shrink of the rows against every slot's A, stacked
+``[span * G * R, in]``; the product masked to each row's own slot (times its scale), and one
+expand per segment against every slot's B, stacked ``[span * R, out]``. The expand's B is a view
+when the slots keep B rank-major (:class:`~engine.models.lora.slots.LoRASlots` on the torch
+path), a copy otherwise. A step with long groups (prefill) loops over the groups, one matmul
+each, rather than multiplying every row by every slot.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.models.lora.batch import LoRABatch
+from engine.models.lora.batch import LoRABatch, StackedRows
 
 
 def add_lora_delta_torch(
@@ -25,8 +30,8 @@ def add_lora_delta_torch(
 ) -> None:
     """``y[rows of slot s, segment j] += scale_s * (x[rows] @ A_sj^T) @ B_sj^T`` for every
     group of ``batch``, in place; rows of the base model are left alone."""
-    if batch.max_group_len <= _MAX_GATHERED_GROUP_LEN and batch.num_groups > 1:
-        _add_gathered(x, y, a, b, scales, segments, batch)
+    if batch.stacked is not None:
+        _add_stacked(x, y, a, b, scales, segments, batch.slot_span, batch.stacked)
         return
     max_rank = b.shape[-1]
     for slot, start, length in batch.host_groups:
@@ -39,27 +44,34 @@ def add_lora_delta_torch(
         y.index_add_(0, rows, delta)
 
 
-_MAX_GATHERED_GROUP_LEN = 4
-"""Groups of at most this many rows take the gathered path (see the module docstring)."""
-
-
-def _add_gathered(
+def _add_stacked(
     x: torch.Tensor,  # [T, in]
     y: torch.Tensor,  # [T, out]
     a: torch.Tensor,  # [S, G * R, in]
     b: torch.Tensor,  # [S, out, R]
     scales: torch.Tensor,  # [S] float32
     segments: Sequence[tuple[int, int]],
-    batch: LoRABatch,
+    slot_span: tuple[int, int],
+    stacked: StackedRows,
 ) -> None:
-    max_rank = b.shape[-1]
-    rows, slots = batch.sorted_rows, batch.row_slots  # [N], [N]
-    xs = x.index_select(0, rows).unsqueeze(-1)  # [N, in, 1]
-    shrunk = torch.bmm(a.index_select(0, slots), xs)  # [N, G * R, 1]
-    b_rows = b.index_select(0, slots)  # [N, out, R]
-    row_scales = scales.index_select(0, slots).to(y.dtype).unsqueeze(-1)  # [N, 1]
-    delta = torch.empty((rows.shape[0], y.shape[1]), dtype=y.dtype, device=y.device)  # [N, out]
+    first_slot, end_slot = slot_span
+    span, rank, num_segments = end_slot - first_slot, b.shape[-1], len(segments)
+    xs = x if stacked.rows is None else x.index_select(0, stacked.rows)  # [N, in]
+    num_rows = xs.shape[0]
+    a_span = a[first_slot:end_slot].reshape(span * num_segments * rank, -1)  # [span*G*R, in]
+    shrunk = (xs @ a_span.T).view(num_rows, span, num_segments, rank)  # [N, span, G, R]
+    row_scales = (stacked.one_hot * scales[first_slot:end_slot]).to(y.dtype)  # [N, span]
+    # NOTE: the mask zeroes every slot but the row's own, so the expand below sums only it
+    masked = torch.empty(
+        (num_rows, num_segments, span, rank), dtype=y.dtype, device=y.device
+    )  # [N, G, span, R]
+    torch.mul(shrunk.transpose(1, 2), row_scales.view(num_rows, 1, span, 1), out=masked)
+    b_span = b[first_slot:end_slot].transpose(1, 2).reshape(span * rank, -1)  # [span*R, out]
+    out = y  # every row of the step is an adapter row: the expand adds into y itself
+    if stacked.rows is not None:
+        out = torch.zeros((num_rows, y.shape[1]), dtype=y.dtype, device=y.device)  # [N, out]
     for j, (first, end) in enumerate(segments):
-        part = shrunk[:, j * max_rank : (j + 1) * max_rank]  # [N, R, 1]
-        delta[:, first:end] = torch.bmm(b_rows[:, first:end], part).squeeze(-1) * row_scales
-    y.index_add_(0, rows, delta)
+        expand = masked[:, j].view(num_rows, span * rank)  # [N, span * R]
+        out[:, first:end].addmm_(expand, b_span[:, first:end])
+    if stacked.rows is not None:
+        y.index_add_(0, stacked.rows, out)

@@ -4,9 +4,11 @@ A linear may fuse several projections (QKV, gate/up): each is a *segment*, a ran
 output columns. Slot ``s`` holds every segment's A stacked by rows, ``a[s]`` [G * R, in]
 (segment ``j``'s A in rows ``j*R : j*R + rank``, the rest zero) and B in its own output
 columns, ``b[s]`` [out, R] (columns past the adapter's rank zero), plus the adapter's scale.
-The delta of a row under slot ``s`` is ``scale * (x @ A_j^T) @ B_j^T`` written into segment
-``j``'s columns: a shrink to ``G * R`` values, then one expand per segment. A segment the
-adapter does not target stays zero in that slot.
+The Triton kernels read B row-major in that shape; the torch path keeps it rank-major
+underneath (``b`` a transposed view). The delta of a row under slot ``s`` is
+``scale * (x @ A_j^T) @ B_j^T`` written into segment ``j``'s columns: a shrink to ``G * R``
+values, then one expand per segment. A segment the adapter does not target stays zero in that
+slot.
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ class LoRASlots:
         out_features = self.segments[-1][1]
         rows = len(self.segments) * max_rank
         self.a = torch.zeros(num_slots, rows, in_features, dtype=dtype, device=device)
-        self.b = torch.zeros(num_slots, out_features, max_rank, dtype=dtype, device=device)
+        # [S, out, R]; on the torch path a view of rank-major storage [S, R, out], so the
+        # stacked delta's expand reads every slot's B as one [S * R, out] matrix, uncopied
+        shape = (
+            (num_slots, out_features, max_rank) if fused else (num_slots, max_rank, out_features)
+        )
+        b = torch.zeros(shape, dtype=dtype, device=device)
+        self.b = b if fused else b.transpose(1, 2)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=device)
 
     def set_slot(
