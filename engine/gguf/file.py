@@ -107,4 +107,3 @@ class GGUFFile:
                     + ", ".join(t.name for t in SUPPORTED_TENSOR_TYPES),
                     param=tensor.name,
                 )
-

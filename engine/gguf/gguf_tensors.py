@@ -11,11 +11,11 @@ engine, like transformers, rotates the halves.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-
 from collections.abc import Mapping
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from engine.gguf.file import GGUFFile
 from engine.gguf.names import PERMUTED_KEYS, TensorRef, hf_names
