@@ -1,6 +1,7 @@
 """The tensor table saved in a GGUF file's metadata directory: a load from a current directory
-parses nothing and reads what a parse would; a changed file is parsed again (its stale table
-unused) and its directory rewritten with the new table; a table longer than the file refuses."""
+parses nothing and reads what a parse would (one without a table parses the file); a changed file
+is parsed again (its stale table unused) and its directory rewritten with the new table; a table
+longer than the file refuses."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from engine.builtin import resolve_model
 from engine.builtin.resolve import ensure_gguf_dir
 from engine.gguf.file import GGUFFile
 from engine.gguf.gguf_tensors import GGUFTensors
-from engine.gguf.tensor_table import mapped_tensors, read_table, table_of
+from engine.gguf.tensor_table import TABLE_FILE, mapped_tensors, read_table, table_of
 from engine.models.config import ModelArchConfig
 from tests.unit.engine.gguf.gguf_files import Q, f32_everywhere, quantized, write_gguf
 
@@ -66,6 +67,10 @@ def test_a_current_directory_loads_without_parsing(tmp_path: Path, parses: Count
     tensors = GGUFTensors.open(directory, path, config)
     assert parses.paths == []
     assert_same_tensors(tensors, parsed(path, config))
+    (directory / TABLE_FILE).unlink()  # a directory without a table: the file is parsed
+    parses.paths.clear()
+    assert_same_tensors(GGUFTensors.open(directory, path, config), tensors)
+    assert parses.paths == [path]
 
 
 def test_a_changed_file_is_parsed_again_and_its_table_rewritten(
