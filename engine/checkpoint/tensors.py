@@ -15,7 +15,6 @@ from typing import Protocol
 import torch
 
 from engine.checkpoint.safetensors_files import SafetensorsTensors, checkpoint_files
-from engine.gguf.file import GGUFFile
 from engine.gguf.gguf_tensors import GGUFTensors
 from engine.gguf.sidecar import gguf_file_of
 from engine.models.config import ModelArchConfig
@@ -51,7 +50,7 @@ def open_checkpoint_tensors(
     tensors: CheckpointTensors = (
         SafetensorsTensors(checkpoint_files(model_dir))
         if gguf_path is None
-        else GGUFTensors(GGUFFile(gguf_path), config)
+        else GGUFTensors.open(Path(model_dir), gguf_path, config)
     )
     try:
         yield tensors

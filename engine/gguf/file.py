@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 
 from core.errors import ModelNotFoundError, UnsupportedArchitectureError, WeightLoadError
 
@@ -108,10 +107,3 @@ class GGUFFile:
                     + ", ".join(t.name for t in SUPPORTED_TENSOR_TYPES),
                     param=tensor.name,
                 )
-
-
-def dequantize(tensor: gguf.ReaderTensor, expert: int | None = None) -> np.ndarray:
-    """``tensor`` (or one expert of a stacked expert tensor) as a float array in HF order
-    ``[..., rows, cols]``; only those bytes are read from the mapped file."""
-    raw = tensor.data if expert is None else tensor.data[expert]
-    return np.asarray(gguf.dequantize(raw, tensor.tensor_type))

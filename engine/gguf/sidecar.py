@@ -1,8 +1,9 @@
 """A GGUF file seen as an HF checkpoint directory: its metadata as files, its weights in place.
 
 :func:`write_sidecar` turns the file's metadata into ``config.json``, the tokenizer files and
-``generation_config.json`` (see :mod:`engine.gguf.hf_config`, :mod:`engine.gguf.tokenizer_files`)
-plus a marker naming the GGUF file, so every reader of checkpoint directories — the model
+``generation_config.json`` (see :mod:`engine.gguf.hf_config`, :mod:`engine.gguf.tokenizer_files`),
+the tensor table (:mod:`engine.gguf.tensor_table`, so a load need not parse the file again) plus
+a marker naming the GGUF file, so every reader of checkpoint directories — the model
 config, the tokenizer, the ingress, the sizer — reads a GGUF model as it reads any other, and
 the loader reads the weights from the GGUF file itself (no copy of them is written). The marker
 records the file's size and modification time: a changed file makes the directory stale.
@@ -17,13 +18,14 @@ from typing import Any
 from core.errors import ConfigError
 from engine.gguf.file import GGUFFile
 from engine.gguf.hf_config import hf_config
+from engine.gguf.tensor_table import write_table
 from engine.gguf.tokenizer_files import write_tokenizer_files
 from engine.models.config import ModelArchConfig
 
 MARKER_FILE = "pdserve_gguf.json"
 CONFIG_FILE = "config.json"
 # NOTE: bump when anything written here changes: directories of an older version are rewritten
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def write_sidecar(gguf_path: Path, directory: Path) -> None:
@@ -36,6 +38,7 @@ def write_sidecar(gguf_path: Path, directory: Path) -> None:
         raise type(e)(f"GGUF file {str(file.path)!r}: {e.message}", param=e.param) from e
     _write_json(directory / CONFIG_FILE, config)
     write_tokenizer_files(file, directory)
+    write_table(file, directory)
     # NOTE: the marker goes last; its presence means the other files are complete
     _write_json(directory / MARKER_FILE, marker(gguf_path))
 

@@ -13,10 +13,14 @@ of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import gguf
 import pytest
 import torch
 import transformers
@@ -71,15 +75,32 @@ class Reference:
     logprobs: list[torch.Tensor]
 
 
+@contextlib.contextmanager
+def one_parse_per_file() -> Iterator[None]:
+    """transformers parses a GGUF file for its tokenizer, then twice for the model (config,
+    weights), seconds each: inside this block a file is parsed once and its reader, which they
+    only read, handed to every later opening."""
+    real = gguf.GGUFReader
+    parsed = functools.cache(real)
+
+    def reader(path: Any, *args: Any, **kwargs: Any) -> gguf.GGUFReader:
+        return parsed(str(path)) if not args and not kwargs else real(path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)
+        yield
+
+
 @pytest.fixture(scope="module")
 def reference() -> Reference:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = packaged_file(PACKAGED_MODELS["smollm2-135m-instruct"])
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    with one_parse_per_file():
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        ).eval()
     model.generation_config.eos_token_id = None  # run every answer to its full length
     prompts = [
         list(tokenizer.apply_chat_template([{"role": "user", "content": q}],
