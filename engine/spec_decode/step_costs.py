@@ -10,11 +10,6 @@ refitted every few records). ``per_verify_row`` carries what a speculating reque
 whatever its length (proposing, the host-side rejection sampler); ``per_draft`` what each draft
 adds to the forward. Nothing here is a guessed constant about the hardware: on a memory-bound
 GPU ``per_draft`` comes out near zero, on a CPU it is a good share of ``per_row``.
-
-The fit also keeps how well it explains those steps: the residuals' root mean square over the
-mean step (``noise``, 0.05 = steps scatter about 5% around the model). A draft must beat its
-cost by that much to count as paying, so a request whose drafts only break even within the
-timing noise stops drafting instead of making its stream slower half the time.
 """
 
 from __future__ import annotations
@@ -40,8 +35,6 @@ class StepCostFit:
     per_row_s: float
     per_verify_row_s: float
     per_draft_s: float
-    noise: float = 0.0
-    """The residuals' RMS over the mean step seconds of the steps fitted."""
 
     def plain_step_s(self, num_rows: int) -> float:
         """Seconds of a step of ``num_rows`` decodes without drafts."""
@@ -54,13 +47,11 @@ class StepCostFit:
     def pays(self, num_rows: int, num_draft_tokens: int, expected_accepted: float) -> bool:
         """Whether drafting ``num_draft_tokens`` tokens that keep ``expected_accepted`` of them
         raises a step of ``num_rows`` requests' tokens per second: the extra tokens per extra
-        second beat the step's rate without drafts (at batch 1 that is its TPOT) by more than
-        the fit's ``noise``."""
+        second beat the step's rate without drafts (at batch 1 that is its TPOT)."""
         step_s = self.plain_step_s(num_rows)
         if step_s <= 0.0:
             return True  # a fit this noisy says nothing; speculation stays on
-        extra_s = self.drafting_s(num_draft_tokens) * num_rows * (1.0 + self.noise)
-        return expected_accepted * step_s > extra_s
+        return expected_accepted * step_s > self.drafting_s(num_draft_tokens) * num_rows
 
 
 class StepCosts:
@@ -103,7 +94,4 @@ def _fit(steps: deque[tuple[int, int, int, float]]) -> StepCostFit | None:
     # NOTE: lstsq's minimum-norm answer splits collinear columns (a batch size that never
     # changed) evenly; predictions inside what was measured stay right.
     coeffs, *_ = np.linalg.lstsq(design, data[:, 3], rcond=None)
-    residuals = data[:, 3] - design @ coeffs
-    noise = float(np.sqrt(np.mean(residuals**2)) / np.mean(data[:, 3]))
-    base_s, per_row_s, per_verify_row_s, per_draft_s = (float(c) for c in coeffs)
-    return StepCostFit(base_s, per_row_s, per_verify_row_s, per_draft_s, noise)
+    return StepCostFit(*(float(c) for c in coeffs))

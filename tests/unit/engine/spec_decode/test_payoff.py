@@ -64,29 +64,6 @@ def test_break_even_follows_the_batch_size() -> None:
     assert GPU.pays(32, 4, expected_accepted=0.2)
 
 
-def test_exact_timings_fit_without_noise_and_scattered_ones_measure_their_scatter() -> None:
-    exact = _fed(CPU).estimate()
-    assert exact is not None and exact.noise == pytest.approx(0.0, abs=1e-9)
-    costs = StepCosts()
-    for i in range(64):  # the same steps, every other one 10% slower, every other 10% faster
-        rows = 1 + i % 32
-        verify_rows = (i * 7) % (rows + 1)
-        drafts = verify_rows * (1 + i % 4)
-        scatter = 1.1 if i % 2 else 0.9
-        costs.record(rows, verify_rows, drafts, scatter * _seconds(CPU, rows, verify_rows, drafts))
-    noisy = costs.estimate()
-    assert noisy is not None
-    assert 0.05 < noisy.noise < 0.15
-
-
-def test_a_draft_that_breaks_even_within_the_noise_does_not_pay() -> None:
-    # batch 1, 4 drafts: 7 ms extra against a 22 ms step: break-even at 0.318 accepted tokens
-    assert CPU.pays(1, 4, expected_accepted=0.34)
-    noisy = StepCostFit(CPU.base_s, CPU.per_row_s, CPU.per_verify_row_s, CPU.per_draft_s, 0.1)
-    assert not noisy.pays(1, 4, expected_accepted=0.34)  # needs > 0.35 with 10% scatter
-    assert noisy.pays(1, 4, expected_accepted=0.36)
-
-
 def _payoff(fit: StepCostFit | None) -> DraftPayoff:
     costs = StepCosts() if fit is None else _fed(fit)
     return DraftPayoff(costs)
