@@ -4,20 +4,17 @@ changing nothing, a dry run changes nothing."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cluster.ops import upgrade as upgrade_module
-from cluster.ops.upgrade_plan import ModelIdentity
 from cluster.serve.config_file import config_to_mapping, load_cluster_config
 from cluster.serve.in_place import in_place_user_config
 from core.config import ClusterConfig
 from core.errors import UnavailableError, UpgradeRefusedError
+from tests.unit.cluster.ops.upgrade_fakes import FakeRest, offline_upgrade
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -30,45 +27,10 @@ RUNNING = load_cluster_config(
 )
 
 
-@dataclass
-class FakeRest:
-    app: dict[str, Any] | None
-    calls: list[tuple[str, Any]] = field(default_factory=list)
-
-    def app_details(self, app_name: str) -> dict[str, Any] | None:
-        return self.app
-
-    def deploy(self, config: ClusterConfig) -> None:
-        self.calls.append(("deploy", config))
-
-    def wait_running(self, app_name: str, timeout_s: float) -> dict[str, Any]:
-        self.calls.append(("wait_running", app_name))
-        return {}
-
-    def scale(self, app_name: str, replicas: dict[str, int]) -> None:
-        self.calls.append(("scale", replicas))
-
-    def reconfigure(self, app_name: str, deployment: str, user_config: dict[str, Any]) -> None:
-        self.calls.append(("reconfigure", (deployment, user_config)))
-
-
 @pytest.fixture
 def rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRest:
-    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))  # no rollout recorded
     fake = FakeRest({"deployed_app_config": {"args": {"config": config_to_mapping(RUNNING)}}})
-
-    @contextlib.contextmanager
-    def attached(address: str, auth_mode: str | None = None) -> Iterator[None]:
-        yield
-
-    monkeypatch.setattr(upgrade_module, "ServeRest", lambda url: fake)
-    monkeypatch.setattr(upgrade_module, "attached", attached)
-    monkeypatch.setattr(
-        upgrade_module.run_state, "target", lambda *args: ("http://dash", "auto", None)
-    )
-    monkeypatch.setattr(
-        upgrade_module, "model_identity", lambda name: ModelIdentity("LlamaForCausalLM", 256)
-    )
+    offline_upgrade(upgrade_module, tmp_path, monkeypatch, fake)
     return fake
 
 

@@ -4,10 +4,8 @@ driven one, never steer one another live process drives, resume and roll back ov
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,49 +14,25 @@ from typer.testing import CliRunner
 
 from cluster.ops import rollout_state, upgrade_rollout
 from cluster.ops.cli import app as cli_app
-from cluster.ops.rollout import PoolHealth, RolloutTimeouts, Version
+from cluster.ops.rollout import RolloutTimeouts, Version
 from cluster.ops.rollout_state import RolloutPhase, RolloutState
-from core.config import Role
 from core.errors import ConfigError
+from tests.unit.cluster.ops.upgrade_fakes import InstantFleet, offline_upgrade
 
 pytestmark = pytest.mark.timeout(30)
 APP = "roll"
 
 
-class InstantFleet:
-    """Every replica asked for is up and every one dropped is gone at the first look."""
-
-    def __init__(self, apps: dict[Version, str], scope: str) -> None:
-        self.apps, self.scope = apps, scope
-        self.sizes: dict[tuple[Version, Role], int] = {}
-
-    def set_replicas(self, version: Version, role: Role, num_replicas: int) -> None:
-        self.sizes[(version, role)] = num_replicas
-
-    def health(self, version: Version, role: Role) -> PoolHealth:
-        size = self.sizes.get((version, role), 0)
-        return PoolHealth(size, size, 0, 0)
-
-
 @pytest.fixture
 def fleets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[InstantFleet]:
-    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
     made: list[InstantFleet] = []
-
-    @contextlib.contextmanager
-    def attached(address: str, auth_mode: str | None = None) -> Iterator[None]:
-        yield
 
     def fleet(rest: Any, board: Any, apps: dict[Version, str], scope: str) -> InstantFleet:
         made.append(InstantFleet(apps, scope))
         return made[-1]
 
-    monkeypatch.setattr(upgrade_rollout, "attached", attached)
-    monkeypatch.setattr(upgrade_rollout, "ServeRest", lambda url: None)
+    offline_upgrade(upgrade_rollout, tmp_path, monkeypatch, None)
     monkeypatch.setattr(upgrade_rollout, "ServeRolloutFleet", fleet)
-    monkeypatch.setattr(
-        upgrade_rollout.run_state, "target", lambda *args: ("http://dash", "auto", None)
-    )
     return made
 
 

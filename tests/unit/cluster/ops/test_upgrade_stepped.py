@@ -5,9 +5,6 @@ keeps the followed app, and the running config ignores it."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +12,14 @@ import pytest
 
 from cluster.ops import rollout_state, upgrade_rollout
 from cluster.ops import upgrade as upgrade_module
-from cluster.ops.rollout import PoolHealth, RolloutTimeouts, Version
+from cluster.ops.rollout import RolloutTimeouts
 from cluster.ops.rollout_state import RolloutPhase, RolloutState
-from cluster.ops.upgrade_plan import ModelIdentity
 from cluster.serve.config_file import config_to_mapping, load_cluster_config
 from cluster.serve.in_place import in_place_user_config
 from cluster.serve.rollout_pools import FOLLOW_KEY
-from core.config import ClusterConfig, Role
+from core.config import ClusterConfig
 from core.errors import UpgradeRefusedError
+from tests.unit.cluster.ops.upgrade_fakes import FakeRest, InstantFleet, offline_upgrade
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -36,57 +33,10 @@ RUNNING = load_cluster_config(
 FAST = RolloutTimeouts(poll_s=0.0)
 
 
-@dataclass
-class FakeRest:
-    app: dict[str, Any]
-    calls: list[tuple[str, Any]] = field(default_factory=list)
-
-    def app_details(self, app_name: str) -> dict[str, Any] | None:
-        return self.app
-
-    def deploy_app(self, entry: Mapping[str, Any]) -> None:
-        self.calls.append(("deploy_app", dict(entry)))
-
-    def wait_running(self, app_name: str, timeout_s: float) -> dict[str, Any]:
-        self.calls.append(("wait_running", app_name))
-        return {}
-
-    def scale(self, app_name: str, replicas: dict[str, int]) -> None:
-        self.calls.append(("scale", replicas))
-
-    def reconfigure(self, app_name: str, deployment: str, user_config: dict[str, Any]) -> None:
-        self.calls.append(("reconfigure", (deployment, user_config)))
-
-
-class InstantFleet:
-    def __init__(self) -> None:
-        self.sizes: dict[tuple[Version, Role], int] = {}
-
-    def set_replicas(self, version: Version, role: Role, num_replicas: int) -> None:
-        self.sizes[(version, role)] = num_replicas
-
-    def health(self, version: Version, role: Role) -> PoolHealth:
-        size = self.sizes.get((version, role), 0)
-        return PoolHealth(size, size, 0, 0)
-
-
 @pytest.fixture
 def rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRest:
-    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
     fake = FakeRest({"deployed_app_config": {"args": {"config": config_to_mapping(RUNNING)}}})
-
-    @contextlib.contextmanager
-    def attached(address: str, auth_mode: str | None = None) -> Iterator[None]:
-        yield
-
-    monkeypatch.setattr(upgrade_module, "ServeRest", lambda url: fake)
-    monkeypatch.setattr(upgrade_module, "attached", attached)
-    monkeypatch.setattr(
-        upgrade_module.run_state, "target", lambda *args: ("http://dash", "auto", None)
-    )
-    monkeypatch.setattr(
-        upgrade_module, "model_identity", lambda name: ModelIdentity("LlamaForCausalLM", 256)
-    )
+    offline_upgrade(upgrade_module, tmp_path, monkeypatch, fake)
     monkeypatch.setattr(upgrade_rollout, "ServeRolloutFleet", lambda *args: InstantFleet())
     return fake
 
