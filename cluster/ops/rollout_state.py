@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cluster.ops.run_state import run_dir
+from cluster.ops.run_state import run_dir, write_json
 from cluster.ops.upgrade_plan import RollingStep, rolling_steps
 from core.codec import from_plain, to_plain
 from core.errors import ConfigError, MessageError
@@ -112,12 +111,7 @@ def pause_path(app_name: str) -> Path:
 
 def write_rollout(state: RolloutState) -> Path:
     """Write ``state`` atomically (readers never see half a file)."""
-    path = rollout_path(state.app_name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(to_plain(state), indent=2))
-    tmp.replace(path)
-    return path
+    return write_json(rollout_path(state.app_name), to_plain(state))
 
 
 def read_rollout(app_name: str) -> RolloutState | None:

@@ -53,10 +53,14 @@ def log_path(app_name: str) -> Path:
 
 def write_state(state: RunState) -> Path:
     """Write ``state`` atomically (readers never see half a file)."""
-    path = state_path(state.app_name)
+    return write_json(state_path(state.app_name), asdict(state))
+
+
+def write_json(path: Path, plain: object) -> Path:
+    """Write ``plain`` as JSON to ``path`` atomically (readers never see half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(state), indent=2))
+    tmp.write_text(json.dumps(plain, indent=2))
     tmp.replace(path)
     return path
 
