@@ -34,6 +34,10 @@ from tests.waiting import wait_until
 FULL = os.environ.get("PDSERVE_CHAOS", "short") == "full"
 SCALE = 4 if FULL else 1
 MAX_TOKENS = 16
+CUT_HEADROOM_TOKENS = 96
+"""A stream the client will cut asks for this many tokens more than it reads: a request the
+server finished before the client went away is no disconnect, so the server must not be able to
+finish it first."""
 _WORDS = ("pool", "block", "lease", "token", "chunk", "replica", "stream", "cache", "prefix")
 
 
@@ -74,6 +78,8 @@ async def send(
     max_tokens: int = MAX_TOKENS,
 ) -> Outcome:
     """One greedy completion; a stream is closed after ``cancel_after_tokens`` chunks."""
+    if cancel_after_tokens is not None:
+        max_tokens = max(max_tokens, cancel_after_tokens + CUT_HEADROOM_TOKENS)
     body = {"model": SERVED_NAME, "prompt": text, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": stream}  # fmt: skip
     outcome = Outcome(text)
