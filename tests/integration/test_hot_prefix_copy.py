@@ -22,19 +22,17 @@ from typing import Any
 
 import httpx
 import pytest
-import ray
 from ray import serve
 from rich.console import Console
 
 from cluster.ops.status_view import control_plane, render_hot_prefixes
-from cluster.routing.kv_index.actor import get_or_create_index_actor
-from cluster.routing.routing_metrics import RoutingSnapshot
 from cluster.serve.config_file import load_cluster_config
-from cluster.serve.pool_options import BOARD_DEPLOYMENT, INGRESS_DEPLOYMENT
-from core.codec import from_plain
+from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.config import ClusterConfig
 from core.hashing import hash_prompt_blocks
 from tests.cluster_fixtures import ServingApp, side_app
+from tests.integration import routing_support
+from tests.integration.routing_support import cached_tokens, holders, tokens
 from tests.integration.support import BLOCK_BYTES, SERVED_NAME, THRESHOLD_TOKENS, app_config
 from tests.waiting import wait_until
 
@@ -83,50 +81,19 @@ def hot_app(serving_app: ServingApp) -> Iterator[str]:
         yield endpoint
 
 
-def tokens(seed: int, num_tokens: int) -> list[int]:
-    """A deterministic token-id sequence (ids 10..309)."""
-    return [10 + (seed * 131 + i * 7) % 300 for i in range(num_tokens)]
-
-
 def complete(endpoint: str, prompt: list[int]) -> dict[str, Any]:
-    """A greedy four-token completion's body (asserts 200)."""
-    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0}
-    response = httpx.post(f"{endpoint}/v1/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
-
-
-def cached_tokens(result: dict[str, Any]) -> int:
-    """``usage.prompt_tokens_details.cached_tokens`` of a completion."""
-    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
-
-
-def index_rows() -> dict[str, dict[str, Any]]:
-    """The side app's KV index (``export_index`` rows) by replica id."""
-    actor = get_or_create_index_actor(HOT_APP)
-    update = ray.get(actor.updates.remote(None, 0), timeout=30)
-    return {row["replica_id"]: row for row in update["snapshot"]["replicas"]}
+    """A greedy four-token completion's body."""
+    return routing_support.complete(endpoint, prompt, max_tokens=4)
 
 
 def decode_holders(hashes: list[int], medium: str | None = None) -> set[str]:
     """Decode replicas caching every one of ``hashes`` (on ``medium``; None: anywhere)."""
-    found = set()
-    for replica_id, row in index_rows().items():
-        cached = row["hashes"] if medium is None else row["tiers"].get(medium, [])
-        if row["pool"] == "decode" and not row["degraded"] and set(hashes) <= set(cached):
-            found.add(replica_id)
-    return found
+    return holders(HOT_APP, hashes, "decode", medium)
 
 
 def routers_in_sync() -> bool:
     """True when the ingress routers' index copy is as large as the index actor's."""
-    actor = get_or_create_index_actor(HOT_APP)
-    num_entries = ray.get(actor.stats.remote(), timeout=30)["num_entries"]
-    handle = serve.get_deployment_handle(INGRESS_DEPLOYMENT, HOT_APP)
-    plain = handle.routing_snapshot.remote().result(timeout_s=30)
-    index = from_plain(RoutingSnapshot, plain).index
-    return index is not None and index.num_entries == num_entries
+    return routing_support.routers_in_sync(HOT_APP)
 
 
 def decode_stats() -> dict[str, dict[str, Any]]:

@@ -17,12 +17,12 @@ from ray import serve
 
 from cluster.ops.scaling import scale
 from cluster.routing.kv_index.actor import get_or_create_index_actor
-from cluster.routing.routing_metrics import RoutingSnapshot
-from cluster.serve.pool_options import DECODE_DEPLOYMENT, INGRESS_DEPLOYMENT
-from core.codec import from_plain
+from cluster.serve.pool_options import DECODE_DEPLOYMENT
 from core.hashing import hash_prompt_blocks
 from tests.cluster_fixtures import ServingApp, SimCluster
-from tests.integration.support import APP_NAME, SERVED_NAME, THRESHOLD_TOKENS
+from tests.integration import routing_support
+from tests.integration.routing_support import cached_tokens, index_rows, routing_snapshot, tokens
+from tests.integration.support import APP_NAME, THRESHOLD_TOKENS
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -33,37 +33,14 @@ TAIL_TOKENS = 3 * BLOCK_SIZE
 assert TAIL_TOKENS > THRESHOLD_TOKENS
 
 
-def tokens(seed: int, num_tokens: int) -> list[int]:
-    """A deterministic token-id sequence (ids 10..309)."""
-    return [10 + (seed * 131 + i * 7) % 300 for i in range(num_tokens)]
-
-
 def complete(app: ServingApp, prompt: list[int], session_id: str = "") -> dict[str, Any]:
-    """A greedy two-token completion; the response body (asserts 200)."""
-    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 2, "temperature": 0}
-    headers = {"x-session-id": session_id} if session_id else {}
-    response = httpx.post(app.url("/v1/completions"), json=body, headers=headers, timeout=120)
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
-
-
-def cached_tokens(result: dict[str, Any]) -> int:
-    """``usage.prompt_tokens_details.cached_tokens`` of a completion."""
-    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
+    """A greedy two-token completion's response body."""
+    return routing_support.complete(app.endpoint, prompt, session_id=session_id)
 
 
 def index_replicas() -> dict[str, dict[str, Any]]:
     """The index actor's replicas (``export_index`` rows) by replica id."""
-    actor = get_or_create_index_actor(APP_NAME)
-    update = ray.get(actor.updates.remote(None, 0), timeout=30)
-    return {row["replica_id"]: row for row in update["snapshot"]["replicas"]}
-
-
-def routing_snapshot() -> RoutingSnapshot:
-    """The ingress's routing metrics."""
-    handle = serve.get_deployment_handle(INGRESS_DEPLOYMENT, APP_NAME)
-    return from_plain(RoutingSnapshot, handle.routing_snapshot.remote().result(timeout_s=30))
+    return index_rows(APP_NAME)
 
 
 def decode_import_bytes() -> int:
@@ -75,19 +52,12 @@ def decode_import_bytes() -> int:
 
 def holders(hashes: list[int], pool: str) -> set[str]:
     """Replicas of ``pool`` (healthy in the index) caching every one of ``hashes``."""
-    return {
-        replica_id
-        for replica_id, row in index_replicas().items()
-        if row["pool"] == pool and not row["degraded"] and set(hashes) <= set(row["hashes"])
-    }
+    return routing_support.holders(APP_NAME, hashes, pool)
 
 
 def routers_in_sync() -> bool:
     """True when the ingress routers' index copy is as large as the index actor's."""
-    actor = get_or_create_index_actor(APP_NAME)
-    num_entries = ray.get(actor.stats.remote(), timeout=30)["num_entries"]
-    index = routing_snapshot().index
-    return index is not None and index.num_entries == num_entries
+    return routing_support.routers_in_sync(APP_NAME)
 
 
 def test_forced_gap_resyncs_and_second_turn_pulls_fewer_blocks(app: ServingApp) -> None:
@@ -115,7 +85,7 @@ def test_forced_gap_resyncs_and_second_turn_pulls_fewer_blocks(app: ServingApp) 
     assert index_replicas()[replica_id]["degraded"]
     wait_until(lambda: replica_id in holders(hashes, "prefill"), 30, "the replica resynced")
     assert index_replicas()[replica_id]["last_seq"] < 10**15
-    wait_until(lambda: routing_snapshot().index.num_degraded_replicas == 0, 30, "routers")  # type: ignore[union-attr]
+    wait_until(lambda: routing_snapshot(APP_NAME).index.num_degraded_replicas == 0, 30, "routers")  # type: ignore[union-attr]
 
 
 def test_shared_prefix_follows_its_replica_and_survives_its_death(
@@ -130,12 +100,12 @@ def test_shared_prefix_follows_its_replica_and_survives_its_death(
     (holder,) = wait_until(lambda: holders(prefix_hashes, "prefill"), 30, "one holder indexed")
     wait_until(routers_in_sync, 30, "the routers synced")
 
-    decisions_before = routing_snapshot().pools["prefill"].decisions_total
+    decisions_before = routing_snapshot(APP_NAME).pools["prefill"].decisions_total
     for i in range(4):
         result = complete(app, prefix + tokens(101 + i, TAIL_TOKENS))
         assert cached_tokens(result) >= PREFIX_TOKENS, f"request {i} missed the prefix holder"
     assert holders(prefix_hashes, "prefill") == {holder}, "the prefix never moved"
-    decisions = routing_snapshot().pools["prefill"].decisions_total
+    decisions = routing_snapshot(APP_NAME).pools["prefill"].decisions_total
     assert decisions.get("cache_hit", 0) >= decisions_before.get("cache_hit", 0) + 4
     metrics = httpx.get(app.url("/metrics"), timeout=30).text
     assert 'pdserve:routing_decisions_total{pool="prefill",reason="cache_hit"}' in metrics
