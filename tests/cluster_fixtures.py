@@ -134,10 +134,12 @@ def running_sim_cluster() -> Iterator[SimCluster]:
         if not roots:  # it failed while starting: whatever appeared since is the cluster's
             roots = [pid for pid in descendant_pids(os.getpid()) if pid not in before]
         started = {*roots, *(pid for root in roots for pid in descendant_pids(root))}
-        if ray.is_initialized():
-            _remove_apps(f"http://127.0.0.1:{dashboard_port}")
-            serve.shutdown()  # stops whatever is left: controller, proxies, any app not removed
-            ray.shutdown()
+        try:
+            if ray.is_initialized():
+                _remove_apps(f"http://127.0.0.1:{dashboard_port}")
+                serve.shutdown()  # stops whatever is left: controller, proxies, any app
+        finally:
+            ray.shutdown()  # also when a test's connection broke: the head cannot go otherwise
         cluster.shutdown()
         _assert_processes_gone(sorted(started))
 
