@@ -4,7 +4,9 @@ Serve's REST details give each deployment's status, target and replicas (with no
 IPs); the stats board gives each live replica's worker ``stats()``; the ingress's ``/metrics``
 give the control plane's recoveries it saw (restarts of the KV index, the stats board and
 Serve's controller; the ingress's own start). :func:`collect_status`
-joins them by replica id into plain dicts (``--json`` prints those); :func:`render_status`
+joins them by replica id into plain dicts (``--json`` prints those), with the pools of a stepped
+rollout's pools apps beside the app's own (a model's superseded pools, held at 0 after the
+rollout finished, marked idle: ``cluster.ops.live_pools``); :func:`render_status`
 draws them: within 80 columns by default (a block per pool, short headers, tiers on their own
 line), or as one wide table (``--wide``, or any terminal of 120 columns and more).
 """
@@ -20,6 +22,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from cluster.ops.live_pools import idle_deployments, pools_apps
 from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
 from cluster.ops.rollout_state import read_rollout
@@ -65,48 +68,66 @@ def board_snapshot(app_name: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:
-    """Pools with their replicas, each with node and (when reporting) worker stats."""
+    """Pools with their replicas, each with node and (when reporting) worker stats: the app's
+    and its pools apps' (a stepped rollout's, whose replicas report to the app's board)."""
     with attached(state.ray_address, auth_mode=state.ray_auth_mode):
-        app = ServeRest(state.dashboard_url).app_details(state.app_name)
+        apps: dict[str, Any] = ServeRest(state.dashboard_url).details().get("applications", {})
+        app = apps.get(state.app_name)
         if app is None:
             raise UnavailableError(f"app {state.app_name} is not deployed at {state.dashboard_url}")
         reports = board_snapshot(state.app_name) if with_stats else {}
         planner = planner_log(state.app_name)
-    by_replica = {r["replica_id"]: r for role in reports.values() for r in role}
-    deployments: dict[str, Any] = app.get("deployments", {})
-    pools = []
-    for deployment, role, model in pool_rows(deployments):
-        details = deployments.get(deployment, {})
-        replicas = [
-            {
-                "replica_id": r.get("replica_id"),
-                "state": r.get("state"),
-                "node_id": r.get("node_id"),
-                "node_ip": r.get("node_ip"),
-                "stats": by_replica.get(r.get("replica_id"), {}).get("stats"),
-            }
-            for r in details.get("replicas", [])
-        ]
-        pools.append(
-            {
-                "pool": deployment,
-                "role": role,
-                "model": model,
-                "status": details.get("status"),
-                "target_replicas": details.get("target_num_replicas"),
-                "replicas": replicas,
-            }
-        )
     return {
         "app": state.app_name,
         "status": app.get("status"),
         "endpoint": state.endpoint,
         "dashboard": state.dashboard_url,
-        "pools": pools,
+        "pools": collect_pools(state.app_name, apps, reports),
         "planner": None if planner is None else to_plain(planner),
         "control_plane": control_plane(state.endpoint),
         "rollout": rollout_line(state.app_name),
     }
+
+
+def collect_pools(
+    app_name: str, apps: dict[str, Any], reports: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The pools of ``app_name`` and of its deployed pools apps, each replica joined with its
+    board report; a pool another app's serves in its place after a finished rollout is marked
+    ``idle``."""
+    by_replica = {r["replica_id"]: r for role in reports.values() for r in role}
+    idle = idle_deployments(app_name)
+    pools = []
+    for app in [app_name, *pools_apps(app_name, apps)]:
+        deployments: dict[str, Any] = (apps.get(app) or {}).get("deployments", {})
+        rows = pool_rows(deployments)
+        if app != app_name:  # a pools app: its pools only, as deployed
+            rows = [row for row in rows if row[1] and row[0] in deployments]
+        for deployment, role, model in rows:
+            details = deployments.get(deployment, {})
+            replicas = [
+                {
+                    "replica_id": r.get("replica_id"),
+                    "state": r.get("state"),
+                    "node_id": r.get("node_id"),
+                    "node_ip": r.get("node_ip"),
+                    "stats": by_replica.get(r.get("replica_id"), {}).get("stats"),
+                }
+                for r in details.get("replicas", [])
+            ]
+            pools.append(
+                {
+                    "pool": deployment,
+                    "app": app,
+                    "idle": deployment in idle.get(app, set()),
+                    "role": role,
+                    "model": model,
+                    "status": details.get("status"),
+                    "target_replicas": details.get("target_num_replicas"),
+                    "replicas": replicas,
+                }
+            )
+    return pools
 
 
 def rollout_line(app_name: str) -> str | None:
@@ -193,8 +214,13 @@ def _stats_of(replica: dict[str, Any]) -> ReplicaStats | None:
     return None if plain is None else from_plain(ReplicaStats, plain)
 
 
-def _pool_label(pool: dict[str, Any]) -> str:
-    return f"{pool['pool']} ({len(pool['replicas'])}/{pool['target_replicas']})"
+def _pool_label(pool: dict[str, Any], app_name: str) -> str:
+    """``Decode (2/2)``; ``Decode@pdserve-rollout (2/2)`` for a pools app's pool; ``idle`` for
+    one held at 0 while another app's serves the model."""
+    app = pool.get("app", app_name)
+    where = "" if app == app_name else f"@{app}"
+    idle = " idle" if pool.get("idle") else ""
+    return f"{pool['pool']}{where} ({len(pool['replicas'])}/{pool['target_replicas']}){idle}"
 
 
 def _render_wide(status: dict[str, Any], console: Console) -> None:
@@ -218,7 +244,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
         "LoRA adapters",
     )
     for pool in status["pools"]:
-        label = _pool_label(pool)
+        label = _pool_label(pool, status["app"])
         for i, replica in enumerate(pool["replicas"]):
             stats = _stats_of(replica)
             columns = (
@@ -267,7 +293,7 @@ def _render_narrow(status: dict[str, Any], console: Console) -> None:
     for header in ("KV", "run", "wait", "xfer"):
         table.add_column(header, justify="right", no_wrap=True)
     for pool in status["pools"]:
-        table.add_row(f"[bold]{_pool_label(pool)}[/]", *[""] * 6)
+        table.add_row(f"[bold]{_pool_label(pool, status['app'])}[/]", *[""] * 6)
         for replica in pool["replicas"]:
             stats = _stats_of(replica)
             columns = (
@@ -378,7 +404,8 @@ def versions_line(status: dict[str, Any]) -> str | None:
             cell = "-" if stats is None else fingerprint_cell(stats)
             if cell != "-":
                 counts[cell] = counts.get(cell, 0) + 1
-        pools.append((str(pool["pool"]), counts))
+        app = pool.get("app", status["app"])
+        pools.append((str(pool["pool"]) + ("" if app == status["app"] else f"@{app}"), counts))
     if len({fp for _, counts in pools for fp in counts}) < 2:
         return None
     parts = [
