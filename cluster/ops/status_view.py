@@ -93,8 +93,8 @@ def collect_pools(
     app_name: str, apps: dict[str, Any], reports: dict[str, list[dict[str, Any]]]
 ) -> list[dict[str, Any]]:
     """The pools of ``app_name`` and of its deployed pools apps, each replica joined with its
-    board report; a pool another app's serves in its place after a finished rollout is marked
-    ``idle``."""
+    board report. A pools app's pool is named ``Decode@<app>`` (pool names stay unique); one
+    that another app's serves in its place after a finished rollout is marked ``idle``."""
     by_replica = {r["replica_id"]: r for role in reports.values() for r in role}
     idle = idle_deployments(app_name)
     pools = []
@@ -117,7 +117,8 @@ def collect_pools(
             ]
             pools.append(
                 {
-                    "pool": deployment,
+                    "pool": deployment if app == app_name else f"{deployment}@{app}",
+                    "deployment": deployment,
                     "app": app,
                     "idle": deployment in idle.get(app, set()),
                     "role": role,
@@ -214,13 +215,11 @@ def _stats_of(replica: dict[str, Any]) -> ReplicaStats | None:
     return None if plain is None else from_plain(ReplicaStats, plain)
 
 
-def _pool_label(pool: dict[str, Any], app_name: str) -> str:
-    """``Decode (2/2)``; ``Decode@pdserve-rollout (2/2)`` for a pools app's pool; ``idle`` for
-    one held at 0 while another app's serves the model."""
-    app = pool.get("app", app_name)
-    where = "" if app == app_name else f"@{app}"
+def _pool_label(pool: dict[str, Any]) -> str:
+    """``Decode (2/2)``, ``Decode@pdserve-rollout (2/2)``; ``idle`` for a pool held at 0 while
+    another app's serves the model."""
     idle = " idle" if pool.get("idle") else ""
-    return f"{pool['pool']}{where} ({len(pool['replicas'])}/{pool['target_replicas']}){idle}"
+    return f"{pool['pool']} ({len(pool['replicas'])}/{pool['target_replicas']}){idle}"
 
 
 def _render_wide(status: dict[str, Any], console: Console) -> None:
@@ -244,7 +243,7 @@ def _render_wide(status: dict[str, Any], console: Console) -> None:
         "LoRA adapters",
     )
     for pool in status["pools"]:
-        label = _pool_label(pool, status["app"])
+        label = _pool_label(pool)
         for i, replica in enumerate(pool["replicas"]):
             stats = _stats_of(replica)
             columns = (
@@ -293,7 +292,7 @@ def _render_narrow(status: dict[str, Any], console: Console) -> None:
     for header in ("KV", "run", "wait", "xfer"):
         table.add_column(header, justify="right", no_wrap=True)
     for pool in status["pools"]:
-        table.add_row(f"[bold]{_pool_label(pool, status['app'])}[/]", *[""] * 6)
+        table.add_row(f"[bold]{_pool_label(pool)}[/]", *[""] * 6)
         for replica in pool["replicas"]:
             stats = _stats_of(replica)
             columns = (
@@ -404,8 +403,7 @@ def versions_line(status: dict[str, Any]) -> str | None:
             cell = "-" if stats is None else fingerprint_cell(stats)
             if cell != "-":
                 counts[cell] = counts.get(cell, 0) + 1
-        app = pool.get("app", status["app"])
-        pools.append((str(pool["pool"]) + ("" if app == status["app"] else f"@{app}"), counts))
+        pools.append((str(pool["pool"]), counts))
     if len({fp for _, counts in pools for fp in counts}) < 2:
         return None
     parts = [

@@ -143,9 +143,10 @@ def test_status_shows_the_live_pools_app_and_marks_the_superseded_pools_idle(
         (APP, "Prefill", True, 0),
         (APP, "Decode", True, 0),
         (APP, "Ingress", False, 0),
-        (POOLS_APP, "Prefill", False, 1),
-        (POOLS_APP, "Decode", False, 1),
+        (POOLS_APP, f"Prefill@{POOLS_APP}", False, 1),
+        (POOLS_APP, f"Decode@{POOLS_APP}", False, 1),
     ]
+    assert {p["deployment"] for p in pools if p["app"] == POOLS_APP} == {"Prefill", "Decode"}
     console = Console(width=80, record=True)
     status = {"app": APP, "status": "RUNNING", "endpoint": "e", "dashboard": "d", "pools": pools}
     render_status(status, console)
