@@ -2,13 +2,12 @@
 
 :class:`RoleReplica` is the base of both roles' Serve deployment classes. Its constructor is the
 one boot sequence: decode the :class:`~replica.spec.ReplicaSpec` (fetching the app's KV secret
-when its hooks say where from), start the KV-event feed, join
-the gang (expert-parallel pools), ask the role for its worker (:meth:`RoleReplica.build_worker`,
-each role's ``build.py``), then start reporting stats. It answers Serve's health check,
-routing-stats and autoscaling-stats hooks, turns a worker's typed failure into the one
-:class:`~core.errors.ErrorReport` both roles send, and on the stop drains what others still
-need, ends the reports and the feed, and shuts the worker down. A boot that fails half-way
-closes what it had started.
+when its hooks say where from), start the KV-event feed, join the gang (expert-parallel pools),
+ask the role for its worker (:meth:`RoleReplica.build_worker`, each role's ``build.py``), then
+start reporting stats. It answers Serve's health check, routing-stats and autoscaling-stats
+hooks, turns a worker's typed failure into the one :class:`~core.errors.ErrorReport` both roles
+send, and on the stop drains what others still need, ends the reports and the feed, and shuts
+the worker down. A boot that fails half-way closes what it had started.
 """
 
 from __future__ import annotations
