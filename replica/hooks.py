@@ -19,6 +19,7 @@ from core.lora_registry import RegisteredAdapter
 from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
+from replica.kv_token import KVToken
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,16 @@ class GangEngineFactory(Protocol):
         ...
 
 
+class KVTokenSource(Protocol):
+    """Picklable settings from the app builder; ``fetch`` runs inside the replica's constructor
+    and returns the KV transfer secret of the app the replica joins (a rolling upgrade's second
+    app shares the running app's, so both versions' replicas may pull from each other)."""
+
+    def fetch(self) -> KVToken:
+        """The secret; a typed error (``core.errors``) when it cannot be had."""
+        ...
+
+
 @dataclass(frozen=True)
 class ReplicaHooks:
     """Everything the composition root plugs into one replica; None: that part is off."""
@@ -111,3 +122,6 @@ class ReplicaHooks:
     stats_reporter: StatsReporter | None = None
     kv_events: KVEventPublisherFactory | None = None
     gang: GangEngineFactory | None = None
+    kv_token: KVTokenSource | None = None
+    """Where the replica fetches the cluster's generated KV secret at boot, unless a token is
+    configured in its process; None: the spec's (or the configured) token."""

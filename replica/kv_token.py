@@ -7,6 +7,10 @@ secret for the cluster and hands it to every prefill and decode replica as a con
 argument. Each replica puts it into its own process environment under the configured variable
 name, where the transfer layer's token lookup finds it. It is never written into YAML, config
 dumps or logs: its ``repr`` is redacted, and a configured token always wins.
+
+A rolling upgrade's second app generates none: its replicas join the running app's secret,
+fetched at boot through a :class:`~replica.hooks.KVTokenSource`, so the two versions' replicas
+may pull each other's KV.
 """
 
 from __future__ import annotations
@@ -37,20 +41,23 @@ class KVToken:
     @classmethod
     def for_deploy(cls, config: TransferConfig) -> KVToken | None:
         """A fresh secret unless ``config`` already yields a token in this process."""
-        try:
-            configured = resolve_auth_token(config)
-        except ConfigError:
-            configured = None  # require_auth without a token: the generated one satisfies it
-        return None if configured is not None else cls.generate()
+        return None if is_configured(config) else cls.generate()
 
     def install(self, config: TransferConfig) -> TransferConfig:
         """``config`` for this replica: a configured token is kept; otherwise this secret goes
         into the process environment under ``auth_token_env`` (default ``PDSERVE_KV_TOKEN``)."""
-        try:
-            if resolve_auth_token(config) is not None:
-                return config
-        except ConfigError:
-            pass
+        if is_configured(config):
+            return config
         env_name = config.auth_token_env or DEFAULT_TOKEN_ENV
         os.environ[env_name] = self.value
         return config.model_copy(update={"auth_token_env": env_name})
+
+
+def is_configured(config: TransferConfig) -> bool:
+    """Whether ``config`` yields a token in this process (a configured token wins over a
+    generated one; ``require_auth`` without a token is not an error here: a generated one
+    satisfies it)."""
+    try:
+        return resolve_auth_token(config) is not None
+    except ConfigError:
+        return False

@@ -1,13 +1,13 @@
 """One replica lifecycle for both roles: boot once, report, answer Serve's hooks, stop.
 
 :class:`RoleReplica` is the base of both roles' Serve deployment classes. Its constructor is the
-one boot sequence: decode the :class:`~replica.spec.ReplicaSpec`, start the KV-event feed, join
-the gang (expert-parallel pools), ask the role for its worker (:meth:`RoleReplica.build_worker`,
-each role's ``build.py``), then start reporting stats. It answers Serve's health check,
-routing-stats and autoscaling-stats hooks, turns a worker's typed failure into the one
-:class:`~core.errors.ErrorReport` both roles send, and on the stop drains what others still
-need, ends the reports and the feed, and shuts the worker down. A boot that fails half-way
-closes what it had started.
+one boot sequence: decode the :class:`~replica.spec.ReplicaSpec` (fetching the app's KV secret
+when its hooks say where from), start the KV-event feed, join the gang (expert-parallel pools),
+ask the role for its worker (:meth:`RoleReplica.build_worker`, each role's ``build.py``), then
+start reporting stats. It answers Serve's health check, routing-stats and autoscaling-stats
+hooks, turns a worker's typed failure into the one :class:`~core.errors.ErrorReport` both roles
+send, and on the stop drains what others still need, ends the reports and the feed, and shuts
+the worker down. A boot that fails half-way closes what it had started.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from core.stats import ReplicaStats
 from core.transfer_faults import FaultInjection
 from engine.async_engine import AsyncEngine
 from engine.gangs.lockstep_driver import expert_load_stats
-from replica.hooks import KVEventPublisher, ReplicaHooks
+from replica.hooks import KVEventPublisher, KVTokenSource, ReplicaHooks
+from replica.kv_token import is_configured
 from replica.lora_adapters import ReplicaAdapters
 from replica.planner_signals import PlannerSignals
 from replica.prefix_copies import PrefixCopies
@@ -77,6 +78,15 @@ class RoleWorker(Protocol):
 WorkerT = TypeVar("WorkerT", bound=RoleWorker)
 
 
+def joined_token(spec: ReplicaSpec, source: KVTokenSource | None) -> ReplicaSpec:
+    """``spec`` with the KV secret of the app the replica joins, fetched from ``source`` (first,
+    before anything is started that a failed fetch would have to close); unchanged without a
+    source or when a token is configured in this process (a configured token wins)."""
+    if source is None or is_configured(spec.transfer):
+        return spec
+    return dataclasses.replace(spec, kv_token=source.fetch())
+
+
 class RoleReplica(Generic[WorkerT]):
     """A replica of one role: ``role`` names it, :meth:`build_worker` makes its worker."""
 
@@ -92,6 +102,7 @@ class RoleReplica(Generic[WorkerT]):
                 f"a {self.role} replica got a {self.spec.role} spec", param="spec.role"
             )
         hooks = hooks or ReplicaHooks()
+        self.spec = joined_token(self.spec, hooks.kv_token)
         identity = hooks.identity.current()
         self._num_requests = 0
         self._planner_signals = PlannerSignals()

@@ -8,7 +8,8 @@ Ray gives them no time to unlink). ``--detach`` runs that same
 foreground process in the background (its own session, output to a log file) and returns once
 it is ready. On an existing cluster (``auto``, ``ray://``) ``up`` only deploys; in the
 foreground it removes the app on Ctrl-C. ``down`` signals the recorded owner process (by pid)
-and waits for it to exit, or removes the app through REST.
+and waits for it to exit, or removes the app through REST. Either way a stepped rollout's pools
+apps (``cluster.ops.live_pools``) go with the app, and its recorded rollout is forgotten.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from types import FrameType
 
 import httpx
 
-from cluster.ops import process_tree, run_state
+from cluster.ops import live_pools, process_tree, rollout_state, run_state
 from cluster.ops.ray_session import attach, attached, shutdown, start_local_ray, stop_local_ray
 from cluster.ops.rest import ServeRest
 from cluster.ops.run_state import RunState
@@ -128,6 +129,7 @@ def run_foreground(config: ClusterConfig, on_ready: Callable[[RunState], None]) 
         else:
             _remove_quietly(dashboard_url, cluster.app_name)
             shutdown()  # only disconnects
+        rollout_state.clear_rollout(cluster.app_name)  # its apps went with the app
         run_state.clear_state(cluster.app_name, owner_pid=owner.pid if owner else None)
 
 
@@ -173,18 +175,30 @@ def down(
     state = run_state.read_state(app_name)
     if state is not None and state.owner_pid is not None and dashboard_url is None:
         stopped = _stop_owner(state.owner_pid, state.owner_start_ticks, timeout_s, clock)
+        rollout_state.clear_rollout(app_name)  # its pools apps stopped with that Ray
         run_state.clear_state(app_name)
         if not stopped:
             return f"pdserve (pid {state.owner_pid}) was not running; cleared its run state"
         return f"stopped pdserve (pid {state.owner_pid}) and its local Ray"
     url, address, auth_mode = run_state.target(app_name, dashboard_url, ray_address)
     with attached(address, auth_mode=auth_mode):
-        ServeRest(url).remove(app_name)
+        removed = remove_app(ServeRest(url), app_name)
         from cluster.routing.kv_index.actor import kill_index_actor  # imports ray: after attach
 
         kill_index_actor(app_name)
+    rollout_state.clear_rollout(app_name)
     run_state.clear_state(app_name)
-    return f"removed app {app_name} from {url}"
+    return f"removed app {', '.join(removed)} from {url}"
+
+
+def remove_app(rest: ServeRest, app_name: str) -> list[str]:
+    """Delete ``app_name`` and its pools apps (a stepped rollout's, recorded or named like
+    one), pools apps first: their replicas report to the app's board. Returns the apps."""
+    deployed = rest.details().get("applications", {})
+    apps = [*live_pools.pools_apps(app_name, deployed), app_name]
+    for app in apps:
+        rest.remove(app)
+    return apps
 
 
 def _stop_owner(
@@ -206,6 +220,6 @@ def _stop_owner(
 
 def _remove_quietly(dashboard_url: str, app_name: str) -> None:
     try:
-        ServeRest(dashboard_url).remove(app_name)
+        remove_app(ServeRest(dashboard_url), app_name)
     except (ConfigError, UnavailableError) as e:
         logger.warning("could not remove app %s: %s", app_name, e.message)

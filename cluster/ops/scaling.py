@@ -3,6 +3,10 @@
 A one-model app's pools are the deployments ``Prefill`` and ``Decode``; with several models each
 has its own (``Decode-<model>``), and ``--model`` says which to resize (the others' replicas are
 not touched). The counts become fixed ones (an autoscaling pool is pinned to them).
+
+After a finished stepped rollout a model's pools serve from another app (``cluster.ops.
+live_pools``): those are resized, not the superseded ones held at 0; while a rollout of the
+model is under way its driver owns the sizes and a scale is refused.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cluster.ops import run_state
+from cluster.ops.live_pools import model_pools
 from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
 from cluster.serve.pool_options import (
@@ -30,7 +35,8 @@ def scale(
     model: str | None = None,
 ) -> dict[str, int]:
     """Set one model's pools' replica counts in place (``model``: its served name; needed
-    when the app serves several); returns the deployments and counts asked for."""
+    when the app serves several), in the app that serves that model now; returns the
+    deployments and counts asked for."""
     counts = {"prefill": num_prefill, "decode": num_decode}
     if all(count is None for count in counts.values()):
         raise ConfigError("give --prefill N and/or --decode M", param="scale")
@@ -41,12 +47,13 @@ def scale(
         rest = ServeRest(url)
         deployed = (rest.app_details(app_name) or {}).get("deployments", {})
         scope = model_scope(app_name, deployed, model)
+        live_app = model_pools(app_name, scope).live
         replicas = {
             pool_deployment_name(role, scope): count
             for role, count in counts.items()
             if count is not None
         }
-        rest.scale(app_name, replicas)
+        rest.scale(live_app, replicas)
     return replicas
 
 

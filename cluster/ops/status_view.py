@@ -4,7 +4,9 @@ Serve's REST details give each deployment's status, target and replicas (with no
 IPs); the stats board gives each live replica's worker ``stats()``; the ingress's ``/metrics``
 give the control plane's recoveries it saw (restarts of the KV index, the stats board and
 Serve's controller; the ingress's own start). :func:`collect_status`
-joins them by replica id into plain dicts (``--json`` prints those); :func:`render_status`
+joins them by replica id into plain dicts (``--json`` prints those), with the pools of a stepped
+rollout's pools apps beside the app's own (a model's superseded pools, held at 0 after the
+rollout finished, marked idle: ``cluster.ops.live_pools``); :func:`render_status`
 draws them: within 80 columns by default (a block per pool, short headers, tiers on their own
 line), or as one wide table (``--wide``, or any terminal of 120 columns and more).
 """
@@ -20,6 +22,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from cluster.ops.live_pools import idle_deployments, pools_apps
 from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
 from cluster.ops.rollout_state import read_rollout
@@ -65,48 +68,67 @@ def board_snapshot(app_name: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:
-    """Pools with their replicas, each with node and (when reporting) worker stats."""
+    """Pools with their replicas, each with node and (when reporting) worker stats: the app's
+    and its pools apps' (a stepped rollout's, whose replicas report to the app's board)."""
     with attached(state.ray_address, auth_mode=state.ray_auth_mode):
-        app = ServeRest(state.dashboard_url).app_details(state.app_name)
+        apps: dict[str, Any] = ServeRest(state.dashboard_url).details().get("applications", {})
+        app = apps.get(state.app_name)
         if app is None:
             raise UnavailableError(f"app {state.app_name} is not deployed at {state.dashboard_url}")
         reports = board_snapshot(state.app_name) if with_stats else {}
         planner = planner_log(state.app_name)
-    by_replica = {r["replica_id"]: r for role in reports.values() for r in role}
-    deployments: dict[str, Any] = app.get("deployments", {})
-    pools = []
-    for deployment, role, model in pool_rows(deployments):
-        details = deployments.get(deployment, {})
-        replicas = [
-            {
-                "replica_id": r.get("replica_id"),
-                "state": r.get("state"),
-                "node_id": r.get("node_id"),
-                "node_ip": r.get("node_ip"),
-                "stats": by_replica.get(r.get("replica_id"), {}).get("stats"),
-            }
-            for r in details.get("replicas", [])
-        ]
-        pools.append(
-            {
-                "pool": deployment,
-                "role": role,
-                "model": model,
-                "status": details.get("status"),
-                "target_replicas": details.get("target_num_replicas"),
-                "replicas": replicas,
-            }
-        )
     return {
         "app": state.app_name,
         "status": app.get("status"),
         "endpoint": state.endpoint,
         "dashboard": state.dashboard_url,
-        "pools": pools,
+        "pools": collect_pools(state.app_name, apps, reports),
         "planner": None if planner is None else to_plain(planner),
         "control_plane": control_plane(state.endpoint),
         "rollout": rollout_line(state.app_name),
     }
+
+
+def collect_pools(
+    app_name: str, apps: dict[str, Any], reports: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """The pools of ``app_name`` and of its deployed pools apps, each replica joined with its
+    board report. A pools app's pool is named ``Decode@<app>`` (pool names stay unique); one
+    that another app's serves in its place after a finished rollout is marked ``idle``."""
+    by_replica = {r["replica_id"]: r for role in reports.values() for r in role}
+    idle = idle_deployments(app_name)
+    pools = []
+    for app in [app_name, *pools_apps(app_name, apps)]:
+        deployments: dict[str, Any] = (apps.get(app) or {}).get("deployments", {})
+        rows = pool_rows(deployments)
+        if app != app_name:  # a pools app: its pools only, as deployed
+            rows = [row for row in rows if row[1] and row[0] in deployments]
+        for deployment, role, model in rows:
+            details = deployments.get(deployment, {})
+            replicas = [
+                {
+                    "replica_id": r.get("replica_id"),
+                    "state": r.get("state"),
+                    "node_id": r.get("node_id"),
+                    "node_ip": r.get("node_ip"),
+                    "stats": by_replica.get(r.get("replica_id"), {}).get("stats"),
+                }
+                for r in details.get("replicas", [])
+            ]
+            pools.append(
+                {
+                    "pool": deployment if app == app_name else f"{deployment}@{app}",
+                    "deployment": deployment,
+                    "app": app,
+                    "idle": deployment in idle.get(app, set()),
+                    "role": role,
+                    "model": model,
+                    "status": details.get("status"),
+                    "target_replicas": details.get("target_num_replicas"),
+                    "replicas": replicas,
+                }
+            )
+    return pools
 
 
 def rollout_line(app_name: str) -> str | None:
@@ -194,7 +216,10 @@ def _stats_of(replica: dict[str, Any]) -> ReplicaStats | None:
 
 
 def _pool_label(pool: dict[str, Any]) -> str:
-    return f"{pool['pool']} ({len(pool['replicas'])}/{pool['target_replicas']})"
+    """``Decode (2/2)``, ``Decode@pdserve-rollout (2/2)``; ``idle`` for a pool held at 0 while
+    another app's serves the model."""
+    idle = " idle" if pool.get("idle") else ""
+    return f"{pool['pool']} ({len(pool['replicas'])}/{pool['target_replicas']}){idle}"
 
 
 def _render_wide(status: dict[str, Any], console: Console) -> None:

@@ -16,7 +16,10 @@ every request then prefills on decode — colocated serving on the same stack.
 A rolling upgrade's second app (:func:`build_pools_app_from_config`, Serve's
 :func:`build_pools_app`) holds only the new version's pools, each deployed with 0 replicas for
 the rollout to grow (fixed pool sizes only); their replicas report to the running app's stats
-board and publish to its KV index, and their routers follow that index.
+board and publish to its KV index, and their routers follow that index. They carry no KV
+transfer secret of their own: the running app's board holds its generated one and they fetch
+it at boot (``cluster.serve.board_kv_token``), so KV moves between the two versions' replicas
+of one fingerprint, and the secret is in neither app's args.
 
 Two entry points: :func:`build_app_from_config` (typed, for Python callers and tests) and
 :func:`build_app` (Serve's application-builder signature), so a Serve config file works too::
@@ -37,6 +40,7 @@ from ray.serve import Application, Deployment
 
 from cluster.routing.kv_index.actor import IndexPublisherFactory
 from cluster.routing.pool_router_config import request_router_config
+from cluster.serve.board_kv_token import BoardKVToken
 from cluster.serve.config_file import config_to_mapping, load_cluster_config
 from cluster.serve.gang import gang_engine_factory, gang_options
 from cluster.serve.ingress_deployment import IngressDeployment
@@ -66,7 +70,8 @@ from replica import KVToken, ReplicaHooks, ReplicaSpec
 def build_app_from_config(config: ClusterConfig) -> Application:
     """The pdserve Serve application for ``config`` (deploy with ``serve.run``)."""
     kv_token = KVToken.for_deploy(config.transfer)
-    board = _deployment(StatsBoard, BOARD_DEPLOYMENT, board_deployment_options()).bind()
+    board_deployment = _deployment(StatsBoard, BOARD_DEPLOYMENT, board_deployment_options())
+    board = board_deployment.bind(kv_token=kv_token)  # a rollout's second app asks it
     pools = {
         served.name: _model_pools(config, served, kv_token) for served in config.served_models()
     }
@@ -81,7 +86,7 @@ def build_app_from_config(config: ClusterConfig) -> Application:
 def build_pools_app_from_config(config: ClusterConfig) -> Application:
     """The new version's pools for a stepped rollout of the running app
     (``config.cluster.app_name``), deployed as another app: every pool at 0 replicas, reporting
-    to the running app's stats board and KV index."""
+    to the running app's stats board and KV index, and sharing its KV secret."""
     for served in config.served_models():
         for role in ("prefill", "decode"):
             if served.pool_for(role).autoscaling is not None:
@@ -90,9 +95,8 @@ def build_pools_app_from_config(config: ClusterConfig) -> Application:
                     f"{role} is autoscaled",
                     param=f"{served.field_path}{role}.autoscaling",
                 )
-    kv_token = KVToken.for_deploy(config.transfer)
     pools = {
-        served.name: _model_pools(config, served, kv_token, rollout=True)
+        served.name: _model_pools(config, served, None, rollout=True)
         for served in config.served_models()
     }
     root = _deployment(RolloutPools, ROLLOUT_ROOT_DEPLOYMENT, board_deployment_options())
@@ -133,6 +137,7 @@ def _role_deployment(
             index_app=home_app if rollout else "",
         ),
         gang=gang_engine_factory(served.pool_for(role)),
+        kv_token=BoardKVToken(home_app) if rollout else None,
     )
     return deployment.bind(to_plain(replica_spec(config, served, role, kv_token)), hooks)
 

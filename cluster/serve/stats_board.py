@@ -18,6 +18,11 @@ The board is also how a load test's transfer faults reach the replicas (``/admin
 off unless ``server.fault_injection``): :meth:`StatsBoard.set_faults` holds a
 :class:`~core.transfer_faults.FaultInjection` for a role until it expires, and each report's
 answer carries the role's current one, so every replica applies it within one report interval.
+
+The board also holds the app's generated KV transfer secret (None when a token is configured):
+a rolling upgrade's second app fetches it at replica boot (``cluster.serve.board_kv_token``)
+instead of carrying one of its own. Only callers inside the Ray cluster reach it (the board has
+no HTTP route), and nothing logs it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from core.config import pool_key
 from core.lora_registry import RegisteredAdapter
 from core.stats import ReplicaReport, ReplicaStats
 from core.transfer_faults import FaultInjection
+from replica import KVToken
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +66,18 @@ def decode_reports(snapshot: Mapping[str, list[dict[str, Any]]]) -> dict[str, li
 class StatsBoard:
     """The latest report of every live replica, by role."""
 
-    def __init__(self, stale_after_s: float = 3.0) -> None:
+    def __init__(self, stale_after_s: float = 3.0, kv_token: KVToken | None = None) -> None:
         self.epoch = uuid.uuid4().hex  # a restarted board is a new one: readers count it
         self._stale_after_s = stale_after_s
         self._reports: dict[str, dict[str, Any]] = {}
         self._faults: dict[str, tuple[dict[str, Any], float]] = {}  # role -> (plain, until)
         self._adapters: dict[str, dict[str, str]] = {}  # model scope -> LoRA name -> path
+        self._kv_token = kv_token
+
+    def kv_token(self) -> str | None:
+        """The app's generated KV transfer secret, for its rollout's second app (None: the app
+        runs with a configured token)."""
+        return None if self._kv_token is None else self._kv_token.value
 
     def report(self, replica: dict[str, Any]) -> dict[str, Any] | None:
         """Store one replica's report (a plain ``ReplicaReport``); answer the faults its role
