@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -42,7 +43,7 @@ class PlannerSettings:
         """A cluster config's planner settings."""
         return cls(config.planner, config.disaggregation)
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, Any]:
         """The JSON-shaped settings (``policy_kwargs``' ``planner`` and ``disaggregation``)."""
         return {
             "planner": self.planner.model_dump(mode="json"),
@@ -82,7 +83,7 @@ def decode(value: bytes, base: PlannerSettings) -> PlannerSettings | None:
     return live
 
 
-def _settings(data: dict[str, object]) -> PlannerSettings:
+def _settings(data: dict[str, Any]) -> PlannerSettings:
     return PlannerSettings(
         PlannerConfig.model_validate(data["planner"]),
         DisaggregationConfig.model_validate(data["disaggregation"]),

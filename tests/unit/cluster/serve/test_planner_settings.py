@@ -43,6 +43,23 @@ def test_without_ray_nothing_is_read() -> None:
     assert planner_settings.read("pdserve", DEPLOYED) is None
 
 
+def test_what_the_ingress_publishes_is_what_the_policy_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ray.experimental import internal_kv
+
+    store: dict[bytes, bytes] = {}
+    monkeypatch.setattr(internal_kv, "_internal_kv_initialized", lambda: True)
+    monkeypatch.setattr(internal_kv, "_internal_kv_get", store.get)
+    monkeypatch.setattr(
+        internal_kv, "_internal_kv_put", lambda k, v, overwrite: store.__setitem__(k, v)
+    )
+    assert planner_settings.read("pdserve", DEPLOYED) is None
+    planner_settings.publish("pdserve", DEPLOYED, FASTER)
+    assert planner_settings.read("pdserve", DEPLOYED) == FASTER
+    assert planner_settings.read("other-app", DEPLOYED) is None
+
+
 @dataclass
 class FakeId:
     name: str
