@@ -31,6 +31,11 @@ Under ``hot_prefix`` with ``deliver_copies`` the router hands each copy it decid
 :class:`~cluster.routing.prefix_copy_delivery.PrefixCopyDelivery` on its own loop and counts
 the bytes that moved and the copies that failed when they end.
 
+The policy and the hot-prefix settings come from ``request_router_kwargs`` when Serve builds
+the router, and may change under it: an in-place ``pdserve upgrade`` has the ingress publish new
+ones for its app (``cluster.routing.live_settings``), which the router takes at its next
+decision.
+
 The deployments must define ``record_routing_stats()`` returning ``core.stats.RoutingStats`` as
 plain data (``core.codec``); a replica that has not reported yet counts as empty.
 """
