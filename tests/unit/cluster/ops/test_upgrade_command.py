@@ -62,7 +62,11 @@ def test_a_routing_and_planner_change_reconfigures_the_ingress_alone(rest: FakeR
     plan = upgrade_module.upgrade(target)
     assert plan.ingress_fields == ("routing.policy", "planner.max_step") and not plan.restarts
     assert rest.calls == [("reconfigure", ("Ingress", in_place_user_config(target)))]
-    assert upgrade_module.running_config(rest.app, "pdserve") == RUNNING  # args untouched
+    assert rest.app is not None  # Serve keeps the args and records the user_config:
+    rest.app["deployed_app_config"]["deployments"] = [
+        {"name": "Ingress", "user_config": in_place_user_config(target)}
+    ]
+    assert upgrade_module.running_config(rest.app, "pdserve") == target  # read back
 
 
 def test_a_change_replicas_read_is_refused_naming_it(rest: FakeRest) -> None:
