@@ -15,6 +15,7 @@ from typing import Any
 from cluster.planner.capacity_model import CapacityModel
 from cluster.serve.config_file import config_to_mapping
 from cluster.serve.planner_policy import POLICY_FUNCTION
+from cluster.serve.planner_settings import PlannerSettings
 from cluster.serve.rollout_pools import IDLE_POOL_AUTOSCALING
 from core.codec import to_plain
 from core.config import ClusterConfig
@@ -70,13 +71,12 @@ def with_app(current: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, 
 
 
 def planner_kwargs(config: ClusterConfig) -> dict[str, Any]:
-    """The planner policy's ``policy_kwargs``: its config and, for ``slo``, the capacity model
-    read here (the controller that runs the policy may not see this machine's files)."""
+    """The planner policy's ``policy_kwargs``: its settings as deployed (an in-place upgrade
+    changes them through ``cluster.serve.planner_settings``, not here: these kwargs are in the
+    app's code version) and, for ``slo``, the capacity model read here (the controller that
+    runs the policy may not see this machine's files)."""
     planner = config.planner
-    kwargs: dict[str, Any] = {
-        "planner": planner.model_dump(mode="json"),
-        "disaggregation": config.disaggregation.model_dump(mode="json"),
-    }
+    kwargs: dict[str, Any] = PlannerSettings.of(config).to_json()
     if planner.mode == "slo" and planner.profile:
         kwargs["capacity"] = to_plain(CapacityModel.load(planner.profile))
     return kwargs

@@ -9,12 +9,14 @@ redeploy replaces every deployment of the app (not only the changed ones), repli
 while the old replicas serve — pairing by KV fingerprint keeps the two versions' prefill and
 decode apart meanwhile. With ``stepped`` (``pdserve upgrade --stepped``) such a plan runs
 instead as a stepped rollout (:mod:`~cluster.ops.upgrade_rollout`): the new pools go up as a
-second app and replace the old ones replica by replica, keeping the P:D ratio. Fields the
-ingress alone reads (``cluster.serve.in_place``) are applied in place: the new values become the
-Ingress deployment's ``user_config`` and Serve calls its ``reconfigure``; no replica restarts.
-Routing fields of the pools' routers and the planner are in Serve's code version: applying them
-alone would restart every replica, so such a plan is refused saying so, and nothing changes
-(they ride along with an upgrade that replaces pools anyway).
+second app and replace the old ones replica by replica, keeping the P:D ratio. The fields
+``cluster.serve.in_place`` lists (what the ingress reads, the routers' policy and hot-prefix
+settings, the planner's thresholds) are applied in place: the new values become the Ingress
+deployment's ``user_config``, Serve calls its ``reconfigure``, and the ingress hands them on to
+its routers and to the planner; no replica restarts. What replicas read (the KV index's shards
+and stride) and the planner's mode and profile take a redeploy, which restarts every replica:
+alone, such a change is refused naming the fields, and nothing changes (they ride along with an
+upgrade that replaces pools anyway).
 """
 
 from __future__ import annotations
@@ -104,9 +106,10 @@ def upgrade(
             return plan
         if plan.redeploy_fields:
             raise UpgradeRefusedError(
-                f"{', '.join(plan.redeploy_fields)} changed: applying these without restarting "
-                "replicas is not supported yet (Serve rebuilds the app for them, restarting "
-                "every replica); nothing was changed",
+                f"{', '.join(plan.redeploy_fields)} changed: these apply only by redeploying "
+                "the app, which restarts every replica (replicas read them, or they change the "
+                "app's shape), and this upgrade replaces no pool; nothing was changed (change "
+                "them with an upgrade that replaces the pools, or pdserve down then up)",
                 param=plan.redeploy_fields[0].split(".")[0],
             )
         if plan.ingress_fields:

@@ -3,8 +3,9 @@ moves: pure functions of the running config and the new one (no Ray).
 
 :func:`plan_upgrade` sorts every difference. Sections no replica's engine reads (``routing``,
 ``disaggregation``, ``planner``, ``virtual_models``) and a pool's size keep every replica's KV
-fingerprint; of those, the fields the ingress alone reads (``cluster.serve.in_place``) apply in
-place, the others only through a redeploy (Serve's code version carries them). A served model
+fingerprint; of those, the fields ``cluster.serve.in_place`` lists apply in place (the routing
+knobs, the planner's thresholds, what the ingress reads), the others — the KV index's shards
+and stride, the planner's mode and profile — only through a redeploy. A served model
 whose checkpoint, engine options, pool engine overrides or transfer settings changed has both
 its pools replaced — the new replicas compute
 KV of another fingerprint (``core.kv_compat``), and pairing by fingerprint keeps the two
@@ -24,12 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.serve.in_place import IN_PLACE_FIELDS, field_value
+from cluster.serve.in_place import applies_in_place, field_value
 from core.config import ClusterConfig, ServedModel
 from core.errors import UpgradeRefusedError
 
 IN_PLACE_SECTIONS = ("routing", "disaggregation", "planner", "virtual_models")
 """Sections no replica's engine reads (a change in them alone keeps every KV fingerprint)."""
+_SPLIT_SECTIONS = ("routing", "planner")
 REFUSED_SECTIONS = ("cluster", "server")
 """Sections an upgrade keeps (another value is another deployment)."""
 
@@ -71,10 +73,11 @@ class UpgradePlan:
     """Sections that change without a restart."""
     models: tuple[ModelUpgrade, ...]
     ingress_fields: tuple[str, ...] = ()
-    """Changed fields the ingress applies through ``reconfigure`` (``cluster.serve.in_place``)."""
+    """Changed fields applied through the ingress's ``reconfigure``, which hands the routing
+    knobs to the routers and the planner's settings to the planner (``cluster.serve.in_place``)."""
     redeploy_fields: tuple[str, ...] = ()
-    """Changed fields of :data:`IN_PLACE_SECTIONS` that Serve applies only by rebuilding the
-    app (they are in its code version), which restarts every replica."""
+    """Changed fields of :data:`IN_PLACE_SECTIONS` that only a redeploy applies (replicas read
+    them, or they change the app's shape), which restarts every replica."""
 
     @property
     def restarts(self) -> bool:
@@ -115,25 +118,23 @@ def plan_upgrade(
         for name in sorted(wanted)
     )
     changed = _changed_fields(current, new, in_place)
-    redeploy = tuple(f for f in changed if f not in IN_PLACE_FIELDS)
-    if "disaggregation" in changed and new.planner.mode != "off":
-        redeploy = ("disaggregation", *redeploy)  # the planner policy's kwargs carry it too
-    ingress = tuple(f for f in changed if f in IN_PLACE_FIELDS and f not in redeploy)
+    ingress = tuple(f for f in changed if applies_in_place(f))
+    redeploy = tuple(f for f in changed if not applies_in_place(f))
     return UpgradePlan(in_place, models, ingress, redeploy)
 
 
 def _changed_fields(
     current: ClusterConfig, new: ClusterConfig, sections: tuple[str, ...]
 ) -> tuple[str, ...]:
-    """The changed fields of ``sections``: a whole section, or ``routing``'s own fields (the
-    only section split between the ingress and the pools' routers)."""
+    """The changed fields of ``sections``: a whole section, or the own fields of those split
+    between what applies in place and what needs a redeploy (``routing``, ``planner``)."""
     fields: list[str] = []
     for section in sections:
-        if section != "routing":
+        if section not in _SPLIT_SECTIONS:
             fields.append(section)
             continue
-        for name in type(current.routing).model_fields:
-            path = f"routing.{name}"
+        for name in type(getattr(current, section)).model_fields:
+            path = f"{section}.{name}"
             if field_value(current, path) != field_value(new, path):
                 fields.append(path)
     return tuple(fields)

@@ -6,7 +6,8 @@ on ``/metrics`` (``pdserve:routing_decisions_total{pool,reason}``,
 ``pdserve:routing_prefix_hit_rate{pool}`` (cached over prompt blocks at the chosen replica),
 ``pdserve:routing_decision_seconds_p50{pool}``, ``pdserve:kv_index_*``, and the ``hot_prefix``
 policy's ``pdserve:hot_prefixes{pool}``, ``pdserve:prefix_copies_made_total{pool}``,
-``pdserve:prefix_copies_dropped_total{pool}``, ``pdserve:prefix_copy_bytes_total{pool}``) and
+``pdserve:prefix_copies_dropped_total{pool}``, ``pdserve:prefix_copy_bytes_total{pool}``, and
+``pdserve:routing_policy{pool,policy}``: 1 for the policy the pool's router ranks by now) and
 returns it, as plain data through ``core.codec``, from its ``routing_snapshot`` Serve method.
 Thread-safe: Serve may run routers on its own loop thread while the ingress reads.
 """
@@ -55,6 +56,8 @@ class PoolRoutingSnapshot:
     """Deliberate copies retired (the prefix cooled), given up (never landed) or lost."""
     prefix_copy_bytes_total: int = 0
     """KV bytes the deliberate copies were to move."""
+    policy: str = ""
+    """The policy the pool's router ranks by now (empty: none reported)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class _PoolMetrics:
     copies_made: int = 0
     copies_dropped: int = 0
     copy_bytes: int = 0
+    policy: str = ""
 
     def snapshot(self) -> PoolRoutingSnapshot:
         cumulative, buckets = 0, {}
@@ -109,6 +113,7 @@ class _PoolMetrics:
             prefix_copies_made_total=self.copies_made,
             prefix_copies_dropped_total=self.copies_dropped,
             prefix_copy_bytes_total=self.copy_bytes,
+            policy=self.policy,
         )
 
 
@@ -149,6 +154,12 @@ class RoutingMetrics:
             metrics.copies_dropped += num_dropped
             metrics.copy_bytes += num_bytes
             metrics.hot_prefixes = num_hot
+
+    def record_policy(self, pool: str, policy: str) -> None:
+        """The policy ``pool``'s router ranks by from now on (a router's start, or an
+        in-place upgrade of ``routing.policy``)."""
+        with self._lock:
+            self._pools.setdefault(pool, _PoolMetrics()).policy = policy
 
     def record_index(self, stats: IndexStats) -> None:
         """Remember the index size seen by the latest sync (a gauge)."""

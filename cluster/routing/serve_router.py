@@ -31,6 +31,11 @@ Under ``hot_prefix`` with ``deliver_copies`` the router hands each copy it decid
 :class:`~cluster.routing.prefix_copy_delivery.PrefixCopyDelivery` on its own loop and counts
 the bytes that moved and the copies that failed when they end.
 
+The policy and the hot-prefix settings come from ``request_router_kwargs`` when Serve builds
+the router, and may change under it: an in-place ``pdserve upgrade`` has the ingress publish new
+ones for its app (``cluster.routing.live_settings``), which the router takes at its next
+decision.
+
 The deployments must define ``record_routing_stats()`` returning ``core.stats.RoutingStats`` as
 plain data (``core.codec``); a replica that has not reported yet counts as empty.
 """
@@ -38,6 +43,7 @@ plain data (``core.codec``); a replica that has not reported yet counts as empty
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -46,6 +52,7 @@ from typing import Any, ClassVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from cluster.routing import live_settings
 from cluster.routing.hot_prefixes import HotPrefixes
 from cluster.routing.kv_index.fingerprints import of_fingerprint
 from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
@@ -87,16 +94,13 @@ class PdserveRequestRouter(RequestRouter):
         self.sessions = SessionAffinity(self.settings.session_ttl_s, self.settings.max_sessions)
         self.load = LoadTracker()
         self.metrics = routing_metrics()
+        self.metrics.record_policy(self.settings.pool.value, self.settings.policy)
         self._num_decisions = 0
         self._rng = random.Random()
         self._stats_cache: dict[str, tuple[object, RoutingStats]] = {}
         self._block_bytes = 0  # a KV block's bytes, as the replicas report it
-        pool = pool_key(self.settings.pool.value, self.settings.model)
-        self.hot_prefixes: HotPrefixes | None = (
-            HotPrefixes(self.settings.hot_prefixes, pool)
-            if self.settings.policy == "hot_prefix"
-            else None
-        )
+        self.hot_prefixes: HotPrefixes | None = self._make_hot_prefixes()
+        self._live_generation = 0  # the last ``live_settings`` value taken (0: the kwargs')
         self.copy_delivery: PrefixCopyDelivery | None = None  # made by the first copy to deliver
         self._deployment_name = ""  # the pool's Serve deployment, as its replicas name it
         self.index_source: IndexSource = (
@@ -129,6 +133,7 @@ class PdserveRequestRouter(RequestRouter):
                     [r] for r in candidate_replicas if r.replica_id.unique_id == features.replica_id
                 ]
             self._deployment_name = candidate_replicas[0].replica_id.deployment_id.name
+            self._follow_live_settings()
             self.index_source.ensure_started()
             candidate_replicas = of_fingerprint(
                 candidate_replicas,
@@ -178,6 +183,36 @@ class PdserveRequestRouter(RequestRouter):
         """Drop the replica here and in the index."""
         super().on_replica_actor_died(replica_id)
         self._forget(replica_id.unique_id)
+
+    def _follow_live_settings(self) -> None:
+        """Take the app's routing knobs an in-place upgrade published
+        (``cluster.routing.live_settings``): a new policy from this decision on; the hot-prefix
+        bookkeeping starts afresh when its policy or config changed (copies already made stay
+        where they are and age out on their replicas)."""
+        published = live_settings.current(self.app_name)
+        if published is None or published.generation == self._live_generation:
+            return
+        self._live_generation = published.generation
+        live = published.routing
+        if live == live_settings.LiveRouting(self.settings.policy, self.settings.hot_prefixes):
+            return
+        before = self.settings.policy
+        self.settings = dataclasses.replace(
+            self.settings, policy=live.policy, hot_prefixes=live.hot_prefixes
+        )
+        self.policy = self.settings.make_policy()
+        self.hot_prefixes = self._make_hot_prefixes()
+        self.metrics.record_policy(self.settings.pool.value, self.settings.policy)
+        logger.info(
+            "%s router: policy %s -> %s (in place)", self.settings.pool.value, before, live.policy
+        )
+
+    def _make_hot_prefixes(self) -> HotPrefixes | None:
+        if self.settings.policy != "hot_prefix":
+            return None
+        return HotPrefixes(
+            self.settings.hot_prefixes, pool_key(self.settings.pool.value, self.settings.model)
+        )
 
     def _forget(self, replica_id: str) -> None:
         self._stats_cache.pop(replica_id, None)
@@ -339,15 +374,17 @@ class PdserveRequestRouter(RequestRouter):
         return self.copy_delivery
 
     def _copy_ended(self, warm: WarmPrefixRequest, outcome: CopyOutcome) -> None:
-        """A delivered copy's bytes count as moved; one that landed nothing is dropped."""
-        assert self.hot_prefixes is not None
-        num_dropped = 0 if outcome.landed else int(self.hot_prefixes.give_up(warm))
+        """A delivered copy's bytes count as moved; one that landed nothing is dropped. (A
+        copy that ends after an in-place policy change away from ``hot_prefix`` still counts
+        its bytes; there is no bookkeeping left to drop it from.)"""
+        hot = self.hot_prefixes
+        num_dropped = 0 if outcome.landed or hot is None else int(hot.give_up(warm))
         self.metrics.record_prefix_copies(
             self.settings.pool.value,
             num_made=0,
             num_dropped=num_dropped,
             num_bytes=outcome.num_bytes,
-            num_hot=self.hot_prefixes.counters().num_hot_prefixes,
+            num_hot=0 if hot is None else hot.counters().num_hot_prefixes,
         )
 
     def _routing_stats(self, replica: RunningReplica) -> RoutingStats:

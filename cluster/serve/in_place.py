@@ -1,14 +1,22 @@
 """Which config fields a running app takes without restarting a replica, and how they travel.
 
-Serve restarts every replica when an app's ``args`` change (they are part of its code version),
-but a deployment's ``user_config`` is a lightweight update: Serve calls the replica's
-``reconfigure`` with it. The ingress alone reads :data:`IN_PLACE_FIELDS` (the disaggregation
-decision, the migration limit, the virtual model names), so ``pdserve upgrade`` sends their new
-values as the Ingress deployment's ``user_config`` (:func:`in_place_user_config`) and the
-ingress rebuilds its app from its ``args`` config overlaid with them (:func:`with_in_place`).
-Routing fields the pools' request routers or replicas read (``policy``, ``hot_prefixes``, the
-KV index shards and stride) and the planner travel in Serve's code version, so they are not
-here.
+Serve restarts every replica when an app's code version changes, and that version covers the
+app's ``args``, its autoscaling policy with its ``policy_kwargs`` and any
+``request_router_config`` a deploy overrides (Ray 2.60; a Serve request router is also built
+once, in the caller's process, from its kwargs). A deployment's ``user_config`` is the
+lightweight update: Serve calls the running replicas' ``reconfigure`` with it. So ``pdserve
+upgrade`` sends the new values of :data:`IN_PLACE_FIELDS` as the Ingress deployment's
+``user_config`` (:func:`in_place_user_config`); the ingress overlays them on its ``args``
+config (:func:`with_in_place`), rebuilds its app for the fields it reads (the disaggregation
+decision, the migration limit, the virtual models) and hands the rest on inside the running
+cluster: the routing knobs to the pools' routers in its own process
+(``cluster.routing.live_settings``), the planner's settings to the app's autoscaling policy
+(``cluster.serve.planner_settings``).
+
+What replicas read, or what changes the app's shape, still needs a redeploy: the KV index's
+shards and stride (every replica publishes by them), and the planner's mode and capacity
+profile (:data:`PINNED_FIELDS`: they decide whether the app has a policy, which one, and the
+ingress's own deployment options).
 """
 
 from __future__ import annotations
@@ -20,8 +28,24 @@ from cluster.serve.config_file import config_to_mapping, load_cluster_config
 from core.config import ClusterConfig
 from core.errors import ConfigError
 
-IN_PLACE_FIELDS = ("disaggregation", "virtual_models", "routing.migration_limit")
-"""Dotted config paths the ingress applies in place."""
+IN_PLACE_FIELDS = (
+    "disaggregation",
+    "virtual_models",
+    "routing.migration_limit",
+    "routing.policy",
+    "routing.hot_prefixes",
+    "planner",
+)
+"""Dotted config paths applied in place (a section: every field of it but :data:`PINNED_FIELDS`)."""
+PINNED_FIELDS = ("planner.mode", "planner.profile")
+"""Fields under :data:`IN_PLACE_FIELDS` that only a redeploy changes."""
+
+
+def applies_in_place(path: str) -> bool:
+    """A change of the dotted field ``path`` applies without restarting a replica."""
+    if path in PINNED_FIELDS:
+        return False
+    return any(path == f or path.startswith(f + ".") for f in IN_PLACE_FIELDS)
 
 
 def field_value(config: ClusterConfig, path: str) -> Any:
@@ -56,7 +80,16 @@ def with_in_place(base: ClusterConfig, user_config: Mapping[str, Any] | None) ->
         for part in parents:
             target = target.setdefault(part, {})
         target[leaf] = value
-    return load_cluster_config(mapping)
+    config = load_cluster_config(mapping)
+    for path in PINNED_FIELDS:
+        if field_value(config, path) != field_value(base, path):
+            raise ConfigError(
+                f"the ingress's user_config may not change {path} (deployed "
+                f"{field_value(base, path)!r}, got {field_value(config, path)!r}): that takes "
+                "a redeploy",
+                param=f"user_config.{path}",
+            )
+    return config
 
 
 def _dotted(mapping: Mapping[str, Any], path: str) -> Any:

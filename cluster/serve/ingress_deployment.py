@@ -14,8 +14,10 @@ metrics (:class:`RoutingCollector`), and :meth:`IngressDeployment.routing_snapsh
 as a plain ``RoutingSnapshot``.
 
 In place: Serve calls :meth:`IngressDeployment.reconfigure` with the Ingress deployment's
-``user_config`` (what ``pdserve upgrade`` sets for the fields the ingress alone reads); the
-replica rebuilds its app and swaps it behind the ASGI app Serve mounted, restarting nothing.
+``user_config`` (what ``pdserve upgrade`` sets for the fields that apply in place); the replica
+rebuilds its app and swaps it behind the ASGI app Serve mounted, publishes the routing knobs to
+the pools' routers in its process (``cluster.routing.live_settings``) and the planner's settings
+to the app's planner (``cluster.serve.planner_settings``), restarting nothing.
 The same ``user_config`` names the apps a stepped rollout runs new pools in
 (``cluster.serve.rollout_pools.FOLLOW_KEY``): a model with one gets versioned pool clients
 (``cluster.ingress.dispatch.versioned_pools``) that send each request to the app whose replicas
@@ -40,9 +42,12 @@ from cluster.ingress import IngressApp, RequestGate, create_app
 from cluster.ingress.dispatch.pool_clients import DecodeClient, PrefillClient
 from cluster.ingress.dispatch.versioned_pools import VersionedDecodeClient, VersionedPrefillClient
 from cluster.ingress.model_table import ModelEndpoint
+from cluster.routing import live_settings
 from cluster.routing.kv_index.actor import INDEX_NAMESPACE
 from cluster.routing.kv_index.follower import ActorIndexSource
+from cluster.routing.live_settings import LiveRouting
 from cluster.routing.routing_metrics import RoutingMetrics, routing_metrics
+from cluster.serve import planner_settings
 from cluster.serve.clients import (
     NoPrefillPool,
     PoolVersions,
@@ -56,6 +61,7 @@ from cluster.serve.fault_admin import ServeFaultAdmin
 from cluster.serve.in_place import with_in_place
 from cluster.serve.ingress_setup import build_ingress_settings
 from cluster.serve.lora_admin import ServeLoRAAdmin
+from cluster.serve.planner_settings import PlannerSettings
 from cluster.serve.pool_options import pool_deployment_name
 from cluster.serve.rollout_pools import split_user_config
 from cluster.serve.swappable_asgi import SwappableAsgi
@@ -115,7 +121,14 @@ class RoutingCollector(Collector):
                 "pdserve:prefix_copy_bytes", "KV bytes of deliberate copies.", labels=["pool"]
             ),
         }
+        policy = GaugeMetricFamily(
+            "pdserve:routing_policy",
+            "1 for the policy each pool's router ranks by now.",
+            labels=["pool", "policy"],
+        )
         for pool, metrics in snapshot.pools.items():
+            if metrics.policy:
+                policy.add_metric([pool, metrics.policy], 1)
             hot.add_metric([pool], metrics.hot_prefixes)
             copies["made"].add_metric([pool], metrics.prefix_copies_made_total)
             copies["dropped"].add_metric([pool], metrics.prefix_copies_dropped_total)
@@ -137,7 +150,7 @@ class RoutingCollector(Collector):
             value=snapshot.index_restarts_total,
         )
         yield from (decisions, hit_rate, latency_p50, prompt_blocks, cached_blocks)
-        yield from (shard_losses, restarts, hot, *copies.values())
+        yield from (shard_losses, restarts, hot, policy, *copies.values())
         if snapshot.index is not None:
             for key, value in dataclasses.asdict(snapshot.index).items():
                 yield GaugeMetricFamily(f"pdserve:kv_index_{key}", f"KV index {key}.", value=value)
@@ -192,8 +205,9 @@ class IngressDeployment:
         self._gate = RequestGate(
             cluster_config.server.max_in_flight_requests, cluster_config.server.retry_after_s
         )
+        self._app_name = serve.get_replica_context().app_name
         self._index = ActorIndexSource(
-            serve.get_replica_context().app_name,
+            self._app_name,
             namespace=INDEX_NAMESPACE,
             metrics=RoutingMetrics(),
             num_shards=cluster_config.routing.kv_index_shards,
@@ -203,6 +217,7 @@ class IngressDeployment:
         self._pools, self._board = pools, board
         self._pools_apps: dict[str, str] = {}  # served name -> its rollout's second app
         self._base_config = self._config = cluster_config
+        self._publish_planner_settings(cluster_config)  # over any an earlier deploy left
         self._ingress = self._build_ingress(cluster_config)
         self._asgi = SwappableAsgi(self._ingress.asgi)
 
@@ -227,19 +242,28 @@ class IngressDeployment:
         return ingress
 
     async def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Serve's lightweight update (``pdserve upgrade`` of fields the ingress alone reads,
+        """Serve's lightweight update (``pdserve upgrade`` of the fields that apply in place,
         ``cluster.serve.in_place``): rebuild the app from the deployed config overlaid with
-        ``user_config`` and serve the next requests from it; requests in flight finish on the
-        old one, and no replica restarts. The rebuilt app starts its metrics from zero."""
+        ``user_config`` and serve the next requests from it, and hand the routing knobs and
+        the planner's settings on; requests in flight finish on the old app, and no replica
+        restarts. The rebuilt app starts its metrics from zero."""
         fields, pools_apps = split_user_config(user_config)
         config = with_in_place(self._base_config, fields)
         if config == self._config and pools_apps == self._pools_apps:
             return
+        live_settings.publish(self._app_name, LiveRouting.of(config.routing))
+        self._publish_planner_settings(config)
         self._pools_apps = pools_apps
         self._ingress = self._build_ingress(config)
         self._config = config
         self._asgi.swap(self._ingress.asgi)
         logger.info("ingress reconfigured in place: %s", ", ".join(sorted(user_config)))
+
+    def _publish_planner_settings(self, config: ClusterConfig) -> None:
+        """``config``'s planner settings for the app's planner (none runs with mode off)."""
+        if config.planner.mode != "off":
+            deployed = PlannerSettings.of(self._base_config)
+            planner_settings.publish(self._app_name, deployed, PlannerSettings.of(config))
 
     def _endpoint(
         self,

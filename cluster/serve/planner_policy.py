@@ -12,13 +12,17 @@ Serve would apply anyway, so the log never shows a size the pool cannot take); S
 delays. Every change is logged with its reason, counted as the Ray metric
 ``pdserve_planner_decisions`` (pool, direction, reason) and written for ``pdserve status``
 (``cluster.planner.decisions``).
+
+An in-place upgrade of the planner's thresholds or of ``disaggregation`` reaches the policy
+through the GCS (``cluster.serve.planner_settings``: the ingress publishes, the policy reads
+once a second), since Serve builds the policy once from ``policy_kwargs``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +46,8 @@ from cluster.planner.slo_policy import (
     predicted_itl_s,
     predicted_ttft_s,
 )
+from cluster.serve import planner_settings
+from cluster.serve.planner_settings import PlannerSettings
 from cluster.serve.pool_options import DECODE_DEPLOYMENT, INGRESS_DEPLOYMENT, PREFILL_DEPLOYMENT
 from core.codec import from_plain
 from core.config import DisaggregationConfig, PlannerConfig
@@ -54,6 +60,9 @@ def _clock() -> float:
     ``time``, which every thread of the process shares)."""
     return time.monotonic()
 
+
+SettingsReader = Callable[[str, PlannerSettings], PlannerSettings | None]
+"""``(app name, deployed settings) -> published settings`` (``planner_settings.read``)."""
 
 POLICY_FUNCTION = "cluster.serve.planner_policy:PdservePlanner"
 """The import path Serve loads the policy class from."""
@@ -117,9 +126,13 @@ class PdservePlanner:
         planner: Mapping[str, Any],
         capacity: Any = None,
         disaggregation: Mapping[str, Any] | None = None,
+        read_settings: SettingsReader = planner_settings.read,
     ) -> None:
         self.config = PlannerConfig.model_validate(dict(planner))
         self.disaggregation = DisaggregationConfig.model_validate(dict(disaggregation or {}))
+        self._deployed = PlannerSettings(self.config, self.disaggregation)
+        self._read_settings = read_settings
+        self._settings_read_s: float | None = None
         self.capacity = from_plain(CapacityModel, capacity) if capacity is not None else None
         if self.config.mode == "slo" and self.capacity is None:
             raise ValueError("the slo planner needs its capacity model")
@@ -133,6 +146,8 @@ class PdservePlanner:
 
     def __call__(self, contexts: Mapping[Any, Any]) -> tuple[dict[Any, int], dict[Any, dict]]:
         """Both pools' targets and their policy state; other deployments keep theirs."""
+        if contexts:
+            self._follow_settings(next(iter(contexts)).app_name, _clock())
         pools = {d.name: (d, PoolMetrics(ctx)) for d, ctx in contexts.items()}
         targets = {d: int(ctx.target_num_replicas) for d, ctx in contexts.items()}
         decisions = (
@@ -146,6 +161,24 @@ class PdservePlanner:
             state[deployment_id] = {"target": decision.target, "reason": decision.reason.value}
             self._record(deployment_id.app_name, name, metrics.num_replicas, decision, detail)
         return targets, state
+
+    def _follow_settings(self, app_name: str, now_s: float) -> None:
+        """Take the settings an in-place upgrade published (at most once per
+        ``planner_settings.READ_PERIOD_S``; none published: the deployed ones). A failed read
+        keeps the settings in use."""
+        last = self._settings_read_s
+        if last is not None and now_s - last < planner_settings.READ_PERIOD_S:
+            return
+        self._settings_read_s = now_s
+        try:
+            settings = self._read_settings(app_name, self._deployed) or self._deployed
+        except Exception as e:  # the GCS is briefly unreachable: decide by what we have
+            logger.warning("planner settings not read: %s", e)
+            return
+        if settings == PlannerSettings(self.config, self.disaggregation):
+            return
+        self.config, self.disaggregation = settings.planner, settings.disaggregation
+        logger.info("planner: settings changed in place: %s", settings.to_json())
 
     def _plan_load(
         self, pools: Mapping[str, tuple[Any, PoolMetrics]]

@@ -12,14 +12,16 @@ backend measures on the same GGUF file — item by item, the same chosen answers
 its own venv (``lm_eval_quality_probe.py``).
 
 The tests share one ``up --detach`` (module fixture) and run in file order: serving and
-status, an upgrade applied in place (no replica restarts), then quality, then ``down``; each
-also passes alone (the fixture starts the app, and stops it afterwards if no test did).
+status, an upgrade applied in place (no replica restarts; the running routers take the new
+policy), then quality, then ``down``; each also passes alone (the fixture starts the app, and
+stops it afterwards if no test did).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -155,6 +157,13 @@ def model_ids(endpoint: str) -> list[str]:
     return [m["id"] for m in httpx.get(f"{endpoint}/v1/models", timeout=30).json()["data"]]
 
 
+def routing_policies(endpoint: str) -> set[str]:
+    """``pool=policy`` for each pool's router, from the ingress's ``/metrics``."""
+    text = httpx.get(f"{endpoint}/metrics", timeout=30).text
+    found = re.findall(r'pdserve:routing_policy\{policy="([^"]+)",pool="([^"]+)"\} 1\.0', text)
+    return {f"{pool}={policy}" for policy, pool in found}
+
+
 def test_an_upgrade_of_ingress_fields_applies_in_place_restarting_nothing(
     local_default: DetachedUp, tmp_path: Path
 ) -> None:
@@ -163,13 +172,15 @@ def test_an_upgrade_of_ingress_fields_applies_in_place_restarting_nothing(
     assert "auto" not in model_ids(endpoint)
     config = yaml.safe_load(local_default.path.read_text())
     config["virtual_models"] = [{"name": "auto", "default": local_default.served_name()}]
-    config["routing"] = {**config.get("routing", {}), "migration_limit": 1}
+    config["routing"] = {**config.get("routing", {}), "migration_limit": 1, "policy": "hot_prefix"}
+    config["planner"] = {**config.get("planner", {}), "max_step": 3}
     path = tmp_path / "in_place.yaml"
     path.write_text(yaml.safe_dump(config))
 
     run = pdserve_cli("upgrade", str(path), env=env)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "routing.migration_limit, virtual_models" in run.stdout
+    applied = "routing.policy, routing.migration_limit, planner.max_step, virtual_models"
+    assert applied in " ".join(run.stdout.split())  # the console wraps long lines
     wait_until(lambda: "auto" in model_ids(endpoint), 30, "the virtual model to be served")
     assert replica_ids(env) == replicas and ingress_start_time(endpoint) == started
     again = pdserve_cli("upgrade", str(path), env=env)  # the running config includes it now
@@ -180,6 +191,8 @@ def test_an_upgrade_of_ingress_fields_applies_in_place_restarting_nothing(
         timeout=60,
     )
     assert completion.status_code == 200, completion.text
+    assert "decode=hot_prefix" in routing_policies(endpoint)  # the running router took it
+    assert ingress_start_time(endpoint) == started
 
 
 @pytest.mark.timeout(900)

@@ -1,6 +1,7 @@
 """``pdserve upgrade`` against a fake Serve REST API: the running config is read from the app's
-args, a new checkpoint redeploys, a resize scales in place, a routing-only change is refused
-changing nothing, a dry run changes nothing."""
+args, a new checkpoint redeploys, a resize scales in place, routing knobs and planner
+thresholds reconfigure the ingress alone, a change replicas read is refused changing nothing, a
+dry run changes nothing."""
 
 from __future__ import annotations
 
@@ -56,9 +57,21 @@ def test_a_resize_scales_in_place(rest: FakeRest) -> None:
     assert rest.calls == [("scale", {"Decode": 3})]
 
 
-def test_a_routing_only_change_restarts_nothing(rest: FakeRest) -> None:
-    with pytest.raises(UpgradeRefusedError, match="not supported yet") as info:
-        upgrade_module.upgrade(new(routing={"policy": "least_loaded"}))
+def test_a_routing_and_planner_change_reconfigures_the_ingress_alone(rest: FakeRest) -> None:
+    target = new(routing={"policy": "hot_prefix"}, planner={"max_step": 3})
+    plan = upgrade_module.upgrade(target)
+    assert plan.ingress_fields == ("routing.policy", "planner.max_step") and not plan.restarts
+    assert rest.calls == [("reconfigure", ("Ingress", in_place_user_config(target)))]
+    assert rest.app is not None  # Serve keeps the args and records the user_config:
+    rest.app["deployed_app_config"]["deployments"] = [
+        {"name": "Ingress", "user_config": in_place_user_config(target)}
+    ]
+    assert upgrade_module.running_config(rest.app, "pdserve") == target  # read back
+
+
+def test_a_change_replicas_read_is_refused_naming_it(rest: FakeRest) -> None:
+    with pytest.raises(UpgradeRefusedError, match="kv_index_stride changed") as info:
+        upgrade_module.upgrade(new(routing={"policy": "hot_prefix", "kv_index_stride": 2}))
     assert info.value.param == "routing"
     assert rest.calls == []
 

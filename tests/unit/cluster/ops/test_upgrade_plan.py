@@ -104,24 +104,44 @@ def test_rolling_steps_of_two_prefill_four_decode() -> None:
     assert steps == [(1, 0), (1, 1), (1, 2), (2, 2), (2, 3), (2, 4)]
 
 
-def test_fields_the_ingress_reads_are_split_from_those_serve_rebuilds_the_app_for() -> None:
+def test_routing_knobs_and_planner_thresholds_apply_in_place_the_rest_takes_a_redeploy() -> None:
     upgrade = plan(
         config(
-            routing={"policy": "least_loaded", "migration_limit": 1},
+            routing={
+                "policy": "hot_prefix",
+                "hot_prefixes": {"head_blocks": 2},
+                "migration_limit": 1,
+            },
+            planner={"max_step": 4},
             virtual_models=[{"name": "auto", "default": "llama"}],
         )
     )
-    assert upgrade.in_place == ("routing", "virtual_models")
-    assert upgrade.ingress_fields == ("routing.migration_limit", "virtual_models")
-    assert upgrade.redeploy_fields == ("routing.policy",)
-
-
-def test_disaggregation_goes_to_the_ingress_unless_the_planner_reads_it_too() -> None:
-    threshold = {"local_prefill_threshold_tokens": 7}
-    assert plan(config(disaggregation=threshold)).ingress_fields == ("disaggregation",)
-    autoscaled = {"autoscaling": {"min_replicas": 1, "max_replicas": 4}}
-    planned = {"planner": {"mode": "load"}, "prefill": autoscaled, "decode": autoscaled}
-    upgrade = plan_upgrade(
-        config(**planned), config(**planned, disaggregation=threshold), IDENTITIES.__getitem__
+    assert upgrade.in_place == ("routing", "planner", "virtual_models")
+    assert upgrade.ingress_fields == (
+        "routing.policy",
+        "routing.hot_prefixes",
+        "routing.migration_limit",
+        "planner.max_step",
+        "virtual_models",
     )
-    assert upgrade.ingress_fields == () and upgrade.redeploy_fields == ("disaggregation",)
+    assert upgrade.redeploy_fields == () and not upgrade.restarts
+    replicas_read = plan(config(routing={"kv_index_shards": 2, "kv_index_stride": 4}))
+    assert replicas_read.redeploy_fields == ("routing.kv_index_shards", "routing.kv_index_stride")
+    assert replicas_read.ingress_fields == ()
+
+
+def test_the_planner_mode_and_profile_take_a_redeploy_its_thresholds_do_not() -> None:
+    autoscaled = {"autoscaling": {"min_replicas": 1, "max_replicas": 4}}
+    pools = {"prefill": autoscaled, "decode": autoscaled}
+    running = config(**pools, planner={"mode": "load"})
+    threshold = {"local_prefill_threshold_tokens": 7}
+    tuned = config(
+        **pools, planner={"mode": "load", "decode_kv_usage_target": 0.5}, disaggregation=threshold
+    )
+    upgrade = plan_upgrade(running, tuned, IDENTITIES.__getitem__)
+    assert upgrade.ingress_fields == ("disaggregation", "planner.decode_kv_usage_target")
+    assert upgrade.redeploy_fields == ()
+    slo = config(**pools, planner={"mode": "slo", "profile": "capacity.json", "max_step": 3})
+    upgrade = plan_upgrade(running, slo, IDENTITIES.__getitem__)
+    assert upgrade.redeploy_fields == ("planner.mode", "planner.profile")
+    assert upgrade.ingress_fields == ("planner.max_step",)

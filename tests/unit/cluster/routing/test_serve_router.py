@@ -13,12 +13,14 @@ import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
 from ray.serve.request_router import PendingRequest, ReplicaID
 
+from cluster.routing import live_settings
 from cluster.routing.kv_index.follower import (
     ActorIndexSource,
     StaticIndexSource,
 )
 from cluster.routing.kv_index.index import KVIndex
 from cluster.routing.kv_index.replication import KVIndexServer
+from cluster.routing.live_settings import LiveRouting
 from cluster.routing.prefix_copy_delivery import PrefixCopyDelivery
 from cluster.routing.routing_metrics import RoutingMetrics
 from cluster.routing.serve_router import (
@@ -28,6 +30,7 @@ from cluster.routing.serve_router import (
     RoundRobinRequestRouter,
 )
 from core.codec import to_plain
+from core.config import HotPrefixConfig
 from core.kv_handle import KVHandle
 from core.kv_index_messages import CompactBatch, IndexOp
 from core.messages import (
@@ -393,3 +396,56 @@ def test_a_delivering_router_counts_moved_bytes_and_failed_copies(fail: bool) ->
     else:
         assert (pool.prefix_copy_bytes_total, pool.prefix_copies_dropped_total) == (3 * 2048, 0)
         assert router.hot_prefixes.replicator.copies_of(1) == frozenset({"a"})
+
+
+@pytest.fixture
+def published() -> Iterator[None]:
+    """Routing knobs published in this process are withdrawn after the test."""
+    yield
+    for app in ("test-app", "other-app"):
+        live_settings.withdraw(app)
+
+
+def first(router: PdserveRequestRouter, replicas: list[Replica]) -> str:
+    """The first-ranked replica for a prompt ``b`` caches; the request then finishes (no load
+    is left to tip the next decision)."""
+    request = pending([1, 2, 3, 4])
+    chosen = choose(router, replicas, request)[0]
+    router.on_request_completed(
+        ReplicaID(unique_id=chosen, deployment_id=DEPLOYMENT),
+        request.metadata.internal_request_id,
+    )
+    return chosen
+
+
+@pytest.mark.usefixtures("published")
+def test_routing_knobs_published_for_its_app_take_over_from_the_next_decision() -> None:
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill", b=[1, 2, 3]))
+    replicas = [replica("a"), replica("b")]
+    assert first(router, replicas) == "b"
+    live_settings.publish("other-app", LiveRouting("round_robin"))  # another app's routers
+    assert first(router, replicas) == "b"
+
+    live_settings.publish("test-app", LiveRouting("round_robin"))
+    firsts = [first(router, replicas) for _ in range(2)]
+    assert sorted(firsts) == ["a", "b"]  # the cache holder no longer wins every time
+    pool = router.metrics.snapshot().pools["prefill"]
+    assert pool.policy == "round_robin" and pool.decisions_total["round_robin"] == 2
+
+    live_settings.publish("test-app", LiveRouting("hot_prefix", HotPrefixConfig(head_blocks=2)))
+    first(router, replicas)
+    assert router.policy.name == "hot_prefix" and router.hot_prefixes is not None
+    assert router.hot_prefixes.config.head_blocks == 2
+
+    live_settings.publish("test-app", LiveRouting("prefix_aware"))
+    assert first(router, replicas) == "b"
+    assert router.hot_prefixes is None and router.settings.policy == "prefix_aware"
+
+
+@pytest.mark.usefixtures("published")
+def test_publishing_the_value_in_place_is_no_new_generation() -> None:
+    first = live_settings.publish("test-app", LiveRouting("least_loaded"))
+    assert live_settings.publish("test-app", LiveRouting("least_loaded")) == first
+    newer = live_settings.publish("test-app", LiveRouting("round_robin"))
+    assert newer.generation > first.generation
+    assert live_settings.current("test-app") == newer and live_settings.current("x") is None
