@@ -11,8 +11,8 @@ while the old replicas serve — pairing by KV fingerprint keeps the two version
 decode apart meanwhile. With ``stepped`` (``pdserve upgrade --stepped``) such a plan runs
 instead as a stepped rollout (:mod:`~cluster.ops.upgrade_rollout`): the new pools go up as an
 app of their own and replace the old ones replica by replica, keeping the P:D ratio. Once a
-rollout left the pools in such an app, only ``--stepped`` upgrades it further (a plain one is
-refused: it would redeploy the running app, whose own pools are held at 0). Fields the
+rollout left the pools in such an app, only ``--stepped`` replaces them further (a redeploy is
+refused: it would rebuild the running app, whose own pools are held at 0). Fields the
 ingress alone reads (``cluster.serve.in_place``) are applied in place: the new values become the
 Ingress deployment's ``user_config`` and Serve calls its ``reconfigure``; no replica restarts.
 Routing fields of the pools' routers and the planner are in Serve's code version: applying them
@@ -104,8 +104,11 @@ def upgrade(
         plan = plan_upgrade(current, new, model_identity)
         if dry_run or plan.empty:
             return plan
-        resizes = not plan.restarts and bool(_resized(plan, new))
-        upgrade_rollout.refuse_while_recorded(app_name, stepped=stepped, resizes=resizes)
+        upgrade_rollout.refuse_while_recorded(
+            app_name,
+            redeploys=plan.restarts and not stepped,
+            resizes=not plan.restarts and bool(_resized(plan, new)),
+        )
         if plan.restarts and stepped:
             upgrade_rollout.start(rest, current, new, plan, timeouts or RolloutTimeouts())
             return plan

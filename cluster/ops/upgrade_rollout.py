@@ -104,7 +104,7 @@ def start(
     (attached to Ray already)."""
     app_name = new.cluster.app_name
     served, sizes = _rollout_model(current, new, plan)
-    previous = refuse_while_recorded(app_name, stepped=True)
+    previous = refuse_while_recorded(app_name)
     _, followed = split_user_config(_ingress_config(rest, app_name), app_name)
     old_app = _serving_app(app_name, served, previous, followed)
     generation = 1 if previous is None else previous.generation + 1
@@ -130,22 +130,22 @@ def start(
 
 
 def refuse_while_recorded(
-    app_name: str, *, stepped: bool = False, resizes: bool = False
+    app_name: str, *, redeploys: bool = False, resizes: bool = False
 ) -> RolloutState | None:
     """The recorded rollout of ``app_name`` (None: none), once it ended. Raises
-    :class:`UpgradeRefusedError` while one is under way; and when one left the pools serving
-    from an app of their own, for an upgrade that is not ``stepped`` (it would redeploy the
-    running app, whose own pools are held at 0) or that ``resizes`` pools in place."""
+    :class:`UpgradeRefusedError` while one is under way; and, when one left the pools serving
+    from an app of their own, for an upgrade that ``redeploys`` the running app (whose own
+    pools are held at 0) or ``resizes`` pools in place (they are not the running app's)."""
     recorded = rollout_state.read_rollout(app_name)
     if recorded is None:
         return None
     ended = recorded.phase in (RolloutPhase.DONE, RolloutPhase.ROLLED_BACK)
     serving = recorded.serving_app
-    if ended and (serving == app_name or (stepped and not resizes)):
+    if ended and (serving == app_name or not (redeploys or resizes)):
         return recorded
     if not ended:
         why = "finish it (--resume) or roll it back (--rollback) first"
-    elif not stepped:
+    elif redeploys:
         why = (
             f"the pools serve from {serving} now, so a plain upgrade (which redeploys "
             f"{app_name}, whose own pools are held at 0) is not supported; upgrade with --stepped"

@@ -125,7 +125,7 @@ def test_planning_reads_the_config_that_serves(rest: FakeRest) -> None:
 @pytest.mark.parametrize(
     ("target", "stepped", "message"),
     [(THIRD, False, "upgrade with --stepped"),
-     (config("b", decode={"num_replicas": 3}), False, "upgrade with --stepped"),
+     (config("b", decode={"num_replicas": 3}), False, "resize them apart"),
      (config("b", decode={"num_replicas": 3}), True, "resize them apart")],
 )  # fmt: skip
 def test_what_would_touch_the_idle_running_pools_is_refused(
@@ -136,9 +136,12 @@ def test_what_would_touch_the_idle_running_pools_is_refused(
     assert rest.calls == []
 
 
-def test_an_ingress_field_is_applied_in_place_keeping_the_followed_app(rest: FakeRest) -> None:
+@pytest.mark.parametrize("stepped", [True, False])
+def test_an_ingress_field_is_applied_in_place_keeping_the_followed_app(
+    rest: FakeRest, stepped: bool
+) -> None:
     target = config("b", routing={"migration_limit": 5})
-    upgrade_module.upgrade(target, stepped=True, timeouts=FAST)
+    upgrade_module.upgrade(target, stepped=stepped, timeouts=FAST)
     follow = {FOLLOW_KEY: {"llama": ["pdserve-rollout"]}}
     assert rest.calls == [("reconfigure", ("Ingress", {**in_place_user_config(target), **follow}))]
 
