@@ -225,11 +225,11 @@ def _drive_attached(
     driver = RolloutDriver(fleet, rollout_state.write_rollout, rollout_state.take_pause, timeouts)
     final = driver.run(state)
     if final.phase in (RolloutPhase.DONE, RolloutPhase.ROLLED_BACK):
-        _settle(rest, final)
+        _settle(rest, final, timeouts)
     return final
 
 
-def _settle(rest: ServeRest, state: RolloutState) -> None:
+def _settle(rest: ServeRest, state: RolloutState, timeouts: RolloutTimeouts) -> None:
     """After ``state`` ended: the ingress follows only the app that serves, and the other one
     (at 0 replicas, followed by no model) is deleted, unless it is the running app."""
     app_name = state.app_name
@@ -247,6 +247,7 @@ def _settle(rest: ServeRest, state: RolloutState) -> None:
     rest.reconfigure(app_name, INGRESS_DEPLOYMENT, user_config)
     still_followed = {app for apps in followed.values() for app in apps}
     if idle != app_name and idle not in still_followed:
+        rest.wait_running(app_name, timeouts.ready_timeout_s)  # the ingress let go of it
         rest.remove(idle)
         logger.info("rollout of %s ended: %s serves, %s deleted", app_name, serving, idle)
 

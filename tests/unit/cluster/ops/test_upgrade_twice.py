@@ -81,12 +81,13 @@ def test_a_second_rollout_goes_from_the_first_ones_app_to_a_new_one(
 ) -> None:
     plan = upgrade_module.upgrade(THIRD, stepped=True, timeouts=FAST)
     assert plan.models[0].restarts
-    (deploy, wait, follow_both, follow_new, remove) = rest.calls
+    (deploy, wait, follow_both, follow_new, settled, remove) = rest.calls
     assert deploy[0] == "deploy_app" and deploy[1]["name"] == "pdserve-rollout-2"
     assert deploy[1]["args"]["config"]["model"]["name"] == "/models/c"
     assert wait == ("wait_running", "pdserve-rollout-2")
     assert follow_both == follows("pdserve-rollout", "pdserve-rollout-2")
     assert follow_new == follows("pdserve-rollout-2")
+    assert settled == ("wait_running", "pdserve")  # the ingress let go of the old app first
     assert remove == ("remove", "pdserve-rollout")
     (fleet,) = fleets
     assert fleet.apps == {Version.OLD: "pdserve-rollout", Version.NEW: "pdserve-rollout-2"}
@@ -158,12 +159,17 @@ def test_rolling_back_a_second_rollout_returns_to_the_first_ones_app(
     rest.calls.clear()
     back = upgrade_rollout.rollback("pdserve", FAST)
     assert back.phase is RolloutPhase.ROLLED_BACK and back.serving_app == "pdserve-rollout"
-    assert rest.calls == [follows("pdserve-rollout"), ("remove", "pdserve-rollout-2")]
+    assert rest.calls == [
+        follows("pdserve-rollout"),
+        ("wait_running", "pdserve"),
+        ("remove", "pdserve-rollout-2"),
+    ]
     assert fleets[-1].sizes[(Version.OLD, "prefill")] == 1
     with pytest.raises(UpgradeRefusedError, match="serve from pdserve-rollout now"):
         upgrade_module.upgrade(THIRD)  # still a pools app: plain upgrades stay refused
     upgrade_module.upgrade(THIRD, stepped=True, timeouts=FAST)
-    assert rest.calls[2][1]["name"] == "pdserve-rollout-3"  # names never repeat
+    deployed_apps = [entry["name"] for call, entry in rest.calls if call == "deploy_app"]
+    assert deployed_apps == ["pdserve-rollout-3"]  # names never repeat
 
 
 def test_rolling_back_a_first_rollout_follows_nothing(
@@ -176,6 +182,7 @@ def test_rolling_back_a_first_rollout_follows_nothing(
     upgrade_rollout.rollback("pdserve", FAST)
     assert rest.calls == [
         ("reconfigure", ("Ingress", in_place_user_config(FIRST))),
+        ("wait_running", "pdserve"),
         ("remove", "pdserve-rollout"),
     ]
     assert upgrade_rollout.serving_pools_app("pdserve") == "pdserve"
