@@ -21,7 +21,7 @@ from cluster.serve.config_file import config_to_mapping, load_cluster_config
 from cluster.serve.in_place import in_place_user_config
 from cluster.serve.rollout_pools import FOLLOW_KEY
 from core.config import ClusterConfig
-from core.errors import UpgradeRefusedError
+from core.errors import UnavailableError, UpgradeRefusedError
 from tests.unit.cluster.ops.upgrade_fakes import FakeRest, InstantFleet, offline_upgrade
 
 pytestmark = pytest.mark.timeout(30)
@@ -198,3 +198,11 @@ def test_a_state_file_from_before_reads_as_a_first_rollout_of_the_running_app(
     state = rollout_state.read_rollout("pdserve")
     assert state is not None and (state.old_app, state.generation) == ("pdserve", 1)
     assert state.progress_line() == "step 3/3: Prefill 0 old + 1 new, Decode 0 old + 2 new (done)"
+
+
+def test_a_missing_serving_pools_app_is_named(rest: FakeRest) -> None:
+    with pytest.raises(UnavailableError, match="'pdserve-rollout', whose pools serve"):
+        upgrade_module.running_config(rest.app, "pdserve", None, "pdserve-rollout")
+    with pytest.raises(UpgradeRefusedError, match="'pdserve-rollout' was not deployed by pdserve"):
+        upgrade_module.running_config(rest.app, "pdserve", {}, "pdserve-rollout")
+    assert upgrade_module.running_config(rest.app, "pdserve", None, "pdserve") == FIRST
