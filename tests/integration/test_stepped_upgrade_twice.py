@@ -6,6 +6,8 @@ running app, and ``pdserve status`` shows the second rollout done."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,6 @@ import httpx
 import pytest
 import yaml
 
-from cluster.ops.rest import ServeRest
 from cluster.serve.config_file import load_cluster_config
 from tests.integration.support import pdserve_cli, repo_config_on_free_ports
 from tests.waiting import wait_until
@@ -56,6 +57,29 @@ class LightLoad:
                 self.failures.append(f"{reply.status_code} {reply.text[:200]}")
 
 
+APPS_SCRIPT = """
+import json, sys
+from cluster.ops.rest import ServeRest
+print(json.dumps(sorted(ServeRest(sys.argv[1]).details().get("applications", {}))))
+"""
+
+
+def deployed_apps(state: dict[str, Any], env: dict[str, str]) -> list[str]:
+    """The Serve apps on the cluster, read over its REST API from another process (one that
+    takes the cluster's auth mode before it imports Ray, as the CLI does)."""
+    auth = {"RAY_AUTH_MODE": state["ray_auth_mode"]} if state.get("ray_auth_mode") else {}
+    run = subprocess.run(
+        [sys.executable, "-c", APPS_SCRIPT, state["dashboard_url"]],
+        env={**env, **auth},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    apps: list[str] = json.loads(run.stdout.strip().splitlines()[-1])
+    return apps
+
+
 def with_max_num_seqs(config: dict[str, Any], num_seqs: int, path: Path) -> Path:
     """``config`` with new engine options (the pools are replaced), written to ``path``."""
     config["engine"]["max_num_seqs"] = num_seqs
@@ -86,11 +110,10 @@ def test_a_second_stepped_upgrade_starts_from_the_first_ones_pools(tmp_path: Pat
         assert not load.failures, load.failures[:5]
         assert load.num_ok > 0
 
-        rest = ServeRest(state["dashboard_url"])
         apps: list[str] = []
 
         def only_the_newest_pools_app() -> bool:
-            apps[:] = sorted(rest.details().get("applications", {}))
+            apps[:] = deployed_apps(state, env)
             return apps == sorted([app, f"{app}-rollout-2"])
 
         try:
