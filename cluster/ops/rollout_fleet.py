@@ -1,9 +1,10 @@
 """The Serve side of the rollout seam: :class:`ServeRolloutFleet` is a
 :class:`~cluster.ops.rollout.RolloutFleet` over two Serve apps.
 
-Each version's pools are deployments of their own app (the old version's in the running app,
-the new one's in the rollout's app), so a step is an in-place ``num_replicas`` update of one
-deployment through Serve's REST API — what ``pdserve scale`` sends; nothing else restarts.
+Each version's pools are deployments of their own app (the old version's in the running app
+or in the pools app an earlier rollout left serving, the new one's in this rollout's app), so a
+step is an in-place ``num_replicas`` update of one deployment through Serve's REST API — what
+``pdserve scale`` sends; nothing else restarts.
 Health joins Serve's view (replica states, the deployment's status) with the running app's
 stats board, which both apps' replicas report to: a replica counts as healthy once Serve has it
 RUNNING and its report is fresh on the board; its requests in flight are the running, waiting

@@ -1,11 +1,13 @@
 """Where a stepped rollout stands, kept beside the run state ``pdserve up`` records.
 
-``<cache dir>/run/<app>.rollout.json`` holds one :class:`RolloutState`: the model whose pools
-are replaced, the config's pool sizes (they fix :func:`~cluster.ops.upgrade_plan.rolling_steps`),
-the step reached, the direction and the phase. The driver rewrites it after every step;
-``pdserve upgrade --resume``/``--rollback`` start from it and ``pdserve status`` prints its
-progress line. ``pdserve upgrade --pause`` leaves a marker file (``<app>.rollout.pause``) the
-driver takes between steps, so the two processes never write the same file.
+``<cache dir>/run/<app>.rollout.json`` holds one :class:`RolloutState`, the app's latest
+rollout: the model whose pools are replaced, the apps of its old and new version (the running
+app itself, or the pools app an earlier rollout left serving), the config's pool sizes (they
+fix :func:`~cluster.ops.upgrade_plan.rolling_steps`), the step reached, the direction and the
+phase. The driver rewrites it after every step; ``pdserve upgrade --resume``/``--rollback``
+start from it and ``pdserve status`` prints its progress line. ``pdserve upgrade --pause``
+leaves a marker file (``<app>.rollout.pause``) the driver takes between steps, so the two
+processes never write the same file.
 """
 
 from __future__ import annotations
@@ -61,6 +63,21 @@ class RolloutState:
     """The process driving it while ``phase`` is RUNNING."""
     error: str | None = None
     """Why a FAILED rollout stopped."""
+    old_app: str = ""
+    """The Serve app the old version's pools run in: the running app (the default, as state
+    files written before later rollouts existed say) or the previous rollout's app."""
+    generation: int = 1
+    """How many stepped rollouts of the app this one makes (it names :attr:`new_app`)."""
+
+    def __post_init__(self) -> None:
+        if not self.old_app:
+            object.__setattr__(self, "old_app", self.app_name)
+
+    @property
+    def serving_app(self) -> str:
+        """The app whose pools (and config) the model runs as a whole: the new one once DONE,
+        else the old one (mid-way both serve; ROLLED_BACK, the old one alone)."""
+        return self.new_app if self.phase is RolloutPhase.DONE else self.old_app
 
     @property
     def steps(self) -> list[RollingStep]:
@@ -83,7 +100,9 @@ class RolloutState:
         return PoolCounts(self.num_prefill - new.num_prefill, self.num_decode - new.num_decode)
 
     def progress_line(self) -> str:
-        """``step 3/8: Prefill 2 old + 1 new, Decode 3 old + 2 new (running)``."""
+        """``step 3/8: Prefill 2 old + 1 new, Decode 3 old + 2 new (running)``; the apps are
+        named (``, pdserve-rollout -> pdserve-rollout-2``) when the old version is not the
+        running app's own pools."""
         new, old = self.new_replicas(self.step), self.old_replicas(self.step)
         direction = ", rolling back" if self.rolling_back else ""
         line = (
@@ -92,6 +111,8 @@ class RolloutState:
             f"Decode {old.num_decode} old + {new.num_decode} new "
             f"({self.phase.value}{direction})"
         )
+        if self.old_app != self.app_name:
+            line = f"{line}, {self.old_app} -> {self.new_app}"
         return line if self.error is None else f"{line}: {self.error}"
 
     def at(self, step: int, phase: RolloutPhase, error: str | None = None) -> RolloutState:

@@ -1,6 +1,7 @@
 """``pdserve upgrade CONFIG``: move a running cluster to a new YAML.
 
-It reads the config the app runs (Serve keeps it as the app's ``args``), plans the change
+It reads the config the app runs (Serve keeps it as the app's ``args``; after a stepped rollout,
+the args of the pools app the rollout left serving), plans the change
 (:mod:`~cluster.ops.upgrade_plan`: refused, in place, or replacing a model's pools) and applies
 what it can through Serve's own deployment updates: a plan that only resizes pools is a
 :meth:`~cluster.ops.rest.ServeRest.scale` (nothing restarts); a plan that replaces pools is a
@@ -8,8 +9,10 @@ redeploy of the app from the new config. Serve's code version covers the app's a
 redeploy replaces every deployment of the app (not only the changed ones), replica by replica
 while the old replicas serve — pairing by KV fingerprint keeps the two versions' prefill and
 decode apart meanwhile. With ``stepped`` (``pdserve upgrade --stepped``) such a plan runs
-instead as a stepped rollout (:mod:`~cluster.ops.upgrade_rollout`): the new pools go up as a
-second app and replace the old ones replica by replica, keeping the P:D ratio. The fields
+instead as a stepped rollout (:mod:`~cluster.ops.upgrade_rollout`): the new pools go up as an
+app of their own and replace the old ones replica by replica, keeping the P:D ratio. Once a
+rollout left the pools in such an app, only ``--stepped`` replaces them further (a redeploy is
+refused: it would rebuild the running app, whose own pools are held at 0). The fields
 ``cluster.serve.in_place`` lists (what the ingress reads, the routers' policy and hot-prefix
 settings, the planner's thresholds) are applied in place: the new values become the Ingress
 deployment's ``user_config``, Serve calls its ``reconfigure``, and the ingress hands them on to
@@ -29,6 +32,7 @@ from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
 from cluster.ops.rollout import RolloutTimeouts
 from cluster.ops.upgrade_plan import ModelIdentity, UpgradePlan, plan_upgrade
+from cluster.ops.upgrade_rollout import ingress_user_config
 from cluster.serve.config_file import load_cluster_config
 from cluster.serve.in_place import in_place_user_config, with_in_place
 from cluster.serve.pool_options import INGRESS_DEPLOYMENT, pool_deployment_name
@@ -49,30 +53,35 @@ def model_identity(name: str) -> ModelIdentity:
     return ModelIdentity(arch.architecture, arch.vocab_size)
 
 
-def running_config(app: dict[str, Any] | None, app_name: str) -> ClusterConfig:
-    """The config the deployed app ``app`` (Serve's app details) runs: its ``args``, with the
-    fields an earlier upgrade applied in place (the Ingress deployment's ``user_config``)."""
+def running_config(
+    app: dict[str, Any] | None,
+    app_name: str,
+    pools: dict[str, Any] | None = None,
+    pools_app: str | None = None,
+) -> ClusterConfig:
+    """The config the deployed app ``app`` (Serve's app details) runs: its ``args`` — or, when
+    a stepped rollout left the pools serving from an app of their own (``pools_app``, details
+    ``pools``), that app's — with the fields an earlier upgrade applied in place (the Ingress
+    deployment's ``user_config``)."""
     if app is None:
         raise UnavailableError(f"app {app_name!r} is not deployed (start it with pdserve up)")
+    source, source_name = app, app_name
+    if pools_app is not None and pools_app != app_name:
+        if pools is None:
+            raise UnavailableError(
+                f"app {pools_app!r}, whose pools serve {app_name!r} since its last rollout, "
+                "is not deployed"
+            )
+        source, source_name = pools, pools_app
     try:
-        deployed = app["deployed_app_config"]
-        mapping = deployed["args"]["config"]
+        mapping = source["deployed_app_config"]["args"]["config"]
     except (KeyError, TypeError) as e:
         raise UpgradeRefusedError(
-            f"app {app_name!r} was not deployed by pdserve (no config in its args)", param="app"
+            f"app {source_name!r} was not deployed by pdserve (no config in its args)",
+            param="app",
         ) from e
-    fields, _ = split_user_config(ingress_user_config(app))
+    fields, _ = split_user_config(ingress_user_config(app), app_name)
     return with_in_place(load_cluster_config(mapping), fields)
-
-
-def ingress_user_config(app: dict[str, Any]) -> dict[str, Any] | None:
-    """The Ingress deployment's ``user_config`` in Serve's app details ``app`` (None: unset)."""
-    overrides: list[dict[str, Any]] = app.get("deployed_app_config", {}).get("deployments") or []
-    ingress: dict[str, Any] = next(
-        (d for d in overrides if d.get("name") == INGRESS_DEPLOYMENT), {}
-    )
-    user_config: dict[str, Any] | None = ingress.get("user_config")
-    return user_config
 
 
 def upgrade(
@@ -91,11 +100,17 @@ def upgrade(
     with attached(address, auth_mode=auth_mode):
         rest = ServeRest(url)
         app = rest.app_details(app_name)
-        current = running_config(app, app_name)
+        pools_app = upgrade_rollout.serving_pools_app(app_name)
+        pools = rest.app_details(pools_app) if pools_app != app_name else None
+        current = running_config(app, app_name, pools, pools_app)
         plan = plan_upgrade(current, new, model_identity)
         if dry_run or plan.empty:
             return plan
-        upgrade_rollout.refuse_while_recorded(app_name)
+        upgrade_rollout.refuse_while_recorded(
+            app_name,
+            redeploys=plan.restarts and not stepped,
+            resizes=not plan.restarts and bool(_resized(plan, new)),
+        )
         if plan.restarts and stepped:
             upgrade_rollout.start(rest, current, new, plan, timeouts or RolloutTimeouts())
             return plan
@@ -114,7 +129,7 @@ def upgrade(
             )
         if plan.ingress_fields:
             logger.info("upgrading %s in place: %s", app_name, ", ".join(plan.ingress_fields))
-            _, followed = split_user_config(ingress_user_config(app or {}))
+            _, followed = split_user_config(ingress_user_config(app or {}), app_name)
             user_config = in_place_user_config(new)
             if followed:  # a stepped rollout's second app stays followed
                 user_config[FOLLOW_KEY] = followed

@@ -2,10 +2,14 @@
 ``pdserve upgrade --pause | --resume | --rollback`` steer it.
 
 :func:`start` takes a plan that replaces one model's pools (fixed sizes, kept by the new
-config): it deploys the new version's pools as a second app (``<app>-rollout``, every pool at 0
-replicas, reporting to the running app's board and KV index), has the running app's ingress
-follow that app (its ``user_config``, applied in place), records the rollout at step 0 and
-drives it.
+config): it deploys the new version's pools as an app of their own (``<app>-rollout``, then
+``<app>-rollout-2``, ... one per rollout, every pool at 0 replicas, reporting to the running
+app's board and KV index), has the running app's ingress follow the model's old and new apps
+(its ``user_config``, applied in place), records the rollout at step 0 and drives it. The old
+version is the running app's own pools at first, and after a finished rollout the pools app it
+left serving: an app is upgraded any number of times. A rollout that ends settles the apps: the
+ingress follows only the version that serves, and the app of the other (held at 0) is deleted
+(never the running app, whose pools then stay at 0).
 
 A rollout's state lives beside the run state (:mod:`~cluster.ops.rollout_state`). ``--pause``
 asks the process driving it to stop after the step under way; ``--resume`` drives it on from
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Any
 
 from cluster.ops import process_tree, rollout_state, run_state
 from cluster.ops.deploy_schema import pools_app_schema
@@ -31,14 +36,38 @@ from cluster.ops.status_view import board_snapshot
 from cluster.ops.upgrade_plan import UpgradePlan
 from cluster.serve.in_place import in_place_user_config
 from cluster.serve.pool_options import INGRESS_DEPLOYMENT
-from cluster.serve.rollout_pools import FOLLOW_KEY
+from cluster.serve.rollout_pools import FOLLOW_KEY, split_user_config
 from core.config import ClusterConfig, ServedModel
 from core.errors import ConfigError, UpgradeRefusedError
 
 logger = logging.getLogger(__name__)
 
 ROLLOUT_APP_SUFFIX = "-rollout"
-"""A stepped rollout's second app is the running app's name plus this."""
+"""A stepped rollout's app is the running app's name plus this (and ``-<n>`` from the second
+rollout of the app on)."""
+
+
+def rollout_app_name(app_name: str, generation: int) -> str:
+    """The pools app of ``app_name``'s ``generation``-th rollout (names never repeat)."""
+    name = f"{app_name}{ROLLOUT_APP_SUFFIX}"
+    return name if generation == 1 else f"{name}-{generation}"
+
+
+def serving_pools_app(app_name: str) -> str:
+    """The app whose config ``app_name``'s pools run as a whole: the running app itself, or
+    the pools app its last rollout left serving."""
+    recorded = rollout_state.read_rollout(app_name)
+    return app_name if recorded is None else recorded.serving_app
+
+
+def ingress_user_config(app: dict[str, Any]) -> dict[str, Any] | None:
+    """The Ingress deployment's ``user_config`` in Serve's app details ``app`` (None: unset)."""
+    overrides: list[dict[str, Any]] = app.get("deployed_app_config", {}).get("deployments") or []
+    ingress: dict[str, Any] = next(
+        (d for d in overrides if d.get("name") == INGRESS_DEPLOYMENT), {}
+    )
+    user_config: dict[str, Any] | None = ingress.get("user_config")
+    return user_config
 
 
 def pause(app_name: str) -> RolloutState:
@@ -70,37 +99,80 @@ def start(
     plan: UpgradePlan,
     timeouts: RolloutTimeouts,
 ) -> RolloutState:
-    """Deploy the new version's pools of ``plan``'s one restarting model as a second app, have
-    the ingress follow it, and drive the rollout (attached to Ray already)."""
+    """Deploy the new version's pools of ``plan``'s one restarting model as an app of their
+    own, have the ingress follow it beside the model's serving app, and drive the rollout
+    (attached to Ray already)."""
     app_name = new.cluster.app_name
     served, sizes = _rollout_model(current, new, plan)
-    refuse_while_recorded(app_name)
-    new_app = f"{app_name}{ROLLOUT_APP_SUFFIX}"
+    previous = refuse_while_recorded(app_name)
+    _, followed = split_user_config(_ingress_config(rest, app_name), app_name)
+    old_app = _serving_app(app_name, served, previous, followed)
+    generation = 1 if previous is None else previous.generation + 1
+    new_app = rollout_app_name(app_name, generation)
     rest.deploy_app(pools_app_schema(new, new_app))
     rest.wait_running(new_app, timeouts.ready_timeout_s)
-    user_config = {**in_place_user_config(current), FOLLOW_KEY: {served.name: new_app}}
+    followed[served.name] = [old_app, new_app]
+    user_config = {**in_place_user_config(current), FOLLOW_KEY: followed}
     rest.reconfigure(app_name, INGRESS_DEPLOYMENT, user_config)
-    state = RolloutState(app_name, served.scope, new_app, *sizes, 0, RolloutPhase.PAUSED)
+    state = RolloutState(
+        app_name,
+        served.scope,
+        new_app,
+        *sizes,
+        0,
+        RolloutPhase.PAUSED,
+        old_app=old_app,
+        generation=generation,
+    )
     rollout_state.write_rollout(state)
-    logger.info("rollout of %s: its new pools run in %s", served.name, new_app)
+    logger.info("rollout of %s: from %s to %s", served.name, old_app, new_app)
     return _drive_attached(state, rest, timeouts)
 
 
-def refuse_while_recorded(app_name: str) -> None:
-    """Raise :class:`UpgradeRefusedError` while a rollout of ``app_name`` is recorded that did
-    not roll back: the running app's config no longer says what serves."""
+def refuse_while_recorded(
+    app_name: str, *, redeploys: bool = False, resizes: bool = False
+) -> RolloutState | None:
+    """The recorded rollout of ``app_name`` (None: none), once it ended. Raises
+    :class:`UpgradeRefusedError` while one is under way; and, when one left the pools serving
+    from an app of their own, for an upgrade that ``redeploys`` the running app (whose own
+    pools are held at 0) or ``resizes`` pools in place (they are not the running app's)."""
     recorded = rollout_state.read_rollout(app_name)
-    if recorded is None or recorded.phase is RolloutPhase.ROLLED_BACK:
-        return
-    if recorded.phase is RolloutPhase.DONE:
+    if recorded is None:
+        return None
+    ended = recorded.phase in (RolloutPhase.DONE, RolloutPhase.ROLLED_BACK)
+    serving = recorded.serving_app
+    if ended and (serving == app_name or not (redeploys or resizes)):
+        return recorded
+    if not ended:
+        why = "finish it (--resume) or roll it back (--rollback) first"
+    elif redeploys:
         why = (
-            "its new pools serve from their own app now; upgrading from there is not supported yet"
+            f"the pools serve from {serving} now, so a plain upgrade (which redeploys "
+            f"{app_name}, whose own pools are held at 0) is not supported; upgrade with --stepped"
         )
     else:
-        why = "finish it (--resume) or roll it back (--rollback) first"
+        why = f"the pools serve from {serving} now; resize them apart (pdserve scale)"
     raise UpgradeRefusedError(
         f"a rollout of {app_name} is recorded ({recorded.progress_line()}); {why}", param="app"
     )
+
+
+def _ingress_config(rest: ServeRest, app_name: str) -> dict[str, Any] | None:
+    return ingress_user_config(rest.app_details(app_name) or {})
+
+
+def _serving_app(
+    app_name: str,
+    served: ServedModel,
+    previous: RolloutState | None,
+    followed: dict[str, list[str]],
+) -> str:
+    """The app whose pools serve ``served`` alone now: the one the last rollout of this model
+    left serving, else the one the ingress follows for it, else the running app."""
+    if previous is not None and previous.model == served.scope:
+        return previous.serving_app
+    apps = followed.get(served.name, [])
+    return apps[0] if len(apps) == 1 else app_name
 
 
 def _rollout_model(
@@ -147,11 +219,37 @@ def _drive_attached(
     fleet = ServeRolloutFleet(
         rest,
         lambda: board_snapshot(state.app_name),
-        {Version.OLD: state.app_name, Version.NEW: state.new_app},
+        {Version.OLD: state.old_app, Version.NEW: state.new_app},
         state.model,
     )
     driver = RolloutDriver(fleet, rollout_state.write_rollout, rollout_state.take_pause, timeouts)
-    return driver.run(state)
+    final = driver.run(state)
+    if final.phase in (RolloutPhase.DONE, RolloutPhase.ROLLED_BACK):
+        _settle(rest, final, timeouts)
+    return final
+
+
+def _settle(rest: ServeRest, state: RolloutState, timeouts: RolloutTimeouts) -> None:
+    """After ``state`` ended: the ingress follows only the app that serves, and the other one
+    (at 0 replicas, followed by no model) is deleted, unless it is the running app."""
+    app_name = state.app_name
+    serving = state.serving_app
+    idle = state.old_app if serving == state.new_app else state.new_app
+    fields, followed = split_user_config(_ingress_config(rest, app_name), app_name)
+    for name, apps in list(followed.items()):
+        if state.new_app not in apps:
+            continue
+        if serving == app_name:
+            del followed[name]  # the running app's own pools serve it: no app to follow
+        else:
+            followed[name] = [serving]
+    user_config = {**fields, FOLLOW_KEY: followed} if followed else fields
+    rest.reconfigure(app_name, INGRESS_DEPLOYMENT, user_config)
+    still_followed = {app for apps in followed.values() for app in apps}
+    if idle != app_name and idle not in still_followed:
+        rest.wait_running(app_name, timeouts.ready_timeout_s)  # the ingress let go of it
+        rest.remove(idle)
+        logger.info("rollout of %s ended: %s serves, %s deleted", app_name, serving, idle)
 
 
 def _recorded(app_name: str) -> RolloutState:

@@ -18,10 +18,10 @@ In place: Serve calls :meth:`IngressDeployment.reconfigure` with the Ingress dep
 rebuilds its app and swaps it behind the ASGI app Serve mounted, publishes the routing knobs to
 the pools' routers in its process (``cluster.routing.live_settings``) and the planner's settings
 to the app's planner (``cluster.serve.planner_settings``), restarting nothing.
-The same ``user_config`` names the apps a stepped rollout runs new pools in
-(``cluster.serve.rollout_pools.FOLLOW_KEY``): a model with one gets versioned pool clients
-(``cluster.ingress.dispatch.versioned_pools``) that send each request to the app whose replicas
-run its fingerprint.
+The same ``user_config`` names the apps whose pools serve each model after stepped rollouts
+(``cluster.serve.rollout_pools.FOLLOW_KEY``): a model served from any app but the running one
+gets versioned pool clients (``cluster.ingress.dispatch.versioned_pools``), one per app, that
+send each request to the app whose replicas run its fingerprint.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class IngressDeployment:
         )
         self._index.ensure_started()
         self._pools, self._board = pools, board
-        self._pools_apps: dict[str, str] = {}  # served name -> its rollout's second app
+        self._pools_apps: dict[str, list[str]] = {}  # served name -> apps serving it
         self._base_config = self._config = cluster_config
         self._publish_planner_settings(cluster_config)  # over any an earlier deploy left
         self._ingress = self._build_ingress(cluster_config)
@@ -247,7 +247,7 @@ class IngressDeployment:
         ``user_config`` and serve the next requests from it, and hand the routing knobs and
         the planner's settings on; requests in flight finish on the old app, and no replica
         restarts. The rebuilt app starts its metrics from zero."""
-        fields, pools_apps = split_user_config(user_config)
+        fields, pools_apps = split_user_config(user_config, self._app_name)
         config = with_in_place(self._base_config, fields)
         if config == self._config and pools_apps == self._pools_apps:
             return
@@ -283,10 +283,10 @@ class IngressDeployment:
         if prefill is not None:
             prefill_client = ServePrefillClient(prefill, self._watch, served.pool_key("prefill"))
         decode_client: DecodeClient = ServeDecodeClient(decode, self._watch, decode_pool)
-        second_app = self._pools_apps.get(served.name)
-        if second_app is not None:
+        apps = self._pools_apps.get(served.name, [])
+        if apps and apps != [self._app_name]:
             prefill_client, decode_client = self._versioned_clients(
-                served, second_app, prefill_client, decode_client
+                served, apps, prefill_client, decode_client
             )
         return ModelEndpoint(
             Tokenizer.from_dir(model_dir),
@@ -300,29 +300,31 @@ class IngressDeployment:
     def _versioned_clients(
         self,
         served: ServedModel,
-        second_app: str,
+        apps: list[str],
         prefill: PrefillClient,
         decode: DecodeClient,
     ) -> tuple[PrefillClient, DecodeClient]:
-        """``served``'s pool clients over the running app's pools and ``second_app``'s (a
-        stepped rollout's new version), each request sent by its fingerprint."""
-        home = serve.get_replica_context().app_name
+        """``served``'s pool clients over the running app's pools and those of ``apps`` (the
+        apps stepped rollouts run its versions in), each request sent by its fingerprint; the
+        first of ``apps`` takes those of no known version."""
+        home = self._app_name
         prefill_pool, decode_pool = served.pool_key("prefill"), served.pool_key("decode")
+        others = [app for app in apps if app != home]
 
-        def handle(role: str) -> DeploymentHandle:
-            return serve.get_deployment_handle(pool_deployment_name(role, served.scope), second_app)
+        def handle(role: str, app: str) -> DeploymentHandle:
+            return serve.get_deployment_handle(pool_deployment_name(role, served.scope), app)
 
+        decodes: dict[str, DecodeClient] = {home: decode}
+        for app in others:
+            decodes[app] = ServeDecodeClient(handle("decode", app), self._watch, decode_pool)
+        decode = VersionedDecodeClient(decodes, apps[0], partial(self._watch.app_of, decode_pool))
+        if isinstance(prefill, NoPrefillPool):  # the model prefills on decode in every app
+            return prefill, decode
         prefills: dict[str, PrefillClient] = {home: prefill}
-        if not isinstance(prefill, NoPrefillPool):
-            prefills[second_app] = ServePrefillClient(handle("prefill"), self._watch, prefill_pool)
-        decodes: dict[str, DecodeClient] = {
-            home: decode,
-            second_app: ServeDecodeClient(handle("decode"), self._watch, decode_pool),
-        }
-        return (
-            VersionedPrefillClient(prefills, home, partial(self._watch.app_of, prefill_pool)),
-            VersionedDecodeClient(decodes, home, partial(self._watch.app_of, decode_pool)),
-        )
+        for app in others:
+            prefills[app] = ServePrefillClient(handle("prefill", app), self._watch, prefill_pool)
+        of_app = partial(self._watch.app_of, prefill_pool)
+        return VersionedPrefillClient(prefills, apps[0], of_app), decode
 
     def __serve_build_asgi_app__(self) -> SwappableAsgi:
         """The ASGI app Serve mounts for this replica (it forwards to the current one)."""

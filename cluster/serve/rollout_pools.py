@@ -1,12 +1,13 @@
-"""The root of a rolling upgrade's second app (the new version's pools, and nothing else), and
-how the ingress is told to follow it.
+"""The root of a rolling upgrade's pools app (a new version's pools, and nothing else), and
+how the ingress is told to follow such apps.
 
 Serve deploys what an app's root binds, so this tiny deployment (one replica, no CPU) holds the
 handles of the new version's Prefill and Decode deployments; it serves no request. The pools'
 replicas report to the running app's stats board and KV index (the app builder's
-:func:`~cluster.serve.app_builder.build_pools_app_from_config`). The running app's ingress
-learns of the second app through its ``user_config`` (:data:`FOLLOW_KEY`, beside the in-place
-config fields), so following it restarts nothing.
+:func:`~cluster.serve.app_builder.build_pools_app_from_config`). Each stepped rollout deploys
+one such app; the running app's ingress learns which apps serve a model through its
+``user_config`` (:data:`FOLLOW_KEY`, beside the in-place config fields), so following them
+restarts nothing.
 """
 
 from __future__ import annotations
@@ -53,22 +54,47 @@ class RolloutPools:
 
 
 FOLLOW_KEY = "pools_apps"
-"""The Ingress deployment's ``user_config`` key naming, per served model, the Serve app its
-new version's pools run in while a stepped rollout serves two (``{served name: app}``)."""
+"""The Ingress deployment's ``user_config`` key naming, per served model, the Serve apps whose
+pools serve it (``{served name: [app, ...]}``, oldest version first; the running app is named
+when its own pools still serve). A model left out is served by the running app's pools alone.
+The first app listed takes the requests whose version no app is known for. The older shape
+``{served name: app}`` (one rollout's app beside the running app's pools) still reads."""
 
 
 def split_user_config(
-    user_config: Mapping[str, Any] | None,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The ingress's ``user_config`` as its in-place config fields and the pools apps it
-    follows (:data:`FOLLOW_KEY`)."""
+    user_config: Mapping[str, Any] | None, home_app: str
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The ingress's ``user_config`` as its in-place config fields and the pools apps each
+    model follows (:data:`FOLLOW_KEY`); ``home_app`` is the running app, which the older
+    shape leaves implicit."""
     fields = dict(user_config or {})
-    apps = fields.pop(FOLLOW_KEY, None) or {}
-    if not isinstance(apps, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in apps.items()
-    ):
-        raise ConfigError(
-            f"user_config.{FOLLOW_KEY} maps served model names to app names, got {apps!r}",
-            param=f"user_config.{FOLLOW_KEY}",
-        )
-    return fields, dict(apps)
+    return fields, followed_apps(fields.pop(FOLLOW_KEY, None), home_app)
+
+
+def followed_apps(value: object, home_app: str) -> dict[str, list[str]]:
+    """:data:`FOLLOW_KEY`'s value read as ``{served name: [app, ...]}``; raises
+    :class:`ConfigError` for anything else."""
+    if value is None:
+        return {}
+    followed: dict[str, list[str]] = {}
+    if isinstance(value, Mapping):
+        for name, apps in value.items():
+            if isinstance(apps, str):  # the older shape: the running app's pools and ``apps``
+                apps = [home_app, apps]
+            if not isinstance(name, str) or not _app_names(apps):
+                break
+            followed[name] = list(dict.fromkeys(apps))
+        else:
+            return followed
+    raise ConfigError(
+        f"user_config.{FOLLOW_KEY} maps served model names to lists of app names, got {value!r}",
+        param=f"user_config.{FOLLOW_KEY}",
+    )
+
+
+def _app_names(apps: object) -> bool:
+    return (
+        isinstance(apps, list | tuple)
+        and bool(apps)
+        and all(isinstance(app, str) and app for app in apps)
+    )

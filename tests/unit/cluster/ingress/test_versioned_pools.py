@@ -1,6 +1,7 @@
-"""A model's pools over two Serve apps during a stepped rollout: each request goes to the app
-whose replicas run its fingerprint, to the running app's when it names none or an unknown one;
-a replica's app is read from its Serve actor name."""
+"""A model's pools over several Serve apps during and after stepped rollouts: each request goes
+to the app whose replicas run its fingerprint, to the default app's when it names none or an
+unknown one (whichever app that is, for any number of apps); a replica's app is read from its
+Serve actor name."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from cluster.ingress.dispatch.versioned_pools import (
+    ClientPerApp,
     VersionedDecodeClient,
     VersionedPrefillClient,
     app_of_actor,
@@ -88,9 +90,31 @@ def test_healthy_while_any_app_can_serve() -> None:
     assert not VersionedPrefillClient(none, "pdserve", APPS.get).healthy()
 
 
-def test_the_running_app_needs_a_client() -> None:
-    with pytest.raises(ValueError, match="running app 'pdserve'"):
+def test_the_default_app_needs_a_client() -> None:
+    with pytest.raises(ValueError, match="default app 'pdserve'"):
         VersionedDecodeClient({"pdserve-next": Recording()}, "pdserve", APPS.get)
+
+
+THREE = {"fp-1": "pdserve-rollout", "fp-2": "pdserve-rollout-2", "fp-0": "pdserve"}
+
+
+@pytest.mark.parametrize(
+    ("fingerprint", "app"),
+    [("fp-2", "pdserve-rollout-2"), ("fp-1", "pdserve-rollout"), ("fp-0", "pdserve"),
+     ("", "pdserve-rollout"), ("fp-gone", "pdserve-rollout")],
+)  # fmt: skip
+def test_a_second_rollout_picks_among_three_apps(fingerprint: str, app: str) -> None:
+    """The running app's pools (at 0 after the first rollout) and two rollouts' apps; the one
+    serving before this rollout is the default."""
+    clients = {name: Recording() for name in ("pdserve", "pdserve-rollout", "pdserve-rollout-2")}
+    holder = ClientPerApp(clients, "pdserve-rollout", THREE.get)
+    assert holder.pick(keys(fingerprint)) is clients[app]
+
+
+def test_an_app_the_holder_has_no_client_for_falls_back_to_the_default() -> None:
+    clients = {"pdserve-rollout": Recording()}
+    holder = ClientPerApp(clients, "pdserve-rollout", THREE.get)
+    assert holder.pick(keys("fp-2")) is clients["pdserve-rollout"]
 
 
 @pytest.mark.parametrize(

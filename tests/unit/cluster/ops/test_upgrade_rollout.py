@@ -17,21 +17,26 @@ from cluster.ops.cli import app as cli_app
 from cluster.ops.rollout import RolloutTimeouts, Version
 from cluster.ops.rollout_state import RolloutPhase, RolloutState
 from core.errors import ConfigError
-from tests.unit.cluster.ops.upgrade_fakes import InstantFleet, offline_upgrade
+from tests.unit.cluster.ops.upgrade_fakes import FakeRest, InstantFleet, offline_upgrade
 
 pytestmark = pytest.mark.timeout(30)
 APP = "roll"
 
 
 @pytest.fixture
-def fleets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[InstantFleet]:
+def rest() -> FakeRest:
+    return FakeRest({})
+
+
+@pytest.fixture
+def fleets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rest: FakeRest) -> list[InstantFleet]:
     made: list[InstantFleet] = []
 
     def fleet(rest: Any, board: Any, apps: dict[Version, str], scope: str) -> InstantFleet:
         made.append(InstantFleet(apps, scope))
         return made[-1]
 
-    offline_upgrade(upgrade_rollout, tmp_path, monkeypatch, None)
+    offline_upgrade(upgrade_rollout, tmp_path, monkeypatch, rest)
     monkeypatch.setattr(upgrade_rollout, "ServeRolloutFleet", fleet)
     return made
 
@@ -77,7 +82,7 @@ def test_a_rollout_another_process_drives_is_not_steered(fleets: list[InstantFle
     assert not fleets
 
 
-def test_resume_finishes_from_the_step_reached(fleets: list[InstantFleet]) -> None:
+def test_resume_finishes_from_the_step_reached(fleets: list[InstantFleet], rest: FakeRest) -> None:
     record(2, RolloutPhase.RUNNING, driver_pid=gone_pid())  # its driver died mid-walk
     rollout_state.request_pause(APP)  # asked of that dead driver: not carried over
     done = upgrade_rollout.resume(APP, RolloutTimeouts(poll_s=0.0))
@@ -86,14 +91,18 @@ def test_resume_finishes_from_the_step_reached(fleets: list[InstantFleet]) -> No
     assert fleet.apps == {Version.OLD: APP, Version.NEW: f"{APP}-next"} and fleet.scope == "m"
     assert fleet.sizes[(Version.NEW, "decode")] == 2 and fleet.sizes[(Version.OLD, "decode")] == 0
     assert rollout_state.read_rollout(APP) == done
+    assert ("remove", APP) not in rest.calls  # the running app's pools stay, at 0
 
 
-def test_rollback_returns_every_replica_to_the_old_version(fleets: list[InstantFleet]) -> None:
+def test_rollback_returns_every_replica_to_the_old_version(
+    fleets: list[InstantFleet], rest: FakeRest
+) -> None:
     record(3, RolloutPhase.FAILED)
     back = upgrade_rollout.rollback(APP, RolloutTimeouts(poll_s=0.0))
     assert back.phase is RolloutPhase.ROLLED_BACK and back.step == 0 and back.rolling_back
     (fleet,) = fleets
     assert fleet.sizes[(Version.OLD, "prefill")] == 2 and fleet.sizes[(Version.NEW, "prefill")] == 0
+    assert rest.calls[-1] == ("remove", f"{APP}-next")  # its idle app is deleted
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """``pdserve upgrade --stepped CONFIG`` against a fake Serve REST API and fleet: a new
 checkpoint deploys the new pools as a second app, has the ingress follow it and walks every
-step; what a stepped rollout cannot do is refused before anything moves; an in-place upgrade
-keeps the followed app, and the running config ignores it."""
+step; what a stepped rollout cannot do is refused before anything moves, and so is one while
+another is under way; an in-place upgrade keeps the followed apps, and the running config
+ignores them."""
 
 from __future__ import annotations
 
@@ -51,15 +52,21 @@ NEW_CHECKPOINT = {"model": {"name": "/models/b", "served_name": "llama"}}
 def test_a_stepped_upgrade_deploys_a_second_app_and_walks_every_step(rest: FakeRest) -> None:
     plan = upgrade_module.upgrade(new(**NEW_CHECKPOINT), stepped=True, timeouts=FAST)
     assert plan.restarts
-    (deploy, wait, reconfigure) = rest.calls
+    (deploy, wait, reconfigure, settle) = rest.calls
     assert deploy[0] == "deploy_app" and deploy[1]["name"] == "pdserve-rollout"
     assert deploy[1]["import_path"] == "cluster.app:build_pools_app"
     assert deploy[1]["route_prefix"] is None
     assert deploy[1]["args"]["config"]["model"]["name"] == "/models/b"
     assert wait == ("wait_running", "pdserve-rollout")
+    follow = {"llama": ["pdserve", "pdserve-rollout"]}
     assert reconfigure == (
         "reconfigure",
-        ("Ingress", {**in_place_user_config(RUNNING), FOLLOW_KEY: {"llama": "pdserve-rollout"}}),
+        ("Ingress", {**in_place_user_config(RUNNING), FOLLOW_KEY: follow}),
+    )
+    follow = {"llama": ["pdserve-rollout"]}  # done: the running app's pools stay at 0
+    assert settle == (
+        "reconfigure",
+        ("Ingress", {**in_place_user_config(RUNNING), FOLLOW_KEY: follow}),
     )
     done = rollout_state.read_rollout("pdserve")
     assert done is not None and done.phase is RolloutPhase.DONE and done.step == 3
@@ -83,16 +90,12 @@ def test_what_a_stepped_rollout_cannot_do_is_refused_before_anything_moves(
     assert rest.calls == [] and rollout_state.read_rollout("pdserve") is None
 
 
-@pytest.mark.parametrize(
-    ("phase", "message"), [(RolloutPhase.PAUSED, "--resume"), (RolloutPhase.DONE, "not supported")]
-)
-def test_a_recorded_rollout_blocks_another(
-    rest: FakeRest, phase: RolloutPhase, message: str
-) -> None:
-    rollout_state.write_rollout(RolloutState("pdserve", "", "pdserve-rollout", 1, 2, 1, phase))
-    with pytest.raises(UpgradeRefusedError, match=message):
+def test_a_rollout_under_way_blocks_another(rest: FakeRest) -> None:
+    paused = RolloutState("pdserve", "", "pdserve-rollout", 1, 2, 1, RolloutPhase.PAUSED)
+    rollout_state.write_rollout(paused)
+    with pytest.raises(UpgradeRefusedError, match="--resume"):
         upgrade_module.upgrade(new(**NEW_CHECKPOINT), stepped=True, timeouts=FAST)
-    with pytest.raises(UpgradeRefusedError, match=message):  # nor a resize in place
+    with pytest.raises(UpgradeRefusedError, match="--resume"):  # nor a resize in place
         upgrade_module.upgrade(new(decode={"num_replicas": 3}))
     assert rest.calls == []
 
@@ -103,14 +106,16 @@ def test_without_stepped_a_new_checkpoint_still_redeploys(rest: FakeRest) -> Non
     assert [name for name, _ in rest.calls] == ["deploy", "wait_running"]
 
 
-def test_an_in_place_upgrade_keeps_the_followed_app(rest: FakeRest) -> None:
-    followed = {FOLLOW_KEY: {"llama": "pdserve-rollout"}}
+def test_an_in_place_upgrade_keeps_the_followed_apps(rest: FakeRest) -> None:
+    followed = {FOLLOW_KEY: {"llama": "pdserve-rollout"}}  # the older shape: it still reads
+    assert rest.app is not None
     rest.app["deployed_app_config"]["deployments"] = [
         {"name": "Ingress", "user_config": {**in_place_user_config(RUNNING), **followed}}
     ]
     target = new(routing={"migration_limit": 5})
     assert upgrade_module.running_config(rest.app, "pdserve") == RUNNING
     upgrade_module.upgrade(target)
+    followed = {FOLLOW_KEY: {"llama": ["pdserve", "pdserve-rollout"]}}
     assert rest.calls == [
         ("reconfigure", ("Ingress", {**in_place_user_config(target), **followed}))
     ]

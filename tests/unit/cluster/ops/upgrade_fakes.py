@@ -20,13 +20,15 @@ from core.config import ClusterConfig, Role
 
 @dataclass
 class FakeRest:
-    """The Serve REST calls the upgrade makes, recorded; ``app`` is what the app reports."""
+    """The Serve REST calls the upgrade makes, recorded; ``app`` is what the app reports, and
+    ``apps`` what other apps (a rollout's pools apps) report, by name."""
 
     app: dict[str, Any] | None
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    apps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def app_details(self, app_name: str) -> dict[str, Any] | None:
-        return self.app
+        return self.apps.get(app_name, self.app)
 
     def deploy(self, config: ClusterConfig) -> None:
         self.calls.append(("deploy", config))
@@ -43,6 +45,16 @@ class FakeRest:
 
     def reconfigure(self, app_name: str, deployment: str, user_config: dict[str, Any]) -> None:
         self.calls.append(("reconfigure", (deployment, user_config)))
+        if self.app is not None:  # what Serve then reports, as a later read sees it
+            deployments = self.app.setdefault("deployed_app_config", {}).setdefault(
+                "deployments", []
+            )
+            deployments[:] = [d for d in deployments if d.get("name") != deployment]
+            deployments.append({"name": deployment, "user_config": dict(user_config)})
+
+    def remove(self, app_name: str) -> None:
+        self.calls.append(("remove", app_name))
+        self.apps.pop(app_name, None)
 
 
 class InstantFleet:

@@ -99,14 +99,14 @@ def test_the_running_apps_builder_is_unchanged_by_the_new_option() -> None:
 
 
 def test_the_ingress_user_config_splits_into_fields_and_followed_apps() -> None:
-    user_config = {"routing.migration_limit": 2, FOLLOW_KEY: {"tiny-moe": "pdserve-next"}}
-    assert split_user_config(user_config) == (
+    user_config = {"routing.migration_limit": 2, FOLLOW_KEY: {"tiny-moe": ["pdserve-next"]}}
+    assert split_user_config(user_config, "pdserve") == (
         {"routing.migration_limit": 2},
-        {"tiny-moe": "pdserve-next"},
+        {"tiny-moe": ["pdserve-next"]},
     )
-    assert split_user_config(None) == ({}, {})
-    with pytest.raises(ConfigError, match="maps served model names to app names"):
-        split_user_config({FOLLOW_KEY: ["pdserve-next"]})
+    assert split_user_config(None, "pdserve") == ({}, {})
+    with pytest.raises(ConfigError, match="maps served model names to lists of app names"):
+        split_user_config({FOLLOW_KEY: ["pdserve-next"]}, "pdserve")
 
 
 class BoardHandle:
