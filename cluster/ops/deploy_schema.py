@@ -16,7 +16,7 @@ from cluster.planner.capacity_model import CapacityModel
 from cluster.serve.config_file import config_to_mapping
 from cluster.serve.planner_policy import POLICY_FUNCTION
 from cluster.serve.planner_settings import PlannerSettings
-from cluster.serve.rollout_pools import IDLE_POOL_AUTOSCALING
+from cluster.serve.pool_scaling import pool_overrides, resized
 from core.codec import to_plain
 from core.config import ClusterConfig
 from core.errors import ConfigError
@@ -42,6 +42,8 @@ def app_schema(config: ClusterConfig) -> dict[str, Any]:
             "policy_function": POLICY_FUNCTION,
             "policy_kwargs": planner_kwargs(config),
         }
+    else:
+        entry["deployments"] = pool_overrides(config)
     return entry
 
 
@@ -58,6 +60,7 @@ def pools_app_schema(config: ClusterConfig, app_name: str) -> dict[str, Any]:
         "route_prefix": None,
         "import_path": POOLS_IMPORT_PATH,
         "args": {"config": config_to_mapping(config)},
+        "deployments": pool_overrides(config, idle=True),
     }
 
 
@@ -127,29 +130,36 @@ def scaled_schema(
 ) -> dict[str, Any]:
     """``current`` (a PUT body) with deployments of ``app_name`` set to fixed replica counts.
 
-    ``replicas`` maps a deployment name (``Prefill``, ``Decode``) to its new count. A pool that
-    autoscaled gets a fixed count: its ``autoscaling_config`` is cleared for this deployment. A
-    count of 0 (Serve refuses a fixed 0) becomes the idle range that stays at 0
-    (``IDLE_POOL_AUTOSCALING``).
+    ``replicas`` maps a deployment name (``Prefill``, ``Decode``) to its new count. Only the
+    bounds of each pool's ``autoscaling_config`` override change, so the app's code version
+    does not (:mod:`cluster.serve.pool_scaling`): a count is the range N..N, 0 the idle range.
+    In an app the planner sizes (an app-level policy), a count is a ``num_replicas`` (a pool
+    that autoscaled gets a fixed count) and 0 is refused.
     """
     schema = copy.deepcopy(dict(current))
     apps = schema.get("applications", [])
     app = next((a for a in apps if a.get("name") == app_name), None)
     if app is None:
         raise ConfigError(f"no application {app_name!r} is deployed", param="app")
+    planned = app.get("autoscaling_policy") is not None
     overrides: list[dict[str, Any]] = list(app.get("deployments") or [])
     for name, count in replicas.items():
-        if count < 0:
-            raise ConfigError(f"replicas of {name} must be >= 0, got {count}", param=name)
-        entry = next((d for d in overrides if d.get("name") == name), None)
-        if entry is None:
-            entry = {"name": name}
+        if count < 0 or (planned and count == 0):
+            least = 1 if planned else 0
+            raise ConfigError(
+                f"replicas of {name} must be >= {least}, got {count}"
+                + (" (the planner sizes this app's pools)" if planned else ""),
+                param=name,
+            )
+        index = next((i for i, d in enumerate(overrides) if d.get("name") == name), None)
+        entry = {"name": name} if index is None else overrides[index]
+        if planned:
+            entry = {**entry, "num_replicas": count, "autoscaling_config": None}
+        else:
+            entry = resized(entry, count)
+        if index is None:
             overrides.append(entry)
-        if count == 0:
-            entry.pop("num_replicas", None)
-            entry["autoscaling_config"] = dict(IDLE_POOL_AUTOSCALING)
-            continue
-        entry["num_replicas"] = count
-        entry["autoscaling_config"] = None  # a range set in code yields to the fixed count
+        else:
+            overrides[index] = entry
     app["deployments"] = overrides
     return schema

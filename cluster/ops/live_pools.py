@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cluster.ops.rollout_state import RolloutPhase, RolloutState, read_rollout
+from cluster.ops.rollout_state import RolloutPhase, read_rollout
 from cluster.serve.pool_options import pool_deployment_name
 from core.errors import ConfigError
 
 POOLS_APP_MARK = "-rollout"
-"""A pools app's name is its running app's name, this, and maybe ``-<n>``
-(``cluster.ops.upgrade_rollout`` names them)."""
+"""A pools app's name is its running app's name, this, and ``-<n>`` from an app's second
+rollout on (``cluster.ops.upgrade_rollout.rollout_app_name``)."""
 
 _UNDER_WAY = {RolloutPhase.RUNNING, RolloutPhase.PAUSED, RolloutPhase.FAILED}
 
@@ -43,7 +43,7 @@ def pools_apps(app_name: str, deployed: Iterable[str]) -> list[str]:
     """Every pools app of ``app_name``: those its rollout state records and every deployed app
     named like one (a rollout whose state is lost leaves its app running)."""
     rollout = read_rollout(app_name)
-    recorded = [] if rollout is None else [rollout.new_app, _old_app(rollout)]
+    recorded = [] if rollout is None else [rollout.new_app, rollout.old_app]
     named = [name for name in deployed if is_pools_app(app_name, name)]
     return sorted({name for name in [*recorded, *named] if name != app_name})
 
@@ -61,7 +61,7 @@ def model_pools(app_name: str, scope: str) -> ModelPools:
             "(pdserve upgrade --resume) or roll it back (--rollback) first",
             param="scale",
         )
-    old = _old_app(rollout)
+    old = rollout.old_app
     if rollout.phase is RolloutPhase.DONE:
         return ModelPools(rollout.new_app, idle=old)
     return ModelPools(old, idle=rollout.new_app)  # rolled back
@@ -76,11 +76,3 @@ def idle_deployments(app_name: str) -> dict[str, set[str]]:
     idle = model_pools(app_name, rollout.model).idle
     names = {pool_deployment_name(role, rollout.model) for role in ("prefill", "decode")}
     return {} if idle is None else {idle: names}
-
-
-def _old_app(rollout: RolloutState) -> str:
-    """The app the rollout's old version runs in: the running app, or the previous pools app
-    for a rollout after a finished one (a state that records ``old_app``; older state files,
-    and this module, read either shape)."""
-    old: str = getattr(rollout, "old_app", None) or rollout.app_name
-    return old

@@ -27,6 +27,7 @@ from typing import Any
 
 from cluster.ops import process_tree, rollout_state, run_state
 from cluster.ops.deploy_schema import pools_app_schema
+from cluster.ops.live_pools import POOLS_APP_MARK
 from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
 from cluster.ops.rollout import RolloutDriver, RolloutTimeouts, Version
@@ -42,14 +43,10 @@ from core.errors import ConfigError, UpgradeRefusedError
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_APP_SUFFIX = "-rollout"
-"""A stepped rollout's app is the running app's name plus this (and ``-<n>`` from the second
-rollout of the app on)."""
-
 
 def rollout_app_name(app_name: str, generation: int) -> str:
     """The pools app of ``app_name``'s ``generation``-th rollout (names never repeat)."""
-    name = f"{app_name}{ROLLOUT_APP_SUFFIX}"
+    name = f"{app_name}{POOLS_APP_MARK}"
     return name if generation == 1 else f"{name}-{generation}"
 
 
@@ -179,6 +176,12 @@ def _rollout_model(
     current: ClusterConfig, new: ClusterConfig, plan: UpgradePlan
 ) -> tuple[ServedModel, tuple[int, int]]:
     """The one model ``plan`` replaces and its pool sizes, which the new config must keep."""
+    if current.planner.mode != "off":
+        raise UpgradeRefusedError(
+            f"a stepped rollout sets the pool sizes step by step; the {current.planner.mode} "
+            "planner sizes them here (upgrade without --stepped, or set planner.mode: off first)",
+            param="planner.mode",
+        )
     restarting = [m.name for m in plan.models if m.restarts]
     if len(restarting) != 1:
         raise UpgradeRefusedError(

@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from cluster.routing import live_settings
+from cluster.routing import departed, live_settings
 from cluster.routing.hot_prefixes import HotPrefixes
 from cluster.routing.kv_index.fingerprints import of_fingerprint
 from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
@@ -215,6 +215,7 @@ class PdserveRequestRouter(RequestRouter):
         )
 
     def _forget(self, replica_id: str) -> None:
+        departed.mark(replica_id)
         self._stats_cache.pop(replica_id, None)
         self.load.forget_replica(replica_id)
         self.sessions.forget_replica(replica_id)

@@ -52,9 +52,9 @@ from cluster.serve.pool_options import (
     pool_deployment_name,
     pool_deployment_options,
 )
+from cluster.serve.pool_scaling import idle_range
 from cluster.serve.replica_identity import ServeReplicaIdentity
 from cluster.serve.rollout_pools import (
-    IDLE_POOL_AUTOSCALING,
     ROLLOUT_ROOT_DEPLOYMENT,
     RolloutPools,
 )
@@ -173,7 +173,7 @@ def _pool_options(
     if rollout:
         router_options["index_app"] = config.cluster.app_name
         options.pop("num_replicas", None)  # the rollout grows it from 0 step by step
-        options["autoscaling_config"] = IDLE_POOL_AUTOSCALING
+        options["autoscaling_config"] = idle_range(pool.expert_parallel)
     return {
         **options,
         "request_router_config": request_router_config(

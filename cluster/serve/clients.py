@@ -32,6 +32,7 @@ from ray.serve.exceptions import (
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from cluster.ingress.dispatch.versioned_pools import app_of_actor
+from cluster.routing import departed
 from cluster.serve.stats_board import decode_reports
 from core.codec import from_plain, to_plain
 from core.errors import OverloadedError, UnavailableError
@@ -123,6 +124,13 @@ class PoolWatch:
             logger.warning("stats board restarted: its reports refill as replicas post")
         self._epoch = view["epoch"]
         reports = decode_reports(view["pools"])
+        departed.prune(r.replica_id for replicas in reports.values() for r in replicas)
+        gone = departed.departed()
+        if gone:
+            reports = {
+                role: [r for r in replicas if r.replica_id not in gone]
+                for role, replicas in reports.items()
+            }
         self._num_live = {role: len(replicas) for role, replicas in reports.items()}
         self._fingerprints = {
             role: dict(Counter(r.stats.kv_fingerprint for r in replicas))

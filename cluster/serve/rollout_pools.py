@@ -22,24 +22,6 @@ if TYPE_CHECKING:
 
 ROLLOUT_ROOT_DEPLOYMENT = "RolloutPools"
 """The root deployment's name in a rollout's second app."""
-HOLD_AT_ZERO_POLICY = "cluster.serve.rollout_pools:hold_at_zero"
-IDLE_POOL_AUTOSCALING: dict[str, Any] = {
-    "min_replicas": 0,
-    "max_replicas": 1,
-    "initial_replicas": 0,
-    "downscale_delay_s": 0.0,
-    "downscale_to_zero_delay_s": 0.0,
-    "policy": {"policy_function": HOLD_AT_ZERO_POLICY},
-}
-"""How a pool is held at 0 replicas: Serve refuses a fixed ``num_replicas`` of 0, so the pool
-gets an autoscaling range from 0 whose policy (:func:`hold_at_zero`) always asks for none; its
-replicas stop at once, gracefully, as a scale-down stops them. (Serve still starts one if a
-request reaches a pool at 0, its cold-start path.)"""
-
-
-def hold_at_zero(ctx: Any) -> tuple[int, dict[str, Any]]:
-    """Serve's custom autoscaling policy of an idle pool: no replicas, whatever the load."""
-    return 0, {}
 
 
 class RolloutPools:

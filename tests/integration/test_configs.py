@@ -202,10 +202,15 @@ def test_deploy_schema_and_in_place_scaling() -> None:
     assert load_cluster_config(apps["pdserve"]["args"]["config"]) == config
     assert apps["other"] == {"name": "other", "import_path": "x:y"}
     scaled = scaled_schema(body, "pdserve", {"Prefill": 3})
-    fixed = {"name": "Prefill", "num_replicas": 3, "autoscaling_config": None}
-    assert scaled["applications"][-1]["deployments"] == [fixed]
+
+    def ranges(schema: dict[str, Any]) -> dict[str, tuple[int, int]]:
+        overrides = schema["applications"][-1]["deployments"]
+        scaling = {d["name"]: d["autoscaling_config"] for d in overrides}
+        return {name: (r["min_replicas"], r["max_replicas"]) for name, r in scaling.items()}
+
+    assert ranges(scaled) == {"Prefill": (3, 3), "Decode": (1, 1)}
     again = scaled_schema(scaled, "pdserve", {"Prefill": 1})
-    assert again["applications"][-1]["deployments"] == [{**fixed, "num_replicas": 1}]
+    assert ranges(again) == {"Prefill": (1, 1), "Decode": (1, 1)}
     assert scaled["applications"][-1]["args"] == apps["pdserve"]["args"]  # same code version
     with pytest.raises(ConfigError):
         scaled_schema(body, "missing", {"Decode": 1})

@@ -13,7 +13,6 @@ from ray.serve.schema import DeploymentSchema
 from cluster.ops.deploy_schema import scaled_schema
 from cluster.ops.rollout import PoolHealth, Version
 from cluster.ops.rollout_fleet import ServeRolloutFleet
-from cluster.serve.rollout_pools import hold_at_zero
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -85,16 +84,25 @@ def test_a_failed_deployment_counts_as_a_failed_replica() -> None:
 
 def test_a_pool_set_to_0_is_held_by_an_idle_range_serve_accepts() -> None:
     current = {
-        "applications": [{"name": "a", "deployments": [{"name": "Decode", "num_replicas": 2}]}]
+        "applications": [
+            {
+                "name": "a",
+                "deployments": [
+                    {"name": "Decode", "autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}
+                ],
+            }
+        ]
     }
     (app,) = scaled_schema(current, "a", {"Decode": 0, "Prefill": 1})["applications"]
     decode, prefill = app["deployments"]
     assert "num_replicas" not in decode
     idle = decode["autoscaling_config"]
-    assert (idle["min_replicas"], idle["max_replicas"], idle["initial_replicas"]) == (0, 1, 0)
-    assert idle["policy"] == {"policy_function": "cluster.serve.rollout_pools:hold_at_zero"}
-    assert hold_at_zero(None) == (0, {})
-    assert prefill == {"name": "Prefill", "num_replicas": 1, "autoscaling_config": None}
+    assert (idle["min_replicas"], idle["max_replicas"], idle["initial_replicas"]) == (0, 2, 0)
+    assert "policy" not in idle  # a policy would be in the app's code version
+    assert prefill == {
+        "name": "Prefill",
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
+    }
     for entry in (decode, prefill):
         DeploymentSchema(**entry)  # what Serve validates the PUT with
     with pytest.raises(ValueError, match="greater than 0"):

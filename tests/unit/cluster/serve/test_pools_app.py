@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from ray.serve import Application
 
+from cluster.routing import departed
 from cluster.routing.kv_index.actor import IndexPublisherFactory
 from cluster.routing.router_kwargs import RouterSettings
 from cluster.serve.app_builder import build_app, build_app_from_config, build_pools_app
@@ -140,3 +141,19 @@ def test_a_fingerprint_both_apps_run_is_spread_over_them() -> None:
     watch = PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
     asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
     assert {watch.app_of("decode", "same") for _ in range(200)} == {"pdserve", "pdserve-next"}
+
+
+def test_a_replica_serve_stopped_routing_to_is_not_live_while_it_drains() -> None:
+    board = StatsBoard()
+    for replica_id, app, fingerprint in (("a", "pdserve", "old"), ("b", "pdserve-next", "new")):
+        stats = ReplicaStats(kv_fingerprint=fingerprint)
+        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
+        board.report(to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats)))
+    watch = PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
+    departed.mark("a")  # a router of this process saw it leave Serve's replica set
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert watch.fingerprints("decode") == {"new": 1} and watch.num_live("decode") == 1
+    assert watch.app_of("decode", "old") is None  # no request is paired with it
+    board.forget("a")  # it stopped: its report is gone, and so is its mark
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert "a" not in departed.departed()
