@@ -233,6 +233,8 @@ class PoolWatch:
     max_deviation: float = 0.0
     worst: str = ""
     pids: set[int] = field(default_factory=set)
+    replica_ids: dict[str, set[str]] = field(default_factory=dict)
+    """The running app's deployments (pools aside) -> every replica id seen."""
     num_polls: int = 0
     poll_errors: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -258,6 +260,11 @@ class PoolWatch:
     def observe(self, details: Mapping[str, Any]) -> None:
         """One poll of Serve's details."""
         self.num_polls += 1
+        running_app = details.get("applications", {}).get(self.app_name, {})
+        for name, deployment in running_app.get("deployments", {}).items():
+            if name not in POOLS:
+                ids = {str(r.get("replica_id")) for r in deployment.get("replicas", [])}
+                self.replica_ids.setdefault(name, set()).update(ids)
         for app in (self.app_name, self.app_name + ROLLOUT_SUFFIX):
             deployments = details.get("applications", {}).get(app, {}).get("deployments", {})
             if not all(pool in deployments for pool in POOLS):
@@ -272,6 +279,11 @@ class PoolWatch:
                 deviation = ratio_deviation(*counts, self.num_prefill, self.num_decode)
                 if deviation > self.max_deviation:
                     self.max_deviation, self.worst = deviation, f"{app} P:D {counts}"
+
+    def restarted(self) -> list[str]:
+        """The running app's deployments (pools aside: the ingress, the stats board) that had
+        a replica replaced while watched: a rollout should restart none of them."""
+        return sorted(name for name, ids in self.replica_ids.items() if len(ids) > 1)
 
 
 def replica_pids(details: Mapping[str, Any]) -> set[int]:
@@ -368,6 +380,7 @@ class Result:
             "kv_blocks_used_after": self.kv_blocks_used_after,
             "request_migrations": self.migrations,
             "upgrade_rc": self.upgrade.returncode,
+            "running_app_deployments_restarted": self.watch.restarted(),
         }
 
 

@@ -27,18 +27,25 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.ray, pytest.mark.chaos_full, pytest.mark.timeout(600)]
 
 
-def assert_clean(result: Result) -> None:
-    """No failed request, no mixed output, the ratio held, KV and shared memory released."""
-    assert result.upgrade.returncode == 0, result.upgrade.stdout + result.upgrade.stderr
-    assert not result.failures, result.failures[:3]
-    assert not result.mixed, result.mixed[:3]
-    during = [o for o in result.outcomes if o.phase == "during"]
-    assert during, "no request ran during the upgrade"
-    assert result.watch.num_polls > 0
-    assert result.watch.max_deviation <= 1.0, result.watch.worst
-    assert result.kv_blocks_used_after == 0
-    assert not result.shm_left_after_upgrade, result.shm_left_after_upgrade
-    assert not result.shm_left_after_down, result.shm_left_after_down
+def problems(result: Result) -> list[str]:
+    """What broke the rules: a failed request, a mixed output, the ratio off by more than one
+    replica, KV or shared memory left behind."""
+    found = []
+    if result.upgrade.returncode != 0:
+        found.append(f"upgrade failed: {result.upgrade.stdout}{result.upgrade.stderr}")
+    if result.failures:
+        found.append(f"{len(result.failures)} requests failed: {result.failures[:2]}")
+    if result.mixed:
+        found.append(f"{len(result.mixed)} outputs of no version: {result.mixed[:2]}")
+    if not any(o.phase == "during" for o in result.outcomes):
+        found.append("no request ran during the upgrade")
+    if not result.watch.num_polls or result.watch.max_deviation > 1.0:
+        found.append(f"P:D bound: {result.watch.num_polls} polls, worst {result.watch.worst}")
+    if result.kv_blocks_used_after != 0:
+        found.append(f"{result.kv_blocks_used_after} KV blocks still in use")
+    if result.shm_left_after_upgrade or result.shm_left_after_down:
+        found.append(f"/dev/shm left: {result.shm_left_after_upgrade | result.shm_left_after_down}")
+    return found
 
 
 def test_an_upgrade_to_other_weights_mixes_no_versions_and_keeps_the_ratio(
@@ -46,7 +53,7 @@ def test_an_upgrade_to_other_weights_mixes_no_versions_and_keeps_the_ratio(
 ) -> None:
     scenario = Scenario(other_weights=True, num_prefill=1, num_decode=2, max_tokens=8)
     result = run_upgrade(scenario, tmp_path)
-    assert_clean(result)
+    assert not problems(result), (problems(result), result.summary())
     assert "step 3/3: Prefill 0 old + 1 new, Decode 0 old + 2 new (done)" in result.upgrade.stdout
     # the upgrade was seen: each version answered some prompt its own way
     assert len(result.versions_answering()) == 2, result.summary()
@@ -92,7 +99,12 @@ def test_streams_on_a_leaving_decode_migrate_token_identical(tmp_path: Path) -> 
         graceful_shutdown_timeout_s=0.5,
     )
     result = run_upgrade(scenario, tmp_path, inspect=running_app_idle_then_serving)
-    assert_clean(result)
-    assert "step 2/2: Prefill 0 old + 1 new, Decode 0 old + 1 new (done)" in result.upgrade.stdout
     assert all(len(texts) == 1 for texts in result.references)  # one version's outputs
-    assert result.migrations > 0, result.summary()
+    found = problems(result)
+    if result.migrations <= 0:
+        found.append("no request migrated")
+    if result.watch.restarted():
+        # the streams on a restarted ingress break once its graceful shutdown is over
+        found.append(f"the rollout restarted the running app's {result.watch.restarted()}")
+    assert not found, (found, result.summary())
+    assert "step 2/2: Prefill 0 old + 1 new, Decode 0 old + 1 new (done)" in result.upgrade.stdout
