@@ -276,7 +276,7 @@ class PoolWatch:
                 target.append(int(deployments[pool].get("target_num_replicas", 0)))
                 running.append(sum(r.get("state") == "RUNNING" for r in replicas))
             for counts in (target, running):
-                deviation = ratio_deviation(*counts, self.num_prefill, self.num_decode)
+                deviation = ratio_deviation(counts[0], counts[1], self.num_prefill, self.num_decode)
                 if deviation > self.max_deviation:
                     self.max_deviation, self.worst = deviation, f"{app} P:D {counts}"
 
