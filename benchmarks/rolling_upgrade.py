@@ -21,6 +21,15 @@ segments in ``/dev/shm`` beyond the live replicas', after the upgrade and after 
 
     .venv/bin/python benchmarks/rolling_upgrade.py [--prefill 1 --decode 2 --clients 4]
 
+``--serve`` measures the same through a real local Ray Serve cluster instead
+(``benchmarks/serve_upgrade.py``): ``pdserve up`` of ``configs/local.yaml`` on tiny-llama, the
+same streaming load through the HTTP ingress, ``pdserve upgrade --stepped`` to the other
+weights (``--drain-timeout-s`` as its ``--drain-timeout``), Serve polled for both apps' pool
+counts during every step, then ``pdserve down``; ``shm_segments_left`` counts the segments of
+the cluster's replicas left after the upgrade (by replicas gone) and after the down.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/rolling_upgrade.py --serve
+
 The last line is one JSON object with those keys.
 """
 
@@ -78,6 +87,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--warmup-requests", type=int, default=16, help="Requests before upgrading.")
     p.add_argument("--drain-timeout-s", type=float, default=30.0, help="A leaving replica's drain.")
     p.add_argument("--seed", type=int, default=5, help="Prompt seed.")
+    p.add_argument(
+        "--serve", action="store_true", help="Through a local Ray Serve cluster and the CLI."
+    )
     return p.parse_args(argv)
 
 
@@ -325,6 +337,8 @@ def _p99(values: list[float]) -> float:
 def main(argv: Sequence[str]) -> int:
     """Run once and print the JSON line."""
     args = parse_args(argv)
+    if args.serve:
+        return main_serve(args)
     with tempfile.TemporaryDirectory(prefix="pdserve-upgrade-") as directory:
         other = Path(directory) / "tiny-llama-other-weights"
         other.mkdir()
@@ -333,6 +347,24 @@ def main(argv: Sequence[str]) -> int:
         result = asyncio.run(run(args, old, new))
     print(json.dumps(result))
     return 0 if not result["requests_failed"] and not result["mixed_version_outputs"] else 1
+
+
+def main_serve(args: argparse.Namespace) -> int:
+    """The upgrade through Serve (``--serve``); prints the JSON line."""
+    from benchmarks.serve_upgrade import Scenario, run_upgrade
+
+    scenario = Scenario(
+        other_weights=True, num_prefill=args.prefill, num_decode=args.decode,
+        clients=args.clients, max_tokens=args.max_tokens,
+        warmup_requests=args.warmup_requests, drain_timeout_s=args.drain_timeout_s,
+        seed=args.seed,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="pdserve-upgrade-serve-") as directory:
+        result = run_upgrade(scenario, Path(directory))
+    summary = result.summary()
+    print(json.dumps(summary))
+    clean = not summary["requests_failed"] and not summary["mixed_version_outputs"]
+    return 0 if clean and summary["upgrade_rc"] == 0 else 1
 
 
 if __name__ == "__main__":

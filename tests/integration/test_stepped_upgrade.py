@@ -1,98 +1,121 @@
-"""``pdserve upgrade --stepped`` on a live local cluster under load (``make chaos``): the new
-version's pools go up as a second app, the ingress follows them, every step runs, no request
-fails, and the second app ends serving every replica while the running app's pools are idle
-at 0."""
+"""``pdserve upgrade --stepped`` on a live local cluster under streaming greedy load
+(``make chaos``): the new version's pools go up as a second app, the ingress follows them and
+every step runs. Across a model revision (other weights) no request fails and every output is
+one version's own greedy output, the P:D ratio holds on Serve at every step, every KV block is
+released and no ``/dev/shm`` segment stays behind; across an engine-option change (same
+weights, same fingerprint) with a short drain, the streams still on a leaving decode replica
+migrate and every output is the no-upgrade greedy output (a strict xfail for now: the rollout
+restarts the running app's ingress, see its mark).
+
+The cluster, load, Serve watcher and checks are ``benchmarks/serve_upgrade.py`` (the
+benchmark's ``--serve`` mode runs the same upgrade)."""
 
 from __future__ import annotations
 
 import json
-import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from tests.integration.support import pdserve_cli, repo_config_on_free_ports
+from benchmarks.serve_upgrade import SERVED, Result, Scenario, pdserve, run_upgrade
 from tests.waiting import wait_until
 
-# NOTE: 2-4 minutes on a loaded 2-core machine (its own up, two replicas started, down),
-# over the integration suite's budget: make chaos runs it, make test deselects it
-pytestmark = [pytest.mark.ray, pytest.mark.chaos_full, pytest.mark.timeout(300)]
+# NOTE: 3-5 minutes each on a loaded 2-core machine (its own up, a replica started per step,
+# down), over the integration suite's budget: make chaos runs them, make test deselects them
+pytestmark = [pytest.mark.ray, pytest.mark.chaos_full, pytest.mark.timeout(600)]
 
 
-def tiny(config: dict[str, Any]) -> None:
-    config["model"] = {"name": "builtin:tiny-moe", "served_name": "tiny"}
+def problems(result: Result) -> list[str]:
+    """What broke the rules: a failed request, a mixed output, the ratio off by more than one
+    replica, KV or shared memory left behind."""
+    found = []
+    if result.upgrade.returncode != 0:
+        found.append(f"upgrade failed: {result.upgrade.stdout}{result.upgrade.stderr}")
+    if result.failures:
+        found.append(f"{len(result.failures)} requests failed: {result.failures[:2]}")
+    if result.mixed:
+        found.append(f"{len(result.mixed)} outputs of no version: {result.mixed[:2]}")
+    if not any(o.phase == "during" for o in result.outcomes):
+        found.append("no request ran during the upgrade")
+    if not result.watch.num_polls or result.watch.max_deviation > 1.0:
+        found.append(f"P:D bound: {result.watch.num_polls} polls, worst {result.watch.worst}")
+    if result.kv_blocks_used_after != 0:
+        found.append(f"{result.kv_blocks_used_after} KV blocks still in use")
+    if result.shm_left_after_upgrade or result.shm_left_after_down:
+        found.append(f"/dev/shm left: {result.shm_left_after_upgrade | result.shm_left_after_down}")
+    return found
 
 
-class Load:
-    """Completions sent one after another until stopped; counts the ones that failed."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint, self.num_ok = endpoint, 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-
-    def _run(self) -> None:
-        body = {"model": "tiny", "prompt": "one two three four five six", "max_tokens": 4}
-        while not self._stop.is_set():
-            try:
-                reply = httpx.post(f"{self.endpoint}/v1/completions", json=body, timeout=60)
-            except httpx.HTTPError as e:
-                self.failures.append(repr(e))
-                continue
-            if reply.status_code == 200:
-                self.num_ok += 1
-            else:
-                self.failures.append(f"{reply.status_code} {reply.text[:200]}")
+def test_an_upgrade_to_other_weights_mixes_no_versions_and_keeps_the_ratio(
+    tmp_path: Path,
+) -> None:
+    scenario = Scenario(other_weights=True, num_prefill=1, num_decode=2, max_tokens=8)
+    result = run_upgrade(scenario, tmp_path)
+    assert not problems(result), (problems(result), result.summary())
+    assert "step 3/3: Prefill 0 old + 1 new, Decode 0 old + 2 new (done)" in result.upgrade.stdout
+    # the upgrade was seen: each version answered some prompt its own way
+    assert len(result.versions_answering()) == 2, result.summary()
 
 
-def test_a_stepped_upgrade_replaces_the_pools_under_load(tmp_path: Path) -> None:
-    path, env = repo_config_on_free_ports("local.yaml", tmp_path, tiny)
-    up = pdserve_cli("up", str(path), "--detach", env=env)
+def running_app_idle_then_serving(state: Mapping[str, Any], env: Mapping[str, str]) -> None:
+    """``pdserve status`` shows the rollout done, the running app's pools end at 0, and the
+    endpoint still answers (the rollout app serves)."""
+    status = pdserve("status", "--no-stats", env=env)
+    assert "rollout of" in status.stdout and "(done)" in status.stdout, status.stdout
+    seen: list[Any] = []
+
+    def running_app_idle() -> bool:
+        shown = json.loads(pdserve("status", "--no-stats", "--json", env=env).stdout)
+        pools = [p for p in shown["pools"] if p["pool"] in ("Prefill", "Decode")]
+        seen[:] = [(p["pool"], p["target_replicas"], p["replicas"]) for p in pools]
+        return len(seen) == 2 and all(t == 0 and not r for _, t, r in seen)
+
     try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        state = json.loads((Path(env["PDSERVE_CACHE_DIR"]) / "run" / "pdserve.json").read_text())
-        config = yaml.safe_load(path.read_text())
-        config["engine"]["max_num_seqs"] = 8  # new engine options: the pools are replaced
-        new = tmp_path / "new.yaml"
-        new.write_text(yaml.safe_dump(config))
-        with Load(state["endpoint"]) as load:
-            run = pdserve_cli("upgrade", "--stepped", str(new), env=env)
-        assert run.returncode == 0, run.stdout + run.stderr
-        assert "step 2/2: Prefill 0 old + 1 new, Decode 0 old + 1 new (done)" in run.stdout
-        assert not load.failures, load.failures[:5]
-        assert load.num_ok > 0
-        status = pdserve_cli("status", "--no-stats", env=env)
-        assert "rollout of" in status.stdout and "(done)" in status.stdout, status.stdout
+        wait_until(running_app_idle, 60, "the running app's pools to be down to 0")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {seen}") from e
+    again = httpx.post(
+        f"{state['endpoint']}/v1/completions",
+        json={"model": SERVED, "prompt": "hello", "max_tokens": 4},
+        timeout=60,
+    )
+    assert again.status_code == 200, again.text
 
-        seen: list[Any] = []
 
-        def running_app_idle() -> bool:
-            shown = json.loads(pdserve_cli("status", "--no-stats", "--json", env=env).stdout)
-            pools = [p for p in shown["pools"] if p["pool"] in ("Prefill", "Decode")]
-            seen[:] = [(p["pool"], p["target_replicas"], p["replicas"]) for p in pools]
-            return len(seen) == 2 and all(t == 0 and not r for _, t, r in seen)
-
-        try:
-            wait_until(running_app_idle, 60, "the running app's pools to be down to 0")
-        except AssertionError as e:
-            raise AssertionError(f"{e}: {seen}") from e
-        again = httpx.post(
-            f"{state['endpoint']}/v1/completions",
-            json={"model": "tiny", "prompt": "hello", "max_tokens": 4},
-            timeout=60,
-        )
-        assert again.status_code == 200, again.text
-    finally:
-        pdserve_cli("down", env=env)
+@pytest.mark.timeout(900)
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="known bug: scaling a pool to 0 sets a custom autoscaling policy "
+    "(cluster.serve.rollout_pools.IDLE_POOL_AUTOSCALING), and Serve hashes deployment "
+    "autoscaling policies into the app's code version, so each such step rebuilds the whole "
+    "app: the running app's Ingress and StatsBoard restart and long streams on the old "
+    "ingress break after its graceful shutdown. Remove this mark with the fix.",
+)
+def test_streams_on_a_leaving_decode_migrate_token_identical(tmp_path: Path) -> None:
+    # same weights, another max_num_seqs: the pools are replaced, the fingerprint kept; a
+    # stopping decode replica gets half a second before Serve ends it, so long streams on it
+    # break and must continue elsewhere
+    scenario = Scenario(
+        other_weights=False,
+        num_prefill=1,
+        num_decode=1,
+        clients=3,
+        max_tokens=64,
+        warmup_requests=4,
+        drain_timeout_s=1.0,
+        graceful_shutdown_timeout_s=0.5,
+    )
+    result = run_upgrade(scenario, tmp_path, inspect=running_app_idle_then_serving)
+    assert all(len(texts) == 1 for texts in result.references)  # one version's outputs
+    found = problems(result)
+    if result.migrations <= 0:
+        found.append("no request migrated")
+    if result.watch.restarted():
+        # the streams on a restarted ingress break once its graceful shutdown is over
+        found.append(f"the rollout restarted the running app's {result.watch.restarted()}")
+    assert not found, (found, result.summary())
+    assert "step 2/2: Prefill 0 old + 1 new, Decode 0 old + 1 new (done)" in result.upgrade.stdout
