@@ -4,8 +4,8 @@ every step runs. Across a model revision (other weights) no request fails and ev
 one version's own greedy output, the P:D ratio holds on Serve at every step, every KV block is
 released and no ``/dev/shm`` segment stays behind; across an engine-option change (same
 weights, same fingerprint) with a short drain, the streams still on a leaving decode replica
-migrate and every output is the no-upgrade greedy output (a strict xfail for now: the rollout
-restarts the running app's ingress, see its mark).
+migrate and every output is the no-upgrade greedy output, and no deployment of the running app
+restarts.
 
 The cluster, load, Serve watcher and checks are ``benchmarks/serve_upgrade.py`` (the
 benchmark's ``--serve`` mode runs the same upgrade)."""
@@ -86,15 +86,6 @@ def running_app_idle_then_serving(state: Mapping[str, Any], env: Mapping[str, st
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known bug: scaling a pool to 0 sets a custom autoscaling policy "
-    "(cluster.serve.rollout_pools.IDLE_POOL_AUTOSCALING), and Serve hashes deployment "
-    "autoscaling policies into the app's code version, so each such step rebuilds the whole "
-    "app: the running app's Ingress and StatsBoard restart and long streams on the old "
-    "ingress break after its graceful shutdown. Remove this mark with the fix.",
-)
 def test_streams_on_a_leaving_decode_migrate_token_identical(tmp_path: Path) -> None:
     # same weights, another max_num_seqs: the pools are replaced, the fingerprint kept; a
     # stopping decode replica gets half a second before Serve ends it, so long streams on it
