@@ -16,7 +16,7 @@ from cluster.planner.capacity_model import CapacityModel
 from cluster.serve.config_file import config_to_mapping
 from cluster.serve.planner_policy import POLICY_FUNCTION
 from cluster.serve.planner_settings import PlannerSettings
-from cluster.serve.pool_scaling import pool_overrides, resized
+from cluster.serve.pool_scaling import holds, pool_overrides, resized
 from core.codec import to_plain
 from core.config import ClusterConfig
 from core.errors import ConfigError
@@ -130,33 +130,31 @@ def scaled_schema(
 ) -> dict[str, Any]:
     """``current`` (a PUT body) with deployments of ``app_name`` set to fixed replica counts.
 
-    ``replicas`` maps a deployment name (``Prefill``, ``Decode``) to its new count. Only the
-    bounds of each pool's ``autoscaling_config`` override change, so the app's code version
-    does not (:mod:`cluster.serve.pool_scaling`): a count is the range N..N, 0 the idle range.
-    In an app the planner sizes (an app-level policy), a count is a ``num_replicas`` (a pool
-    that autoscaled gets a fixed count) and 0 is refused.
+    ``replicas`` maps a deployment name (``Prefill``, ``Decode``) to its new count. A fixed
+    pool's override keeps its policy and only its bounds change, so the app's code version does
+    not (:mod:`cluster.serve.pool_scaling`): a count is the range N..N, 0 the range from 0. An
+    autoscaled pool (or one the planner sizes) gets a fixed ``num_replicas`` instead; 0 is
+    refused for it (its range's ``min_replicas`` says that).
     """
     schema = copy.deepcopy(dict(current))
     apps = schema.get("applications", [])
     app = next((a for a in apps if a.get("name") == app_name), None)
     if app is None:
         raise ConfigError(f"no application {app_name!r} is deployed", param="app")
-    planned = app.get("autoscaling_policy") is not None
     overrides: list[dict[str, Any]] = list(app.get("deployments") or [])
     for name, count in replicas.items():
-        if count < 0 or (planned and count == 0):
-            least = 1 if planned else 0
-            raise ConfigError(
-                f"replicas of {name} must be >= {least}, got {count}"
-                + (" (the planner sizes this app's pools)" if planned else ""),
-                param=name,
-            )
         index = next((i for i, d in enumerate(overrides) if d.get("name") == name), None)
         entry = {"name": name} if index is None else overrides[index]
-        if planned:
-            entry = {**entry, "num_replicas": count, "autoscaling_config": None}
-        else:
+        held = holds(entry)
+        if count < 0 or (count == 0 and not held):
+            why = "" if held or count < 0 else " (an autoscaled pool: set min_replicas: 0)"
+            raise ConfigError(
+                f"replicas of {name} must be >= {0 if held else 1}, got {count}{why}", param=name
+            )
+        if held:
             entry = resized(entry, count)
+        else:
+            entry = {**entry, "num_replicas": count, "autoscaling_config": None}
         if index is None:
             overrides.append(entry)
         else:

@@ -5,6 +5,8 @@ the stats board's fresh reports."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,8 +15,12 @@ from ray.serve.schema import DeploymentSchema
 from cluster.ops.deploy_schema import scaled_schema
 from cluster.ops.rollout import PoolHealth, Version
 from cluster.ops.rollout_fleet import ServeRolloutFleet
+from cluster.serve.config_file import load_cluster_config
+from cluster.serve.pool_scaling import HOLD_POLICY, fixed_range, hold_at_lower_bound, pool_overrides
 
 pytestmark = pytest.mark.timeout(30)
+
+CONFIG = load_cluster_config(Path(__file__).resolve().parents[4] / "configs" / "local.yaml")
 
 
 class FakeRest:
@@ -83,26 +89,16 @@ def test_a_failed_deployment_counts_as_a_failed_replica() -> None:
 
 
 def test_a_pool_set_to_0_is_held_by_an_idle_range_serve_accepts() -> None:
-    current = {
-        "applications": [
-            {
-                "name": "a",
-                "deployments": [
-                    {"name": "Decode", "autoscaling_config": {"min_replicas": 2, "max_replicas": 2}}
-                ],
-            }
-        ]
-    }
+    current = {"applications": [{"name": "a", "deployments": pool_overrides(CONFIG)}]}
+    current = scaled_schema(current, "a", {"Decode": 2})
     (app,) = scaled_schema(current, "a", {"Decode": 0, "Prefill": 1})["applications"]
-    decode, prefill = app["deployments"]
+    prefill, decode = app["deployments"]
     assert "num_replicas" not in decode
     idle = decode["autoscaling_config"]
     assert (idle["min_replicas"], idle["max_replicas"], idle["initial_replicas"]) == (0, 2, 0)
-    assert "policy" not in idle  # a policy would be in the app's code version
-    assert prefill == {
-        "name": "Prefill",
-        "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
-    }
+    assert idle["policy"] == HOLD_POLICY  # the one policy: the app's code version stays
+    assert hold_at_lower_bound(SimpleNamespace(config=SimpleNamespace(min_replicas=0))) == (0, {})
+    assert prefill["autoscaling_config"] == fixed_range(1)
     for entry in (decode, prefill):
         DeploymentSchema(**entry)  # what Serve validates the PUT with
     with pytest.raises(ValueError, match="greater than 0"):

@@ -13,7 +13,7 @@ from ray.serve.schema import ServeApplicationSchema
 
 from cluster.ops.deploy_schema import deploy_schema, pools_app_schema, scaled_schema
 from cluster.serve.config_file import load_cluster_config
-from cluster.serve.pool_scaling import fixed_range, idle_range, pool_overrides
+from cluster.serve.pool_scaling import HOLD_POLICY, fixed_range, idle_range, pool_overrides
 from core.config import ClusterConfig
 from core.errors import ConfigError
 
@@ -46,7 +46,7 @@ def test_every_pool_is_sized_by_a_range_from_the_first_deploy() -> None:
     config = local()
     body = deploy_schema(config)
     assert sizes(body, "pdserve") == {"Prefill": (1, 1), "Decode": (1, 1)}
-    assert all("policy" not in d["autoscaling_config"] for d in pool_overrides(config))
+    assert all(d["autoscaling_config"]["policy"] == HOLD_POLICY for d in pool_overrides(config))
 
 
 def test_resizing_to_0_and_back_keeps_the_running_apps_code_version() -> None:
@@ -68,7 +68,7 @@ def test_a_pools_app_starts_idle_and_grows_without_a_new_code_version() -> None:
         assert version(body, "pdserve-rollout") == before, step
 
 
-def test_a_planner_app_keeps_fixed_counts_and_refuses_0() -> None:
+def test_autoscaled_pools_keep_their_range_in_code_and_refuse_0() -> None:
     mapping = local().model_dump(mode="json", exclude_unset=True)
     mapping["planner"] = {"mode": "load"}
     for role in ("prefill", "decode"):
@@ -80,7 +80,7 @@ def test_a_planner_app_keeps_fixed_counts_and_refuses_0() -> None:
     assert scaled["applications"][-1]["deployments"] == [
         {"name": "Prefill", "num_replicas": 2, "autoscaling_config": None}
     ]
-    with pytest.raises(ConfigError, match="planner"):
+    with pytest.raises(ConfigError, match="autoscaled pool"):
         scaled_schema(body, "pdserve", {"Decode": 0})
 
 
