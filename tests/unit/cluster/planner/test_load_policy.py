@@ -3,7 +3,6 @@ decode KV pressure and queues, step limits; the Serve policy object and the depl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from cluster.planner.load_policy import (
 )
 from cluster.serve.planner_policy import POLICY_FUNCTION, PdservePlanner
 from core.config import ClusterConfig, PlannerConfig
+from tests.unit.cluster.planner.serve_context import FakeContext, FakeId, Window
 
 CONFIG = PlannerConfig(
     mode="load", prefill_queue_tokens_per_replica=1000, decode_kv_usage_target=0.5, max_step=2
@@ -74,30 +74,6 @@ def test_decode_grows_with_kv_pressure_queues_and_sequence_targets() -> None:
     assert (decision.target, decision.reason) == (4, Reason.DECODE_SEQS)
     light = plan_decode(PoolLoad(4, kv_usage=0.1, running=2), CONFIG)
     assert (light.target, light.reason) == (2, Reason.STEP_LIMIT)
-
-
-@dataclass
-class FakeId:
-    name: str
-    app_name: str = "pdserve"
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-
-@dataclass
-class Window:
-    look_back_period_s: float
-
-
-@dataclass
-class FakeContext:
-    current_num_replicas: int
-    target_num_replicas: int
-    aggregated_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    last_scale_down_time: float | None = None
-    current_time: float | None = None
-    config: Window | None = None
 
 
 def test_the_serve_policy_decides_both_pools_and_leaves_others_alone() -> None:

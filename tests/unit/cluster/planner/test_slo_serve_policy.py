@@ -5,7 +5,6 @@ capacity model; replicas derive rates from their counters; `pdserve profile` wri
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -22,25 +21,8 @@ from core.codec import to_plain
 from core.config import ClusterConfig
 from core.stats import ReplicaStats
 from replica.planner_signals import PlannerSignals
+from tests.unit.cluster.planner.serve_context import FakeContext, FakeId
 from tests.unit.cluster.planner.synthetic_capacity import MODEL
-
-
-@dataclass
-class FakeId:
-    name: str
-    app_name: str = "pdserve"
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-
-@dataclass
-class FakeContext:
-    current_num_replicas: int
-    target_num_replicas: int
-    aggregated_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    capacity_adjusted_min_replicas: int = 0
-    capacity_adjusted_max_replicas: int = 64
 
 
 def planner(**overrides: Any) -> PdservePlanner:

@@ -14,6 +14,7 @@ from cluster.serve import planner_settings
 from cluster.serve.planner_policy import PdservePlanner
 from cluster.serve.planner_settings import PlannerSettings, decode, encode
 from core.config import DisaggregationConfig, PlannerConfig
+from tests.unit.cluster.planner.serve_context import FakeContext, FakeId
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -58,22 +59,6 @@ def test_what_the_ingress_publishes_is_what_the_policy_reads(
     planner_settings.publish("pdserve", DEPLOYED, FASTER)
     assert planner_settings.read("pdserve", DEPLOYED) == FASTER
     assert planner_settings.read("other-app", DEPLOYED) is None
-
-
-@dataclass
-class FakeId:
-    name: str
-    app_name: str = "pdserve"
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-
-@dataclass
-class FakeContext:
-    current_num_replicas: int
-    target_num_replicas: int
-    aggregated_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass

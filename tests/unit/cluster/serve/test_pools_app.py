@@ -119,13 +119,20 @@ class BoardHandle:
         return self.board.view()
 
 
-def test_the_pool_watch_knows_which_app_runs_each_fingerprint() -> None:
+def two_apps(fingerprints: tuple[str, str] = ("old", "new")) -> tuple[StatsBoard, PoolWatch]:
+    """A board with decode replica ``a`` of ``pdserve`` and ``b`` of ``pdserve-next`` (of
+    ``fingerprints``), and a pool watch over it."""
     board = StatsBoard()
-    for replica_id, app, fingerprint in (("a", "pdserve", "old"), ("b", "pdserve-next", "new")):
+    apps = ("pdserve", "pdserve-next")
+    for replica_id, app, fingerprint in zip("ab", apps, fingerprints, strict=True):
         stats = ReplicaStats(kv_fingerprint=fingerprint)
         actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
         board.report(to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats)))
-    watch = PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
+    return board, PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
+
+
+def test_the_pool_watch_knows_which_app_runs_each_fingerprint() -> None:
+    _, watch = two_apps()
     asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
     assert watch.app_of("decode", "new") == "pdserve-next"
     assert watch.app_of("decode", "old") == "pdserve"
@@ -133,23 +140,13 @@ def test_the_pool_watch_knows_which_app_runs_each_fingerprint() -> None:
 
 
 def test_a_fingerprint_both_apps_run_is_spread_over_them() -> None:
-    board = StatsBoard()
-    for replica_id, app in (("a", "pdserve"), ("b", "pdserve-next")):
-        stats = ReplicaStats(kv_fingerprint="same")  # a change that keeps the KV layout
-        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
-        board.report(to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats)))
-    watch = PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
+    _, watch = two_apps(("same", "same"))  # a change that keeps the KV layout
     asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
     assert {watch.app_of("decode", "same") for _ in range(200)} == {"pdserve", "pdserve-next"}
 
 
 def test_a_replica_serve_stopped_routing_to_is_not_live_while_it_drains() -> None:
-    board = StatsBoard()
-    for replica_id, app, fingerprint in (("a", "pdserve", "old"), ("b", "pdserve-next", "new")):
-        stats = ReplicaStats(kv_fingerprint=fingerprint)
-        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
-        board.report(to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats)))
-    watch = PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
+    board, watch = two_apps()
     departed.mark("a")  # a router of this process saw it leave Serve's replica set
     asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
     assert watch.fingerprints("decode") == {"new": 1} and watch.num_live("decode") == 1
