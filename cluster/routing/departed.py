@@ -4,7 +4,8 @@ A replica Serve stops (a scale-down, a stepped rollout's step) leaves every rout
 set at once but keeps reporting to the board while it drains its requests. Read from the board
 alone it still looks live, so the ingress could pair a new request with its version or app, and
 Serve would hold that request until the pool grew again. The routers of this process
-(``serve_router``) mark each replica that leaves their set; the board's readers
+(``serve_router``) mark each replica that leaves their set, and unmark one that comes back;
+the board's readers
 (``cluster.serve.clients.PoolWatch``) drop the marked ones' reports and forget a mark once the
 replica stops reporting.
 """
@@ -22,6 +23,13 @@ def mark(replica_id: str) -> None:
     """Serve stopped routing to ``replica_id`` (its ``unique_id``)."""
     with _lock:
         _departed.add(replica_id)
+
+
+def returned(replica_ids: Iterable[str]) -> None:
+    """These replicas are in a router's set again (Serve drops one it could not reach for a
+    moment, then lists it once more): they count as live."""
+    with _lock:
+        _departed.difference_update(replica_ids)
 
 
 def departed() -> frozenset[str]:

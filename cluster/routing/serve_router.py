@@ -173,8 +173,10 @@ class PdserveRequestRouter(RequestRouter):
         """Serve's new replica set; replicas that left it (died, drained, scaled down) are
         dropped from the index, the load and the session pins."""
         gone = set(self.curr_replicas) - {r.replica_id for r in replicas}
+        departed.returned(r.replica_id.unique_id for r in replicas)
         super().update_replicas(replicas)
         for replica_id in gone:
+            departed.mark(replica_id.unique_id)  # it may report on while it drains
             self._forget(replica_id.unique_id)
         with contextlib.suppress(RuntimeError):  # not on a loop: the first choice starts it
             self.index_source.ensure_started()  # sync before the first request if we can
@@ -215,7 +217,6 @@ class PdserveRequestRouter(RequestRouter):
         )
 
     def _forget(self, replica_id: str) -> None:
-        departed.mark(replica_id)
         self._stats_cache.pop(replica_id, None)
         self.load.forget_replica(replica_id)
         self.sessions.forget_replica(replica_id)

@@ -180,6 +180,8 @@ def test_replicas_leaving_the_serve_set_leave_the_index() -> None:
     assert router.index_source.view().replica_ids() == ["a"]  # type: ignore[union-attr]
     assert router.load.num_requests("b") == 0
     assert departed.departed() == {"b"}  # the board's readers stop counting it live
+    run(update([a, b]))  # back in Serve's set (it was unreachable for a moment): live again
+    assert departed.departed() == frozenset()
 
 
 def test_routing_stats_steer_the_decode_pool_to_free_kv() -> None:
