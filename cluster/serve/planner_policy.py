@@ -150,6 +150,7 @@ class PdservePlanner:
             self._follow_settings(next(iter(contexts)).app_name, _clock())
         pools = {d.name: (d, PoolMetrics(ctx)) for d, ctx in contexts.items()}
         targets = {d: int(ctx.target_num_replicas) for d, ctx in contexts.items()}
+        previous = dict(targets)
         decisions = (
             self._plan_slo(pools, _clock()) if self.config.mode == "slo" else self._plan_load(pools)
         )
@@ -159,7 +160,9 @@ class PdservePlanner:
             decision = metrics.bounded(decision)
             targets[deployment_id] = decision.target
             state[deployment_id] = {"target": decision.target, "reason": decision.reason.value}
-            self._record(deployment_id.app_name, name, metrics.num_replicas, decision, detail)
+            # NOTE: logged against Serve's target, not the running count: a scale-up called off
+            # before its replica started is a decision too (running 1, target 2 -> 1)
+            self._record(deployment_id.app_name, name, previous[deployment_id], decision, detail)
         return targets, state
 
     def _follow_settings(self, app_name: str, now_s: float) -> None:

@@ -102,6 +102,29 @@ def test_decisions_are_logged_once_per_change_for_pdserve_status(monkeypatch) ->
     assert len(log.decisions) == KEEP and log.decisions[-1].unix_s == KEEP + 4
 
 
+def test_a_scale_up_called_off_before_its_replica_started_is_logged(monkeypatch) -> None:
+    written: list[bytes] = []
+    monkeypatch.setattr(
+        "ray.experimental.internal_kv._internal_kv_put",
+        lambda key, value, overwrite: written.append(value),
+    )
+    clock = iter(float(t) for t in range(100))
+    monkeypatch.setattr("cluster.serve.planner_policy._clock", lambda: next(clock))
+    policy = planner(prediction_horizon_s=0)
+    burst, idle = contexts(rate=1600, seqs=1), contexts(rate=0, seqs=0)
+    for ctx in (*burst.values(), *idle.values()):
+        ctx.capacity_adjusted_min_replicas = 1
+    policy(burst)  # 1 -> 2
+    prefill = next(ctx for key, ctx in idle.items() if key.name == "Prefill")
+    prefill.target_num_replicas = 2  # Serve targets 2; the second replica is still starting
+    assert by_name(policy(idle)[0])["Prefill"] == 1
+    log = PlannerLog.from_json(written[-1])
+    assert [(d.pool, d.previous, d.target) for d in log.decisions] == [
+        ("Prefill", 1, 2),
+        ("Prefill", 2, 1),
+    ]
+
+
 def test_the_slo_planner_needs_a_profile_and_ships_it_in_the_policy_kwargs(tmp_path) -> None:
     pools = {"autoscaling": {"min_replicas": 1, "max_replicas": 4}}
     base = {"model": {"name": "builtin:tiny-moe"}, "prefill": pools, "decode": pools}
