@@ -157,6 +157,8 @@ class Outcome:
     ttft_s: float
     text: str
     error: str | None
+    started_s: float = 0.0
+    """``time.perf_counter()`` when the request was sent."""
 
 
 def stream_once(http: httpx.Client, prompt: list[int], max_tokens: int) -> tuple[float, str]:
@@ -211,11 +213,13 @@ class StreamingLoad:
                 if self._stop.is_set():
                     return
                 index, phase = turn % len(self._prompts), self.phase
+                started_s = time.perf_counter()
                 try:
                     ttft_s, text = stream_once(http, self._prompts[index], self._max_tokens)
-                    self.outcomes.append(Outcome(phase, index, ttft_s, text, None))
+                    self.outcomes.append(Outcome(phase, index, ttft_s, text, None, started_s))
                 except (httpx.HTTPError, RuntimeError, ValueError) as e:
-                    self.outcomes.append(Outcome(phase, index, 0.0, "", repr(e)[:300]))
+                    error = repr(e)[:300]
+                    self.outcomes.append(Outcome(phase, index, 0.0, "", error, started_s))
 
 
 @dataclass

@@ -5,9 +5,15 @@ time. A step moves one replica from one version to the other: the version that g
 first and the driver waits until its new replica runs and reports healthy; then the version
 that loses goes down and the driver waits until that pool is drained (the stopping replica is
 gone, or nothing is in flight on it), at most ``drain_timeout_s`` (after that the requests
-still on it migrate when it stops). Each version's pools therefore always hold the counts of
-some step, within one replica of the config's P:D ratio. Forward the new version gains; a
-rollback walks the same steps backwards, the old version gaining.
+still on it migrate when it stops). A pool that goes to 0 is cordoned first (the ingress puts
+no new request on it) and set to 0 only once nothing has been in flight on it for
+``quiet_s``: Serve starts a replica for a pool at 0 while it still counts requests there (its
+cold start, which no autoscaling policy overrides), so a pool taken to 0 mid-request would
+start an old-version replica right after stopping its last one, and Serve would hold the next
+request for it. A pool coming back from 0 is uncordoned before it grows. Each version's
+pools therefore always hold the counts of some step, within one replica of the config's P:D
+ratio. Forward the new version gains; a rollback walks the same steps backwards, the old
+version gaining.
 
 The step reached is saved after every step (:mod:`~cluster.ops.rollout_state`); a pause
 (asked for from another process) stops the walk after the step under way. A new replica that
@@ -30,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from cluster.ops.rollout_state import PoolCounts, RolloutPhase, RolloutState
+from cluster.serve.pool_scaling import QUIET_S
 from core.config import Role
 from core.errors import RolloutFailedError
 
@@ -75,6 +82,10 @@ class RolloutFleet(Protocol):
         """``version``'s ``role`` pool now."""
         ...
 
+    def cordon(self, version: Version, role: Role, cordoned: bool) -> None:
+        """Whether the ingress must keep new requests off ``version``'s ``role`` pool."""
+        ...
+
 
 @dataclass(frozen=True)
 class RolloutTimeouts:
@@ -82,6 +93,8 @@ class RolloutTimeouts:
 
     ready_timeout_s: float = READY_TIMEOUT_S
     drain_timeout_s: float = DRAIN_TIMEOUT_S
+    quiet_s: float = QUIET_S
+    """How long a cordoned pool must have nothing in flight before it is set to 0."""
     poll_s: float = POLL_S
 
 
@@ -145,10 +158,15 @@ class RolloutDriver:
         gaining, losing = (Version.NEW, Version.OLD) if forward else (Version.OLD, Version.NEW)
         for role in _changed_roles(*counts[gaining]):
             before, after = (_count(c, role) for c in counts[gaining])
+            if before == 0:
+                self._fleet.cordon(gaining, role, False)
             self._fleet.set_replicas(gaining, role, after)
             self._wait_ready(gaining, role, before, after)
         for role in _changed_roles(*counts[losing]):
             after = _count(counts[losing][1], role)
+            if after == 0:
+                self._fleet.cordon(losing, role, True)
+                self._wait_quiet(losing, role)
             self._fleet.set_replicas(losing, role, after)
             self._wait_drained(losing, role, after)
 
@@ -176,6 +194,32 @@ class RolloutDriver:
             "(pdserve upgrade --resume retries, --rollback returns to the old version)",
             param=role,
         )
+
+    def _wait_quiet(self, version: Version, role: Role) -> None:
+        """Until nothing has been in flight on the cordoned pool for ``quiet_s``, or the drain
+        timeout (counted in :attr:`num_drain_timeouts`; what is left migrates when the pool's
+        replicas stop)."""
+        deadline = self._clock() + self._timeouts.drain_timeout_s
+        quiet_since: float | None = None
+        while True:
+            now = self._clock()
+            if self._fleet.health(version, role).num_in_flight:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            if quiet_since is not None and now - quiet_since >= self._timeouts.quiet_s:
+                return
+            if now >= deadline:
+                self.num_drain_timeouts += 1
+                logger.warning(
+                    "the cordoned %s %s pool still had requests in flight after %g s; it goes "
+                    "to 0 now and they migrate",
+                    version.value,
+                    role,
+                    self._timeouts.drain_timeout_s,
+                )
+                return
+            self._sleep(self._timeouts.poll_s)
 
     def _wait_drained(self, version: Version, role: Role, after: int) -> None:
         """Until the pool is down to ``after`` replicas, or nothing is in flight on it, or the

@@ -40,21 +40,33 @@ class ServeApps(Protocol):
 
 BoardReader = Callable[[], Mapping[str, list[dict[str, Any]]]]
 """The running app's stats board snapshot (``StatsBoard.snapshot``)."""
+BoardCordon = Callable[[str, str, bool], None]
+"""``(app, deployment, cordoned)`` on the running app's stats board (``StatsBoard.cordon``)."""
 
 
 class ServeRolloutFleet:
     """One served model's pools in the old version's app and the new version's app."""
 
     def __init__(
-        self, rest: ServeApps, board: BoardReader, apps: Mapping[Version, str], scope: str
+        self,
+        rest: ServeApps,
+        board: BoardReader,
+        apps: Mapping[Version, str],
+        scope: str,
+        cordon: BoardCordon,
     ) -> None:
         self._rest, self._board, self._apps, self._scope = rest, board, dict(apps), scope
+        self._cordon = cordon
 
     def set_replicas(self, version: Version, role: Role, num_replicas: int) -> None:
         """An in-place ``num_replicas`` update of ``version``'s ``role`` deployment."""
         self._rest.scale(
             self._apps[version], {pool_deployment_name(role, self._scope): num_replicas}
         )
+
+    def cordon(self, version: Version, role: Role, cordoned: bool) -> None:
+        """Keep the ingress's new requests off ``version``'s ``role`` pool (or stop to)."""
+        self._cordon(self._apps[version], pool_deployment_name(role, self._scope), cordoned)
 
     def health(self, version: Version, role: Role) -> PoolHealth:
         """Serve's replicas of the deployment, joined with their board reports."""

@@ -14,6 +14,7 @@ line), or as one wide table (``--wide``, or any terminal of 120 columns and more
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -65,6 +66,18 @@ def board_snapshot(app_name: str) -> dict[str, list[dict[str, Any]]]:
     handle = serve.get_deployment_handle(BOARD_DEPLOYMENT, app_name)
     snapshot: dict[str, list[dict[str, Any]]] = handle.snapshot.remote().result(timeout_s=30)
     return snapshot
+
+
+def board_cordon(app_name: str) -> Callable[[str, str, bool], None]:
+    """``StatsBoard.cordon`` of ``app_name``'s board (needs an attached Ray driver)."""
+
+    def cordon(pools_app: str, deployment: str, cordoned: bool) -> None:
+        from ray import serve
+
+        handle = serve.get_deployment_handle(BOARD_DEPLOYMENT, app_name)
+        handle.cordon.remote(pools_app, deployment, cordoned).result(timeout_s=30)
+
+    return cordon
 
 
 def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:

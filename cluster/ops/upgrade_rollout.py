@@ -33,12 +33,13 @@ from cluster.ops.rest import ServeRest
 from cluster.ops.rollout import RolloutDriver, RolloutTimeouts, Version
 from cluster.ops.rollout_fleet import ServeRolloutFleet
 from cluster.ops.rollout_state import RolloutPhase, RolloutState
-from cluster.ops.status_view import board_snapshot
+from cluster.ops.status_view import board_cordon, board_snapshot
 from cluster.ops.upgrade_plan import UpgradePlan
 from cluster.serve.in_place import in_place_user_config
 from cluster.serve.pool_options import INGRESS_DEPLOYMENT
 from cluster.serve.rollout_pools import FOLLOW_KEY, split_user_config
 from core.config import ClusterConfig, ServedModel
+from core.config.models import ROLES
 from core.errors import ConfigError, UpgradeRefusedError
 
 logger = logging.getLogger(__name__)
@@ -224,17 +225,21 @@ def _drive_attached(
         lambda: board_snapshot(state.app_name),
         {Version.OLD: state.old_app, Version.NEW: state.new_app},
         state.model,
+        board_cordon(state.app_name),
     )
     driver = RolloutDriver(fleet, rollout_state.write_rollout, rollout_state.take_pause, timeouts)
     final = driver.run(state)
     if final.phase in (RolloutPhase.DONE, RolloutPhase.ROLLED_BACK):
-        _settle(rest, final, timeouts)
+        _settle(rest, final, timeouts, fleet)
     return final
 
 
-def _settle(rest: ServeRest, state: RolloutState, timeouts: RolloutTimeouts) -> None:
+def _settle(
+    rest: ServeRest, state: RolloutState, timeouts: RolloutTimeouts, fleet: ServeRolloutFleet
+) -> None:
     """After ``state`` ended: the ingress follows only the app that serves, and the other one
-    (at 0 replicas, followed by no model) is deleted, unless it is the running app."""
+    (at 0 replicas, followed by no model) is deleted, unless it is the running app (whose
+    pools stay cordoned at 0)."""
     app_name = state.app_name
     serving = state.serving_app
     idle = state.old_app if serving == state.new_app else state.new_app
@@ -252,6 +257,9 @@ def _settle(rest: ServeRest, state: RolloutState, timeouts: RolloutTimeouts) -> 
     if idle != app_name and idle not in still_followed:
         rest.wait_running(app_name, timeouts.ready_timeout_s)  # the ingress let go of it
         rest.remove(idle)
+        gone = Version.OLD if idle == state.old_app else Version.NEW
+        for role in ROLES:
+            fleet.cordon(gone, role, False)  # the board forgets the deleted app's pools
         logger.info("rollout of %s ended: %s serves, %s deleted", app_name, serving, idle)
 
 

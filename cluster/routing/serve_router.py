@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from cluster.routing import departed, live_settings
+from cluster.routing import live_settings, routed_replicas
 from cluster.routing.hot_prefixes import HotPrefixes
 from cluster.routing.kv_index.fingerprints import of_fingerprint
 from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
@@ -173,10 +173,12 @@ class PdserveRequestRouter(RequestRouter):
         """Serve's new replica set; replicas that left it (died, drained, scaled down) are
         dropped from the index, the load and the session pins."""
         gone = set(self.curr_replicas) - {r.replica_id for r in replicas}
-        departed.returned(r.replica_id.unique_id for r in replicas)
         super().update_replicas(replicas)
+        deployment = self._deployment_id
+        routed_replicas.hold(  # a leaving one may report on while it drains
+            deployment.app_name, deployment.name, (r.replica_id.unique_id for r in replicas)
+        )
         for replica_id in gone:
-            departed.mark(replica_id.unique_id)  # it may report on while it drains
             self._forget(replica_id.unique_id)
         with contextlib.suppress(RuntimeError):  # not on a loop: the first choice starts it
             self.index_source.ensure_started()  # sync before the first request if we can

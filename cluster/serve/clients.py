@@ -32,7 +32,7 @@ from ray.serve.exceptions import (
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from cluster.ingress.dispatch.versioned_pools import app_of_actor
-from cluster.routing import departed
+from cluster.routing import routed_replicas
 from cluster.serve.stats_board import decode_reports
 from core.codec import from_plain, to_plain
 from core.errors import OverloadedError, UnavailableError
@@ -78,6 +78,10 @@ class PoolWatch:
     def __init__(self, board: DeploymentHandle, refresh_s: float = 0.5) -> None:
         self._board = board
         self._refresh_s = refresh_s
+        self._reports: dict[str, list[ReplicaReport]] = {}
+        self._cordoned: frozenset[tuple[str, str]] = frozenset()
+        self._reports_seq = 0
+        self._counted: tuple[int, int] | None = None
         self._num_live: dict[str, int] = {}
         self._fingerprints: dict[str, dict[str, int]] = {}
         self._fingerprint_apps: dict[str, dict[str, Counter[str]]] = {}
@@ -100,16 +104,19 @@ class PoolWatch:
 
     def num_live(self, pool: str) -> int:
         """Replicas of ``pool`` that reported within the board's staleness bound."""
+        self._recount()
         return self._num_live.get(pool, 0)
 
     def fingerprints(self, pool: str) -> dict[str, int]:
         """Live replicas of ``pool`` by KV fingerprint (``ReplicaStats.kv_fingerprint``)."""
+        self._recount()
         return self._fingerprints.get(pool, {})
 
     def app_of(self, pool: str, fingerprint: str) -> str | None:
         """A Serve app whose live replicas of ``pool`` run ``fingerprint`` (a stepped rollout's
         two versions run in two apps), drawn by their count when both do (a change that keeps
         the fingerprint); None when none reports it."""
+        self._recount()
         apps = self._fingerprint_apps.get(pool, {}).get(fingerprint)
         if not apps:
             return None
@@ -117,20 +124,37 @@ class PoolWatch:
         return names[0] if len(names) == 1 else random.choices(names, [apps[n] for n in names])[0]
 
     async def snapshot(self) -> dict[str, list[ReplicaReport]]:
-        """The board's current reports by role (also refreshes the live counts)."""
+        """The board's current reports by role, of the replicas a request can be placed on
+        (held by this process's routers: ``cluster.routing.routed_replicas``; not of a
+        cordoned pool: ``StatsBoard.cordon``); the live counts follow."""
         view: dict[str, Any] = await self._board.view.remote()
         if self._epoch is not None and view["epoch"] != self._epoch:
             self.restarts_total += 1
             logger.warning("stats board restarted: its reports refill as replicas post")
         self._epoch = view["epoch"]
-        reports = decode_reports(view["pools"])
-        departed.prune(r.replica_id for replicas in reports.values() for r in replicas)
-        gone = departed.departed()
-        if gone:
-            reports = {
-                role: [r for r in replicas if r.replica_id not in gone]
-                for role, replicas in reports.items()
-            }
+        self._reports = decode_reports(view["pools"])
+        self._cordoned = frozenset((app, name) for app, name in view.get("cordoned", ()))
+        self._reports_seq += 1
+        return self._routable()
+
+    def _routable(self) -> dict[str, list[ReplicaReport]]:
+        def placeable(report: ReplicaReport) -> bool:
+            if routed_replicas.deployment_of(report.actor_name) in self._cordoned:
+                return False
+            return routed_replicas.routable(report.actor_name, report.replica_id)
+
+        return {
+            role: [r for r in replicas if placeable(r)] for role, replicas in self._reports.items()
+        }
+
+    def _recount(self) -> None:
+        """Count again when the board or a router's replica set changed since the last count
+        (a router drops a stopped replica at once, not at the next board refresh)."""
+        key = (self._reports_seq, routed_replicas.version())
+        if key == self._counted:
+            return
+        self._counted = key
+        reports = self._routable()
         self._num_live = {role: len(replicas) for role, replicas in reports.items()}
         self._fingerprints = {
             role: dict(Counter(r.stats.kv_fingerprint for r in replicas))
@@ -143,7 +167,6 @@ class PoolWatch:
                 app = app_of_actor(r.actor_name)
                 if app is not None:
                     apps.setdefault(r.stats.kv_fingerprint, Counter())[app] += 1
-        return reports
 
     async def stats_by_role(self) -> dict[str, dict[str, ReplicaStats]]:
         """``role -> replica id -> stats`` of each live replica (the ingress's

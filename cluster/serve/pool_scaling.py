@@ -56,8 +56,24 @@ def idle_range(max_replicas: int = 1) -> dict[str, Any]:
     }
 
 
-_AT_ONCE = {"upscale_delay_s": 0.0, "downscale_delay_s": 0.0}
-"""A new size applies at the next control loop (Serve's downscale delay would wait minutes)."""
+METRICS_INTERVAL_S = 1.0
+"""How often a fixed pool's handles push their request counts to Serve's controller."""
+METRICS_WINDOW_S = 2.0
+"""The window Serve averages those counts over."""
+QUIET_S = METRICS_WINDOW_S + METRICS_INTERVAL_S
+"""How long after a pool's last request Serve counts none there. Serve starts a replica for a
+pool at 0 that it counts requests for (its cold start, which no policy overrides), so a pool
+is taken to 0 only once it has been this long without one (``cluster.ops.rollout``)."""
+
+_AT_ONCE = {
+    "upscale_delay_s": 0.0,
+    "downscale_delay_s": 0.0,
+    "metrics_interval_s": METRICS_INTERVAL_S,
+    "look_back_period_s": METRICS_WINDOW_S,
+}
+"""A new size applies at the next control loop (Serve's downscale delay would wait minutes),
+and requests a pool no longer has leave Serve's count within :data:`QUIET_S` (its default
+window, 30 s, kept cold-starting a pool set to 0 for half a minute after its last request)."""
 
 
 def pool_overrides(config: ClusterConfig, *, idle: bool = False) -> list[dict[str, Any]]:

@@ -23,6 +23,10 @@ The board also holds the app's generated KV transfer secret (None when a token i
 a rolling upgrade's second app fetches it at replica boot (``cluster.serve.board_kv_token``)
 instead of carrying one of its own. Only callers inside the Ray cluster reach it (the board has
 no HTTP route), and nothing logs it.
+
+And it holds the pools a stepped rollout cordoned (:meth:`StatsBoard.cordon`): a version's pool
+about to go to 0 takes no new request (the ingress's ``PoolWatch`` counts none of its replicas
+live) while its last ones finish; their reports stay on the board, for the rollout's drain.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class StatsBoard:
         self._faults: dict[str, tuple[dict[str, Any], float]] = {}  # role -> (plain, until)
         self._adapters: dict[str, dict[str, str]] = {}  # model scope -> LoRA name -> path
         self._kv_token = kv_token
+        self._cordoned: set[tuple[str, str]] = set()  # (app, deployment)
 
     def kv_token(self) -> str | None:
         """The app's generated KV transfer secret, for its rollout's second app (None: the app
@@ -112,9 +117,19 @@ class StatsBoard:
         """Drop a replica's report at once (it is shutting down)."""
         self._reports.pop(replica_id, None)
 
+    def cordon(self, app_name: str, deployment: str, cordoned: bool) -> None:
+        """Whether new requests must keep off ``app_name``'s ``deployment`` (a pool a stepped
+        rollout is taking to 0)."""
+        if cordoned:
+            self._cordoned.add((app_name, deployment))
+        else:
+            self._cordoned.discard((app_name, deployment))
+
     def view(self) -> dict[str, Any]:
-        """:meth:`snapshot` with this board's epoch: ``{"epoch": str, "pools": ...}``."""
-        return {"epoch": self.epoch, "pools": self.snapshot()}
+        """:meth:`snapshot` with this board's epoch and the cordoned pools:
+        ``{"epoch": str, "pools": ..., "cordoned": [[app, deployment], ...]}``."""
+        cordoned = [list(pool) for pool in sorted(self._cordoned)]
+        return {"epoch": self.epoch, "pools": self.snapshot(), "cordoned": cordoned}
 
     def snapshot(self) -> dict[str, list[dict[str, Any]]]:
         """Fresh reports grouped by pool (``{"prefill": [...], "decode": [...]}``; with several

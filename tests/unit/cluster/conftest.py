@@ -1,6 +1,6 @@
-"""Process-local routing state the cluster unit tests share a worker process with: a replica a
-router saw leave (``cluster.routing.departed``) must not hide another test's replica of the
-same id."""
+"""Process-local routing state the cluster unit tests share a worker process with: the replica
+sets a test's routers held (``cluster.routing.routed_replicas``) must not hide another test's
+replicas of the same deployment."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster.routing import departed
+from cluster.routing import routed_replicas
 
 
 @pytest.fixture(autouse=True)
-def _no_departed_replicas() -> Iterator[None]:
-    departed.prune(())
+def _no_routed_replicas() -> Iterator[None]:
+    routed_replicas.forget()
     yield
-    departed.prune(())
+    routed_replicas.forget()

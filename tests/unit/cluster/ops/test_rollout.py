@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(30)
 class FakeFleet:
     """Two versions' pools; a replica set up is healthy after ``start_polls`` health reads,
     a pool set down keeps its stopping replica (and ``stuck_in_flight`` requests) until read
-    ``drain_polls`` times."""
+    ``drain_polls`` times; a pool serves one request at a time, none once cordoned (but
+    ``stuck_in_flight``). ``log`` lists sizes and cordons in order."""
 
     num_prefill: int
     num_decode: int
@@ -38,6 +39,8 @@ class FakeFleet:
     polls: dict[tuple[Version, Role], int] = field(default_factory=dict)
     calls: list[tuple[Version, Role, int]] = field(default_factory=list)
     deviations: list[float] = field(default_factory=list)
+    cordoned: set[tuple[Version, Role]] = field(default_factory=set)
+    log: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         counts: tuple[tuple[Role, int], ...] = (
@@ -50,6 +53,7 @@ class FakeFleet:
 
     def set_replicas(self, version: Version, role: Role, num_replicas: int) -> None:
         self.calls.append((version, role, num_replicas))
+        self.log.append(f"{version.value} {role} {num_replicas}")
         self.sizes[(version, role)] = num_replicas
         self.polls[(version, role)] = 0
         for v in Version:
@@ -72,8 +76,13 @@ class FakeFleet:
             self.replicas[key] = live = target
         if target < live and self.polls[key] >= self.drain_polls and not self.stuck_in_flight:
             self.replicas[key] = live = target
-        in_flight = self.stuck_in_flight if live > target else 1
+        idle = live > target or key in self.cordoned
+        in_flight = self.stuck_in_flight if idle else 1
         return PoolHealth(live, min(live, target), 0, in_flight)
+
+    def cordon(self, version: Version, role: Role, cordoned: bool) -> None:
+        self.log.append(f"{'cordon' if cordoned else 'uncordon'} {version.value} {role}")
+        (self.cordoned.add if cordoned else self.cordoned.discard)((version, role))
 
     def serving(self, version: Version) -> tuple[int, int]:
         return self.sizes[(version, "prefill")], self.sizes[(version, "decode")]
@@ -137,6 +146,24 @@ def test_each_step_brings_the_new_replica_up_before_the_old_one_goes() -> None:
     ]  # fmt: skip
 
 
+def test_a_pool_going_to_0_is_cordoned_and_quiet_first_and_uncordoned_coming_back() -> None:
+    fleet, clock = FakeFleet(1, 1), FakeClock()
+    walk = driver(fleet, clock, quiet_s=3.0, poll_s=1.0)
+    done = walk.run(start(1, 1))
+    assert fleet.log == [
+        "uncordon new prefill", "new prefill 1", "cordon old prefill", "old prefill 0",
+        "uncordon new decode", "new decode 1", "cordon old decode", "old decode 0",
+    ]  # fmt: skip
+    assert clock.now_s >= 2 * 3.0 and walk.num_drain_timeouts == 0  # quiet_s per pool
+    fleet.log.clear()
+    back = walk.run(replace(done, rolling_back=True))
+    assert back.phase is RolloutPhase.ROLLED_BACK
+    assert fleet.log == [
+        "uncordon old decode", "old decode 1", "cordon new decode", "new decode 0",
+        "uncordon old prefill", "old prefill 1", "cordon new prefill", "new prefill 0",
+    ]  # fmt: skip
+
+
 def test_pause_stops_after_the_step_and_resume_finishes() -> None:
     fleet, clock = FakeFleet(2, 2), FakeClock()
     walk = RolloutDriver(
@@ -191,8 +218,9 @@ def test_a_drain_timeout_moves_on_and_is_counted() -> None:
     walk = driver(fleet, clock, drain_timeout_s=5.0, poll_s=1.0)
     final = walk.run(start(1, 1))
     assert final.phase is RolloutPhase.DONE
-    assert walk.num_drain_timeouts == 2  # one per step: the stopping replica never emptied
-    assert clock.now_s >= 10.0
+    # two per step: the cordoned pool never went quiet, then its stopping replica never emptied
+    assert walk.num_drain_timeouts == 4
+    assert clock.now_s >= 20.0
 
 
 def test_a_failed_new_replica_stops_the_rollout_with_the_old_version_serving() -> None:

@@ -46,9 +46,21 @@ def report(replica_id: str, **stats: int) -> dict[str, Any]:
 APPS = {Version.OLD: "pdserve", Version.NEW: "pdserve-next"}
 
 
+def no_cordon(app: str, deployment: str, cordoned: bool) -> None:
+    raise AssertionError(f"unexpected cordon of {app}/{deployment}")
+
+
+def test_a_cordon_names_the_versions_app_and_the_models_deployment() -> None:
+    cordons: list[tuple[str, str, bool]] = []
+    fleet = ServeRolloutFleet(FakeRest({}), dict, APPS, "qwen", lambda *c: cordons.append(c))
+    fleet.cordon(Version.OLD, "decode", True)
+    fleet.cordon(Version.NEW, "prefill", False)
+    assert cordons == [("pdserve", "Decode-qwen", True), ("pdserve-next", "Prefill-qwen", False)]
+
+
 def test_a_step_scales_one_deployment_of_the_versions_app() -> None:
     rest = FakeRest({})
-    fleet = ServeRolloutFleet(rest, dict, APPS, "")
+    fleet = ServeRolloutFleet(rest, dict, APPS, "", no_cordon)
     fleet.set_replicas(Version.NEW, "decode", 2)
     fleet.set_replicas(Version.OLD, "prefill", 0)
     assert rest.scaled == [("pdserve-next", {"Decode": 2}), ("pdserve", {"Prefill": 0})]
@@ -56,7 +68,7 @@ def test_a_step_scales_one_deployment_of_the_versions_app() -> None:
 
 def test_a_scoped_model_scales_its_own_pool() -> None:
     rest = FakeRest({})
-    ServeRolloutFleet(rest, dict, APPS, "qwen").set_replicas(Version.NEW, "decode", 1)
+    ServeRolloutFleet(rest, dict, APPS, "qwen", no_cordon).set_replicas(Version.NEW, "decode", 1)
     assert rest.scaled == [("pdserve-next", {"Decode-qwen": 1})]
 
 
@@ -69,7 +81,7 @@ def test_health_counts_running_replicas_that_report_and_their_requests() -> None
         }
     )  # fmt: skip
     board = {"decode": [report("a", num_running=2, num_waiting=1), report("b", num_running=3)]}
-    fleet = ServeRolloutFleet(rest, lambda: board, APPS, "")
+    fleet = ServeRolloutFleet(rest, lambda: board, APPS, "", no_cordon)
     assert fleet.health(Version.OLD, "decode") == PoolHealth(3, 1, 0, 6)
 
 
@@ -77,13 +89,13 @@ def test_a_running_replica_not_yet_on_the_board_is_not_healthy() -> None:
     rest = FakeRest(
         {"pdserve-next": {"deployments": {"Decode": deployment("HEALTHY", ("n", "RUNNING"))}}}
     )
-    fleet = ServeRolloutFleet(rest, dict, APPS, "")
+    fleet = ServeRolloutFleet(rest, dict, APPS, "", no_cordon)
     assert fleet.health(Version.NEW, "decode") == PoolHealth(1, 0, 0, 0)
 
 
 def test_a_failed_deployment_counts_as_a_failed_replica() -> None:
     rest = FakeRest({"pdserve-next": {"deployments": {"Prefill": deployment("DEPLOY_FAILED")}}})
-    fleet = ServeRolloutFleet(rest, dict, APPS, "")
+    fleet = ServeRolloutFleet(rest, dict, APPS, "", no_cordon)
     assert fleet.health(Version.NEW, "prefill") == PoolHealth(0, 0, 1, 0)
     assert fleet.health(Version.OLD, "prefill") == PoolHealth(0, 0, 0, 0)  # app not deployed
 

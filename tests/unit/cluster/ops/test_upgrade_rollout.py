@@ -32,7 +32,9 @@ def rest() -> FakeRest:
 def fleets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rest: FakeRest) -> list[InstantFleet]:
     made: list[InstantFleet] = []
 
-    def fleet(rest: Any, board: Any, apps: dict[Version, str], scope: str) -> InstantFleet:
+    def fleet(
+        rest: Any, board: Any, apps: dict[Version, str], scope: str, cordon: Any
+    ) -> InstantFleet:
         made.append(InstantFleet(apps, scope))
         return made[-1]
 

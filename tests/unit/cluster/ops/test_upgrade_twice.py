@@ -55,7 +55,9 @@ def follows(*apps: str) -> tuple[str, tuple[str, dict[str, Any]]]:
 def fleets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[InstantFleet]:
     made: list[InstantFleet] = []
 
-    def fleet(rest: Any, board: Any, apps: dict[Version, str], scope: str) -> InstantFleet:
+    def fleet(
+        rest: Any, board: Any, apps: dict[Version, str], scope: str, cordon: Any
+    ) -> InstantFleet:
         made.append(InstantFleet(apps, scope))
         return made[-1]
 

@@ -71,6 +71,9 @@ class InstantFleet:
         size = self.sizes.get((version, role), 0)
         return PoolHealth(size, size, 0, 0)
 
+    def cordon(self, version: Version, role: Role, cordoned: bool) -> None:
+        pass  # nothing in flight here: the driver's quiet wait ends at once
+
 
 def offline_upgrade(
     module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rest: FakeRest | None

@@ -13,7 +13,7 @@ import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
 from ray.serve.request_router import PendingRequest, ReplicaID
 
-from cluster.routing import departed, live_settings
+from cluster.routing import live_settings, routed_replicas
 from cluster.routing.kv_index.follower import (
     ActorIndexSource,
     StaticIndexSource,
@@ -179,9 +179,11 @@ def test_replicas_leaving_the_serve_set_leave_the_index() -> None:
     assert router.index_source.gone == ["b"]  # type: ignore[attr-defined]
     assert router.index_source.view().replica_ids() == ["a"]  # type: ignore[union-attr]
     assert router.load.num_requests("b") == 0
-    assert departed.departed() == {"b"}  # the board's readers stop counting it live
+    actor = "SERVE_REPLICA::test-app#Prefill#{}"
+    assert routed_replicas.routable(actor.format("a"), "a")
+    assert not routed_replicas.routable(actor.format("b"), "b")  # the board's readers skip it
     run(update([a, b]))  # back in Serve's set (it was unreachable for a moment): live again
-    assert departed.departed() == frozenset()
+    assert routed_replicas.routable(actor.format("b"), "b")
 
 
 def test_routing_stats_steer_the_decode_pool_to_free_kv() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from ray.serve import Application
 
-from cluster.routing import departed
+from cluster.routing import routed_replicas
 from cluster.routing.kv_index.actor import IndexPublisherFactory
 from cluster.routing.router_kwargs import RouterSettings
 from cluster.serve.app_builder import build_app, build_app_from_config, build_pools_app
@@ -146,11 +146,32 @@ def test_a_fingerprint_both_apps_run_is_spread_over_them() -> None:
 
 
 def test_a_replica_serve_stopped_routing_to_is_not_live_while_it_drains() -> None:
-    board, watch = two_apps()
-    departed.mark("a")  # a router of this process saw it leave Serve's replica set
+    _, watch = two_apps()
     asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert watch.fingerprints("decode") == {"old": 1, "new": 1}  # no router here yet: the board
+    routed_replicas.hold("pdserve", "Decode", ["a"])
+    routed_replicas.hold("pdserve", "Decode", [])  # its router saw it leave Serve's set
     assert watch.fingerprints("decode") == {"new": 1} and watch.num_live("decode") == 1
-    assert watch.app_of("decode", "old") is None  # no request is paired with it
-    board.forget("a")  # it stopped: its report is gone, and so is its mark
+    assert watch.app_of("decode", "old") is None  # at once: no wait for the next board read
+    routed_replicas.hold("pdserve", "Decode", ["a"])  # back in the set: live again
+    assert watch.app_of("decode", "old") == "pdserve"
+
+
+def test_a_replica_on_the_board_before_its_router_holds_it_is_not_live_yet() -> None:
+    _, watch = two_apps()
+    routed_replicas.hold("pdserve-next", "Decode", [])  # the router's long poll lags the report
     asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
-    assert "a" not in departed.departed()
+    assert watch.fingerprints("decode") == {"old": 1} and watch.app_of("decode", "new") is None
+    routed_replicas.hold("pdserve-next", "Decode", ["b"])
+    assert watch.app_of("decode", "new") == "pdserve-next"
+
+
+def test_a_cordoned_pool_takes_no_new_request_but_stays_on_the_board() -> None:
+    board, watch = two_apps()
+    board.cordon("pdserve", "Decode", True)  # a stepped rollout takes it to 0 next
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert watch.fingerprints("decode") == {"new": 1} and watch.app_of("decode", "old") is None
+    assert [r["replica_id"] for r in board.snapshot()["decode"]] == ["a", "b"]  # for the drain
+    board.cordon("pdserve", "Decode", False)
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert watch.app_of("decode", "old") == "pdserve"
