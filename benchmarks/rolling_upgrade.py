@@ -26,7 +26,14 @@ segments in ``/dev/shm`` beyond the live replicas', after the upgrade and after 
 same streaming load through the HTTP ingress, ``pdserve upgrade --stepped`` to the other
 weights (``--drain-timeout-s`` as its ``--drain-timeout``), Serve polled for both apps' pool
 counts during every step, then ``pdserve down``; ``shm_segments_left`` counts the segments of
-the cluster's replicas left after the upgrade (by replicas gone) and after the down.
+the cluster's replicas left after the upgrade (by replicas gone) and after the down. Its
+``p99_ttft_before_ms`` is measured over ``--baseline-requests`` requests sent after the warm-up
+ones (a p99 of a few dozen requests is their maximum, and a fresh cluster's first requests
+are no baseline). Its peer, in the same run on the same cluster before the upgrade: as many
+replica starts and stops of the same version, one at a time, with no upgrade
+(``p99_ttft_churn_over_before``): what a replica starting next to the serving ones costs on
+this machine by itself (the new version's replicas start on the same cores; on a GPU fleet
+they start on their own devices).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/rolling_upgrade.py --serve
 
@@ -85,6 +92,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=4, help="Concurrent streaming clients.")
     p.add_argument("--max-tokens", type=int, default=8, help="Tokens per request.")
     p.add_argument("--warmup-requests", type=int, default=16, help="Requests before upgrading.")
+    p.add_argument(
+        "--no-churn", action="store_true",
+        help="--serve: skip the peer (as many replica starts and stops of the same version "
+        "before the upgrade, p99_ttft_churn_over_before).",
+    )  # fmt: skip
+    p.add_argument(
+        "--baseline-requests", type=int, default=100,
+        help="--serve: requests measured before the upgrade, after the warm-up ones (0: the "
+        "warm-up ones are the baseline).",
+    )  # fmt: skip
     p.add_argument("--drain-timeout-s", type=float, default=30.0, help="A leaving replica's drain.")
     p.add_argument("--seed", type=int, default=5, help="Prompt seed.")
     p.add_argument(
@@ -356,8 +373,8 @@ def main_serve(args: argparse.Namespace) -> int:
     scenario = Scenario(
         other_weights=True, num_prefill=args.prefill, num_decode=args.decode,
         clients=args.clients, max_tokens=args.max_tokens,
-        warmup_requests=args.warmup_requests, drain_timeout_s=args.drain_timeout_s,
-        seed=args.seed,
+        warmup_requests=args.warmup_requests, baseline_requests=args.baseline_requests,
+        drain_timeout_s=args.drain_timeout_s, churn=not args.no_churn, seed=args.seed,
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pdserve-upgrade-serve-") as directory:
         result = run_upgrade(scenario, Path(directory))

@@ -63,6 +63,14 @@ class Scenario:
     clients: int = 3
     max_tokens: int = 8
     warmup_requests: int = 8
+    """Requests on the fresh cluster before the measured ones (their first-request costs are
+    no baseline)."""
+    baseline_requests: int = 0
+    """Requests measured before the upgrade (``p99_ttft_before_ms``); 0: the warm-up ones."""
+    churn: bool = False
+    """Before the upgrade, the peer: start and stop as many replicas of the same version, one
+    at a time, with no upgrade (``p99_ttft_churn_ms``): what starting a replica next to the
+    serving ones costs on this machine by itself."""
     drain_timeout_s: float | None = None
     """``--drain-timeout`` of the upgrade (None: the CLI's default)."""
     graceful_shutdown_timeout_s: float | None = None
@@ -241,6 +249,9 @@ class PoolWatch:
     """The running app's deployments (pools aside) -> every replica id seen."""
     num_polls: int = 0
     poll_errors: int = 0
+    measuring: bool = True
+    """False while the benchmark resizes the pools itself (the churn), which the P:D bound
+    is not about."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -279,7 +290,7 @@ class PoolWatch:
                 replicas = deployments[pool].get("replicas", [])
                 target.append(int(deployments[pool].get("target_num_replicas", 0)))
                 running.append(sum(r.get("state") == "RUNNING" for r in replicas))
-            for counts in (target, running):
+            for counts in (target, running) if self.measuring else ():
                 deviation = ratio_deviation(counts[0], counts[1], self.num_prefill, self.num_decode)
                 if deviation > self.max_deviation:
                     self.max_deviation, self.worst = deviation, f"{app} P:D {counts}"
@@ -341,6 +352,8 @@ class Result:
     migrations: float
     shm_left_after_upgrade: set[str]
     shm_left_after_down: set[str]
+    churn_s: float | None = None
+    """How long the peer's replica churn took (None: no churn ran)."""
 
     @property
     def failures(self) -> list[Outcome]:
@@ -368,6 +381,17 @@ class Result:
         """The benchmark's JSON keys."""
         before = [o.ttft_s for o in self.outcomes if o.phase == "before" and o.error is None]
         during = [o.ttft_s for o in self.outcomes if o.phase == "during" and o.error is None]
+        churn = [o.ttft_s for o in self.outcomes if o.phase == "churn" and o.error is None]
+        peer = {}
+        if self.churn_s is not None:
+            peer = {
+                "requests_churn": len(churn),
+                "p99_ttft_churn_ms": round(1000 * p99(churn), 1),
+                "p99_ttft_churn_over_before": (
+                    round(p99(churn) / p99(before), 3) if before and churn else None
+                ),
+                "churn_s": round(self.churn_s, 2),
+            }
         return {
             "requests": len(self.outcomes),
             "requests_during": len(during),
@@ -385,7 +409,28 @@ class Result:
             "request_migrations": self.migrations,
             "upgrade_rc": self.upgrade.returncode,
             "running_app_deployments_restarted": self.watch.restarted(),
+            **peer,
         }
+
+
+def churn_replicas(rest: Any, app_name: str, num_prefill: int, num_decode: int) -> float:
+    """One replica more, then one fewer, of each pool replica in turn (as many starts and stops
+    as the upgrade's steps, the same version); returns the seconds it took."""
+    started_s = time.perf_counter()
+    sizes = {"Prefill": num_prefill, "Decode": num_decode}
+
+    def settled(pool: str, size: int) -> bool:
+        deployment = (rest.app_details(app_name) or {}).get("deployments", {}).get(pool, {})
+        replicas = deployment.get("replicas", [])
+        return len(replicas) == size and all(r.get("state") == "RUNNING" for r in replicas)
+
+    for pool, size in sizes.items():
+        for _ in range(size):
+            for target in (size + 1, size):
+                rest.scale(app_name, {pool: target})
+                if not wait_for(lambda p=pool, t=target: settled(p, t), 300):
+                    raise RuntimeError(f"{pool} did not settle at {target} replicas")
+    return time.perf_counter() - started_s
 
 
 def wait_for(condition: Any, timeout_s: float, interval_s: float = 0.5) -> bool:
@@ -457,10 +502,24 @@ def run_upgrade(scenario: Scenario, directory: Path, inspect: Inspect | None = N
                                       scenario.clients) as load:  # fmt: skip
                 if not wait_for(lambda: len(load.outcomes) >= scenario.warmup_requests, 300):
                     raise RuntimeError(f"no warm-up: {load.outcomes[:3]}")
+                baseline_from_s, warm = time.perf_counter(), len(load.outcomes)
+                if scenario.baseline_requests:
+                    wait_for(lambda: len(load.outcomes) - warm >= scenario.baseline_requests, 300)
+                churn_s = None
+                if scenario.churn:
+                    load.phase, watch.measuring = "churn", False
+                    churn_s = churn_replicas(rest, state["app_name"], scenario.num_prefill,
+                                             scenario.num_decode)  # fmt: skip
+                    load.phase, watch.measuring, settled = "settle", True, len(load.outcomes)
+                    wait_for(lambda: len(load.outcomes) - settled >= 2 * scenario.clients, 120)
                 load.phase, started_s = "during", time.perf_counter()
                 upgrade = pdserve(*upgrade_args, env=env)
                 upgrade_s = time.perf_counter() - started_s
                 load.phase = "after"
+                if scenario.baseline_requests:  # sent before the baseline began: warm-up
+                    for outcome in load.outcomes:
+                        if outcome.started_s < baseline_from_s:
+                            outcome.phase = "warmup"
                 wait_for(lambda: sum(o.phase == "after" for o in load.outcomes) >= 2, 120)
             wait_for(lambda: metric(endpoint, "pdserve:kv_blocks_used") == 0, 60)
             kv_used = metric(endpoint, "pdserve:kv_blocks_used")
@@ -477,5 +536,5 @@ def run_upgrade(scenario: Scenario, directory: Path, inspect: Inspect | None = N
     left_after_down = segments_of(shm_segments() - shm_before, watch.pids)
     return Result(
         load.outcomes, references, upgrade, upgrade_s, watch, kv_used, migrations,
-        left_after_upgrade, left_after_down,
+        left_after_upgrade, left_after_down, churn_s,
     )  # fmt: skip
