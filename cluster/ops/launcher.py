@@ -31,6 +31,7 @@ from cluster.ops import live_pools, process_tree, rollout_state, run_state
 from cluster.ops.ray_session import attach, attached, shutdown, start_local_ray, stop_local_ray
 from cluster.ops.rest import ServeRest
 from cluster.ops.run_state import RunState
+from cluster.serve import planner_settings
 from core.config import ClusterConfig
 from core.errors import ConfigError, UnavailableError
 from core.shared_memory import sweep_orphans
@@ -186,6 +187,7 @@ def down(
         from cluster.routing.kv_index.actor import kill_index_actor  # imports ray: after attach
 
         kill_index_actor(app_name)
+        planner_settings.forget(app_name)  # the Ray cluster outlives the app: clean its keys
     rollout_state.clear_rollout(app_name)
     run_state.clear_state(app_name)
     return f"removed app {', '.join(removed)} from {url}"

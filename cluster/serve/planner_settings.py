@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cluster.planner.decisions import decisions_key
 from core.config import ClusterConfig, DisaggregationConfig, PlannerConfig
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,15 @@ def publish(app_name: str, base: PlannerSettings, live: PlannerSettings) -> None
     from ray.experimental.internal_kv import _internal_kv_put
 
     _internal_kv_put(settings_key(app_name), encode(base, live), overwrite=True)
+
+
+def forget(app_name: str) -> None:
+    """Delete what ``app_name``'s planner left in the GCS (its published settings and its
+    decision log), so a later app of that name starts clean (needs a Ray worker)."""
+    from ray.experimental.internal_kv import _internal_kv_del
+
+    for key in (settings_key(app_name), decisions_key(app_name)):
+        _internal_kv_del(key)
 
 
 def read(app_name: str, base: PlannerSettings) -> PlannerSettings | None:

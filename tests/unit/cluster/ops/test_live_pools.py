@@ -14,7 +14,9 @@ from rich.console import Console
 from cluster.ops import launcher, live_pools, rollout_state, scaling
 from cluster.ops.rollout_state import RolloutPhase, RolloutState, read_rollout, write_rollout
 from cluster.ops.status_view import collect_pools, render_status
+from cluster.planner.decisions import decisions_key
 from cluster.routing.kv_index import actor as index_actor
+from cluster.serve.planner_settings import settings_key
 from core.errors import ConfigError
 from tests.unit.cluster.ops.upgrade_fakes import FakeRest, offline_upgrade
 
@@ -77,6 +79,9 @@ def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ServeApps:
     for module in (launcher, scaling):
         offline_upgrade(module, tmp_path, monkeypatch, rest)  # type: ignore[arg-type]
     monkeypatch.setattr(index_actor, "kill_index_actor", lambda app: True)
+    monkeypatch.setattr(
+        "ray.experimental.internal_kv._internal_kv_del", lambda key: rest.calls.append(("del", key))
+    )
     return rest
 
 
@@ -89,6 +94,8 @@ def test_down_removes_the_pools_apps_first_and_forgets_the_rollout(serve: ServeA
         ("remove", POOLS_APP),
         ("remove", "pdserve-rollout-2"),
         ("remove", APP),
+        ("del", settings_key(APP)),  # the planner's settings and log: the Ray cluster stays
+        ("del", decisions_key(APP)),
     ]
     assert message == f"removed app {POOLS_APP}, pdserve-rollout-2, {APP} from http://dash"
     assert read_rollout(APP) is None
@@ -98,7 +105,7 @@ def test_down_removes_the_pools_apps_first_and_forgets_the_rollout(serve: ServeA
 def test_down_without_a_rollout_removes_only_the_app(serve: ServeApps) -> None:
     del serve.apps[POOLS_APP]
     assert launcher.down(APP, dashboard_url="http://dash") == f"removed app {APP} from http://dash"
-    assert serve.calls == [("remove", APP)]
+    assert serve.calls[0] == ("remove", APP) and len(serve.calls) == 3
 
 
 def test_scale_after_a_finished_rollout_resizes_the_live_pools_app(serve: ServeApps) -> None:
