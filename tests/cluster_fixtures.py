@@ -238,7 +238,7 @@ def side_app(serving_app: ServingApp, config: ClusterConfig, route: str) -> Iter
             entry["route_prefix"] = route
     ServeSubmissionClient(rest.dashboard_url).deploy_applications(schema)
     try:
-        rest.wait_running(name, 180)
+        rest.wait_running(name, 180, poll_s=0.2)
         endpoint = f"{serving_app.endpoint}{route}"
         wait_until(
             lambda: httpx.get(f"{endpoint}/ready", timeout=10).status_code == 200,
