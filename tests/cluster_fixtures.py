@@ -182,8 +182,10 @@ def deploy_serving_app(sim_cluster: SimCluster, disk_dir: Path) -> ServingApp:
 def reset_to_baseline(serving_app: ServingApp) -> None:
     """Back to 1 prefill + 1 decode, undrained, no KV in use."""
     serving_app.set_draining(False)
-    counts = {name: len(serving_app.deployment(name).get("replicas", [])) for name in POOLS}
-    if any(count != 1 for count in counts.values()) or _targets(serving_app) != {1}:
+    pools = _pools(serving_app)
+    counts = {name: len(pool.get("replicas", [])) for name, pool in pools.items()}
+    targets = {int(pool.get("target_num_replicas", -1)) for pool in pools.values()}
+    if any(count != 1 for count in counts.values()) or targets != {1}:
         serving_app.rest.scale(APP_NAME, dict.fromkeys(POOLS, 1))
     wait_until(lambda: _at_baseline(serving_app), 120, "app back to 1 prefill + 1 decode, idle")
 
@@ -191,13 +193,17 @@ def reset_to_baseline(serving_app: ServingApp) -> None:
 POOLS = ("Prefill", "Decode")
 
 
-def _targets(app: ServingApp) -> set[int]:
-    return {int(app.deployment(name).get("target_num_replicas", -1)) for name in POOLS}
+def _pools(app: ServingApp) -> dict[str, dict[str, Any]]:
+    """Serve's REST details of both pools, from one request (the test after each waits on
+    this reset; every request serializes the details of every app)."""
+    deployments = (app.rest.app_details(APP_NAME) or {}).get("deployments", {})
+    return {name: deployments.get(name, {}) for name in POOLS}
 
 
 def _at_baseline(app: ServingApp) -> bool:
-    if any(len(app.running_replicas(name)) != 1 for name in POOLS):
-        return False
+    for pool in _pools(app).values():
+        if len([r for r in pool.get("replicas", []) if r["state"] == "RUNNING"]) != 1:
+            return False
     board = app.board()
     live = [r for role in ("prefill", "decode") for r in board.get(role, [])]
     idle = all(r["stats"]["kv_blocks_used"] == 0 for r in live)
@@ -232,7 +238,7 @@ def side_app(serving_app: ServingApp, config: ClusterConfig, route: str) -> Iter
             entry["route_prefix"] = route
     ServeSubmissionClient(rest.dashboard_url).deploy_applications(schema)
     try:
-        rest.wait_running(name, 180)
+        rest.wait_running(name, 180, poll_s=0.2)
         endpoint = f"{serving_app.endpoint}{route}"
         wait_until(
             lambda: httpx.get(f"{endpoint}/ready", timeout=10).status_code == 200,

@@ -30,7 +30,8 @@ def main(base_url: str, model: str, tokenizer_dir: str, task_dir: str) -> None:
     results = lm_eval.simple_evaluate(
         model=lm,
         tasks=["pdserve_choice", "pdserve_generate"],
-        task_manager=TaskManager(include_path=task_dir),
+        # only the tasks in task_dir: indexing lm-eval's own thousands of tasks takes ~10 s
+        task_manager=TaskManager(include_path=task_dir, include_defaults=False),
         log_samples=True,
         bootstrap_iters=0,
     )

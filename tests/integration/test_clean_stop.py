@@ -90,7 +90,7 @@ def test_down_stops_an_unreaped_up_cleanly(tmp_path: Path) -> None:
             ),
             420,
             "pdserve up ready",
-            poll_s=1.0,
+            poll_s=0.2,
         )
         assert "exited" not in state, terminal.read_text(errors="replace")[-3000:]
         endpoint = state["endpoint"]
