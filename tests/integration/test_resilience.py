@@ -97,38 +97,36 @@ def _scaled(app: ServingApp, deployment: str, role: str, count: int) -> bool:
 def test_each_pool_scales_up_and_down_while_requests_flow(
     app: ServingApp, sim_cluster: SimCluster
 ) -> None:
-    # both pools in each step (one `pdserve scale` call): their replicas start (and leave)
-    # together, each pool checked on its own
-    pools = {"Prefill": ("prefill", sim_cluster.prefill_node_id),
-             "Decode": ("decode", sim_cluster.decode_node_id)}  # fmt: skip
+    steps = [("Prefill", "prefill", 2), ("Prefill", "prefill", 1)]
+    steps += [("Decode", "decode", 2), ("Decode", "decode", 1)]
     with traffic(app) as outcome:
-        for count in (2, 1):
+        for deployment, role, count in steps:
             before = outcome.num_ok
-            kept = {d: {r["replica_id"] for r in app.running_replicas(d)} for d in pools}
-            board = app.board()
-            pids_before = {
-                d: {r["pid"] for r in board.get(role, [])} for d, (role, _) in pools.items()
-            }
-            scale(APP_NAME, count, count, dashboard_url=sim_cluster.dashboard_url)
-            wait_until(
-                lambda c=count: all(_scaled(app, d, r, c) for d, (r, _) in pools.items()),  # type: ignore[misc]
-                120,
-                f"Prefill={count} and Decode={count}",
+            kept = {r["replica_id"] for r in app.running_replicas(deployment)}
+            pids_before = {r["pid"] for r in app.board().get(role, [])}
+            scale(
+                APP_NAME,
+                count if role == "prefill" else None,
+                count if role == "decode" else None,
+                dashboard_url=sim_cluster.dashboard_url,
             )
-            board = app.board()
-            for deployment, (role, node) in pools.items():
-                now = {r["replica_id"] for r in app.running_replicas(deployment)}
-                was = kept[deployment]
-                assert was <= now or now <= was, f"scaling restarted {deployment} replicas"
-                assert {r["node_id"] for r in app.running_replicas(deployment)} == {node}
-                gone = pids_before[deployment] - {r["pid"] for r in board.get(role, [])}
-                wait_until(
-                    lambda g=gone: not _shm_segments_of(g),  # type: ignore[misc]
-                    30,
-                    f"the KV segments of the removed {role} replicas {sorted(gone)} unlinked",
-                )
             wait_until(
-                lambda n=before: outcome.num_ok >= n + 6,  # type: ignore[misc]
+                lambda d=deployment, r=role, c=count: _scaled(app, d, r, c),  # type: ignore[misc]
+                120,
+                f"{deployment}={count}",
+            )
+            now = {r["replica_id"] for r in app.running_replicas(deployment)}
+            assert kept <= now or now <= kept, "scaling restarted replicas instead of resizing"
+            node = sim_cluster.prefill_node_id if role == "prefill" else sim_cluster.decode_node_id
+            assert {r["node_id"] for r in app.running_replicas(deployment)} == {node}
+            gone = pids_before - {r["pid"] for r in app.board().get(role, [])}
+            wait_until(
+                lambda g=gone: not _shm_segments_of(g),  # type: ignore[misc]
+                30,
+                f"the KV segments of the removed {role} replicas {sorted(gone)} unlinked",
+            )
+            wait_until(
+                lambda n=before: outcome.num_ok >= n + 3,  # type: ignore[misc]
                 60,
                 "requests keep completing",
             )
