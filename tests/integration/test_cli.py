@@ -6,7 +6,7 @@ question through the openai SDK, under 5.5 GiB resident in total (Ray's own proc
 
 Quality in numbers on the same real weights, on that same served default (what ``make serve``
 runs: SmolLM2-135M-Instruct through a prefill and a decode replica): lm-eval scores pdserve's
-shipped task (``benchmarks/lm_eval_tasks/pdserve_basics``: its first 64 of 244 four-way
+shipped task (``benchmarks/lm_eval_tasks/pdserve_basics``: its first 32 of 244 four-way
 questions here, all of them in the benchmark run), and the accuracy equals what lm-eval's HF
 backend measures on the same GGUF file — item by item, the same chosen answers. lm-eval runs in
 its own venv (``lm_eval_quality_probe.py``).
