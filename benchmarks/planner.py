@@ -37,10 +37,10 @@ from typing import Any
 import httpx
 import ray
 
+from cluster.ops.board_calls import board_snapshot
 from cluster.ops.launcher import deploy
 from cluster.ops.ray_session import start_local_ray
 from cluster.ops.rest import ServeRest
-from cluster.ops.status_view import board_snapshot
 from cluster.planner.profiler import ProfileGrid, profile
 from cluster.serve.config_file import load_cluster_config
 from core.config import RayClusterConfig

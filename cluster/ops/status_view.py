@@ -14,7 +14,6 @@ line), or as one wide table (``--wide``, or any terminal of 120 columns and more
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -23,6 +22,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from cluster.ops.board_calls import board_snapshot
 from cluster.ops.live_pools import idle_deployments, pools_apps
 from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
@@ -30,7 +30,6 @@ from cluster.ops.rollout_state import read_rollout
 from cluster.ops.run_state import RunState
 from cluster.planner.decisions import PlannerLog, decisions_key
 from cluster.serve.pool_options import (
-    BOARD_DEPLOYMENT,
     DECODE_DEPLOYMENT,
     INGRESS_DEPLOYMENT,
     PREFILL_DEPLOYMENT,
@@ -57,27 +56,6 @@ def pool_rows(deployments: dict[str, Any]) -> list[tuple[str, str, str | None]]:
         ]
     rows = [(name, role, model or None) for model, _, name, role in sorted(pools)]
     return [*rows, (INGRESS_DEPLOYMENT, "", None)]
-
-
-def board_snapshot(app_name: str) -> dict[str, list[dict[str, Any]]]:
-    """The stats board's reports (needs an attached Ray driver)."""
-    from ray import serve
-
-    handle = serve.get_deployment_handle(BOARD_DEPLOYMENT, app_name)
-    snapshot: dict[str, list[dict[str, Any]]] = handle.snapshot.remote().result(timeout_s=30)
-    return snapshot
-
-
-def board_cordon(app_name: str) -> Callable[[str, str, bool], None]:
-    """``StatsBoard.cordon`` of ``app_name``'s board (needs an attached Ray driver)."""
-
-    def cordon(pools_app: str, deployment: str, cordoned: bool) -> None:
-        from ray import serve
-
-        handle = serve.get_deployment_handle(BOARD_DEPLOYMENT, app_name)
-        handle.cordon.remote(pools_app, deployment, cordoned).result(timeout_s=30)
-
-    return cordon
 
 
 def collect_status(state: RunState, with_stats: bool = True) -> dict[str, Any]:

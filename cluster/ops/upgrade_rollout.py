@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from cluster.ops import process_tree, rollout_state, run_state
+from cluster.ops.board_calls import board_cordon, board_snapshot
 from cluster.ops.deploy_schema import pools_app_schema
 from cluster.ops.live_pools import POOLS_APP_MARK
 from cluster.ops.ray_session import attached
@@ -33,7 +34,6 @@ from cluster.ops.rest import ServeRest
 from cluster.ops.rollout import RolloutDriver, RolloutTimeouts, Version
 from cluster.ops.rollout_fleet import ServeRolloutFleet
 from cluster.ops.rollout_state import RolloutPhase, RolloutState
-from cluster.ops.status_view import board_cordon, board_snapshot
 from cluster.ops.upgrade_plan import UpgradePlan
 from cluster.serve.in_place import in_place_user_config
 from cluster.serve.pool_options import INGRESS_DEPLOYMENT
