@@ -51,11 +51,10 @@ def deployment_of(actor_name: str) -> tuple[str, str] | None:
     return (parts[0], parts[1]) if len(parts) == 3 and parts[0] else None
 
 
-def routable(actor_name: str, replica_id: str) -> bool:
-    """Whether a request can be placed on the replica a board report names: its deployment's
-    routers here hold it, or none here routes to that deployment yet (or the actor name names
-    no app: a replica outside Serve's apps)."""
-    deployment = deployment_of(actor_name)
+def routable(deployment: tuple[str, str] | None, replica_id: str) -> bool:
+    """Whether a request can be placed on replica ``replica_id`` of ``deployment``
+    (:func:`deployment_of` its actor name): its routers here hold it, or none here routes to
+    that deployment yet (or it is of no Serve app)."""
     if deployment is None:
         return True
     with _held.lock:

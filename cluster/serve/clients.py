@@ -31,7 +31,6 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from cluster.ingress.dispatch.versioned_pools import app_of_actor
 from cluster.routing import routed_replicas
 from cluster.serve.stats_board import decode_reports
 from core.codec import from_plain, to_plain
@@ -79,6 +78,7 @@ class PoolWatch:
         self._board = board
         self._refresh_s = refresh_s
         self._reports: dict[str, list[ReplicaReport]] = {}
+        self._live: dict[str, list[ReplicaReport]] = {}
         self._cordoned: frozenset[tuple[str, str]] = frozenset()
         self._reports_seq = 0
         self._counted: tuple[int, int] | None = None
@@ -135,17 +135,8 @@ class PoolWatch:
         self._reports = decode_reports(view["pools"])
         self._cordoned = frozenset((app, name) for app, name in view.get("cordoned", ()))
         self._reports_seq += 1
-        return self._routable()
-
-    def _routable(self) -> dict[str, list[ReplicaReport]]:
-        def placeable(report: ReplicaReport) -> bool:
-            if routed_replicas.deployment_of(report.actor_name) in self._cordoned:
-                return False
-            return routed_replicas.routable(report.actor_name, report.replica_id)
-
-        return {
-            role: [r for r in replicas if placeable(r)] for role, replicas in self._reports.items()
-        }
+        self._recount()
+        return self._live
 
     def _recount(self) -> None:
         """Count again when the board or a router's replica set changed since the last count
@@ -154,19 +145,24 @@ class PoolWatch:
         if key == self._counted:
             return
         self._counted = key
-        reports = self._routable()
-        self._num_live = {role: len(replicas) for role, replicas in reports.items()}
-        self._fingerprints = {
-            role: dict(Counter(r.stats.kv_fingerprint for r in replicas))
-            for role, replicas in reports.items()
-        }
-        self._fingerprint_apps = {}
-        for role, replicas in reports.items():
+        self._live, self._fingerprint_apps = {}, {}
+        for role, replicas in self._reports.items():
+            live = self._live.setdefault(role, [])
             apps = self._fingerprint_apps.setdefault(role, {})
             for r in replicas:
-                app = app_of_actor(r.actor_name)
-                if app is not None:
-                    apps.setdefault(r.stats.kv_fingerprint, Counter())[app] += 1
+                deployment = routed_replicas.deployment_of(r.actor_name)
+                if deployment in self._cordoned:
+                    continue
+                if not routed_replicas.routable(deployment, r.replica_id):
+                    continue
+                live.append(r)
+                if deployment is not None:
+                    apps.setdefault(r.stats.kv_fingerprint, Counter())[deployment[0]] += 1
+        self._num_live = {role: len(replicas) for role, replicas in self._live.items()}
+        self._fingerprints = {
+            role: dict(Counter(r.stats.kv_fingerprint for r in replicas))
+            for role, replicas in self._live.items()
+        }
 
     async def stats_by_role(self) -> dict[str, dict[str, ReplicaStats]]:
         """``role -> replica id -> stats`` of each live replica (the ingress's

@@ -86,13 +86,3 @@ class VersionedDecodeClient(ClientPerApp[DecodeClient]):
     def generate(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
         """Stream the request's tokens from a replica of its version."""
         return self.pick(request.routing).generate(request)
-
-
-def app_of_actor(actor_name: str) -> str | None:
-    """The Serve app of a replica from its actor name (``SERVE_REPLICA::<app>#<deployment>#<id>``,
-    as a stats board report carries it); None for a name without one."""
-    prefix = "SERVE_REPLICA::"
-    if not actor_name.startswith(prefix):
-        return None
-    parts = actor_name[len(prefix) :].split("#")
-    return parts[0] or None if len(parts) == 3 else None  # no app: ``<deployment>#<id>``

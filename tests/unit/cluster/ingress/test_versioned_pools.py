@@ -15,8 +15,8 @@ from cluster.ingress.dispatch.versioned_pools import (
     ClientPerApp,
     VersionedDecodeClient,
     VersionedPrefillClient,
-    app_of_actor,
 )
+from cluster.routing.routed_replicas import deployment_of
 from core.messages import DecodeRequest, PrefillRequest, RoutingKeys
 
 pytestmark = pytest.mark.timeout(10)
@@ -127,4 +127,5 @@ def test_an_app_the_holder_has_no_client_for_falls_back_to_the_default() -> None
     ],
 )
 def test_the_app_of_a_replica_comes_from_its_actor_name(actor_name: str, app: str | None) -> None:
-    assert app_of_actor(actor_name) == app
+    deployment = deployment_of(actor_name)
+    assert (None if deployment is None else deployment[0]) == app

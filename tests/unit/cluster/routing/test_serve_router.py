@@ -179,11 +179,11 @@ def test_replicas_leaving_the_serve_set_leave_the_index() -> None:
     assert router.index_source.gone == ["b"]  # type: ignore[attr-defined]
     assert router.index_source.view().replica_ids() == ["a"]  # type: ignore[union-attr]
     assert router.load.num_requests("b") == 0
-    actor = "SERVE_REPLICA::test-app#Prefill#{}"
-    assert routed_replicas.routable(actor.format("a"), "a")
-    assert not routed_replicas.routable(actor.format("b"), "b")  # the board's readers skip it
+    deployment = routed_replicas.deployment_of("SERVE_REPLICA::test-app#Prefill#b")
+    assert routed_replicas.routable(deployment, "a")
+    assert not routed_replicas.routable(deployment, "b")  # the board's readers skip it
     run(update([a, b]))  # back in Serve's set (it was unreachable for a moment): live again
-    assert routed_replicas.routable(actor.format("b"), "b")
+    assert routed_replicas.routable(deployment, "b")
 
 
 def test_routing_stats_steer_the_decode_pool_to_free_kv() -> None:
