@@ -197,48 +197,52 @@ class RolloutDriver:
 
     def _wait_quiet(self, version: Version, role: Role) -> None:
         """Until nothing has been in flight on the cordoned pool for ``quiet_s``, or the drain
-        timeout (counted in :attr:`num_drain_timeouts`; what is left migrates when the pool's
-        replicas stop)."""
-        deadline = self._clock() + self._timeouts.drain_timeout_s
+        timeout (what is left migrates when the pool's replicas stop)."""
         quiet_since: float | None = None
+
+        def quiet(health: PoolHealth, now: float) -> bool:
+            nonlocal quiet_since
+            if health.num_in_flight:
+                quiet_since = None
+                return False
+            quiet_since = now if quiet_since is None else quiet_since
+            return now - quiet_since >= self._timeouts.quiet_s
+
+        self._drain(version, role, quiet, "the cordoned %s %s pool still had %d requests in "
+                    "flight after %g s; it goes to 0 now and they migrate")  # fmt: skip
+
+    def _wait_drained(self, version: Version, role: Role, after: int) -> None:
+        """Until the pool is down to ``after`` replicas, or nothing is in flight on it, or the
+        drain timeout."""
+        self._drain(
+            version,
+            role,
+            lambda health, _: health.num_replicas <= after or health.num_in_flight == 0,
+            "the %s %s pool still had %d requests in flight after %g s; they migrate when its "
+            "stopping replica goes",
+        )
+
+    def _drain(
+        self,
+        version: Version,
+        role: Role,
+        done: Callable[[PoolHealth, float], bool],
+        timed_out: str,
+    ) -> None:
+        """Poll the pool until ``done(health, now)``, at most ``drain_timeout_s`` (then log
+        ``timed_out`` and count it in :attr:`num_drain_timeouts`)."""
+        deadline = self._clock() + self._timeouts.drain_timeout_s
         while True:
             now = self._clock()
-            if self._fleet.health(version, role).num_in_flight:
-                quiet_since = None
-            elif quiet_since is None:
-                quiet_since = now
-            if quiet_since is not None and now - quiet_since >= self._timeouts.quiet_s:
+            health = self._fleet.health(version, role)
+            if done(health, now):
                 return
             if now >= deadline:
                 self.num_drain_timeouts += 1
                 logger.warning(
-                    "the cordoned %s %s pool still had requests in flight after %g s; it goes "
-                    "to 0 now and they migrate",
-                    version.value,
-                    role,
+                    timed_out, version.value, role, health.num_in_flight,
                     self._timeouts.drain_timeout_s,
-                )
-                return
-            self._sleep(self._timeouts.poll_s)
-
-    def _wait_drained(self, version: Version, role: Role, after: int) -> None:
-        """Until the pool is down to ``after`` replicas, or nothing is in flight on it, or the
-        drain timeout (counted in :attr:`num_drain_timeouts`)."""
-        deadline = self._clock() + self._timeouts.drain_timeout_s
-        while True:
-            health = self._fleet.health(version, role)
-            if health.num_replicas <= after or health.num_in_flight == 0:
-                return
-            if self._clock() >= deadline:
-                self.num_drain_timeouts += 1
-                logger.warning(
-                    "the %s %s pool still had %d requests in flight after %g s; they migrate "
-                    "when its stopping replica goes",
-                    version.value,
-                    role,
-                    health.num_in_flight,
-                    self._timeouts.drain_timeout_s,
-                )
+                )  # fmt: skip
                 return
             self._sleep(self._timeouts.poll_s)
 
