@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from cluster.routing import live_settings, routed_replicas
+from cluster.routing import board_fingerprints, live_settings, routed_replicas
 from cluster.routing.hot_prefixes import HotPrefixes
 from cluster.routing.kv_index.fingerprints import of_fingerprint
 from cluster.routing.kv_index.follower import ActorIndexSource, IndexSource, StaticIndexSource
@@ -138,7 +138,7 @@ class PdserveRequestRouter(RequestRouter):
             candidate_replicas = of_fingerprint(
                 candidate_replicas,
                 features.kv_fingerprint,
-                lambda replica: self._routing_stats(replica).kv_fingerprint,
+                self._fingerprint,
             )
             now_s = time.monotonic()
             index = self.index_source.view()
@@ -390,6 +390,12 @@ class PdserveRequestRouter(RequestRouter):
             num_bytes=outcome.num_bytes,
             num_hot=0 if hot is None else hot.counters().num_hot_prefixes,
         )
+
+    def _fingerprint(self, replica: RunningReplica) -> str:
+        """The replica's KV fingerprint: from its routing stats, else (a replica Serve has not
+        polled yet) as the stats board reported it (``board_fingerprints``)."""
+        reported = self._routing_stats(replica).kv_fingerprint
+        return reported or board_fingerprints.of(replica.replica_id.unique_id)
 
     def _routing_stats(self, replica: RunningReplica) -> RoutingStats:
         """The replica's last ``record_routing_stats``; empty before the first one. Parsed

@@ -31,7 +31,7 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from cluster.routing import routed_replicas
+from cluster.routing import board_fingerprints, routed_replicas
 from cluster.serve.stats_board import decode_reports
 from core.codec import from_plain, to_plain
 from core.errors import OverloadedError, UnavailableError
@@ -133,6 +133,9 @@ class PoolWatch:
             logger.warning("stats board restarted: its reports refill as replicas post")
         self._epoch = view["epoch"]
         self._reports = decode_reports(view["pools"])
+        board_fingerprints.publish(
+            {r.replica_id: r.stats.kv_fingerprint for rs in self._reports.values() for r in rs}
+        )
         self._cordoned = frozenset((app, name) for app, name in view.get("cordoned", ()))
         self._reports_seq += 1
         self._recount()

@@ -13,7 +13,7 @@ import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
 from ray.serve.request_router import PendingRequest, ReplicaID
 
-from cluster.routing import live_settings, routed_replicas
+from cluster.routing import board_fingerprints, live_settings, routed_replicas
 from cluster.routing.kv_index.follower import (
     ActorIndexSource,
     StaticIndexSource,
@@ -99,6 +99,13 @@ def pending(hashes: Sequence[int] = (), session: str | None = None) -> PendingRe
     request = PrefillRequest(f"req-{number}", prompt, SamplingParams(), keys)
     metadata = RequestMetadata(request_id=f"req-{number}", internal_request_id=f"int-{number}")
     return PendingRequest(args=[to_plain(request)], kwargs={}, metadata=metadata)
+
+
+def pending_of(fingerprint: str) -> PendingRequest:
+    """A request of two blocks paired with ``fingerprint``'s replicas."""
+    request = pending([1, 2])
+    request.args[0]["routing"]["kv_fingerprint"] = fingerprint
+    return request
 
 
 def choose(
@@ -331,6 +338,18 @@ def test_a_request_is_placed_and_its_prefix_counted_only_on_its_fingerprint() ->
     assert choose(router, replicas, paired(""))[0] == "old"  # no fingerprint: any, the hit wins
     gone = choose(router, replicas, paired("f-gone"))  # a stale view: every replica
     assert sorted(gone) == ["new1", "new2", "old"]
+
+
+def test_a_replica_serve_has_not_polled_yet_takes_its_fingerprint_from_the_board() -> None:
+    """A new replica's routing stats reach the routers seconds after it starts; the board's
+    report names its fingerprint before, so a P/D request may be placed on it at once."""
+    router = make_router(PrefixAwareRequestRouter, index_with("prefill"))
+    replicas = [replica("old", kv_fingerprint="f-1"), replica("fresh")]  # fresh: not polled
+    assert choose(router, replicas, pending_of("f-1")) == ["old"]
+    board_fingerprints.publish({"old": "f-1", "fresh": "f-1"})
+    assert sorted(choose(router, replicas, pending_of("f-1"))) == ["fresh", "old"]
+    board_fingerprints.publish({"old": "f-1", "fresh": "f-2"})  # another version's
+    assert choose(router, replicas, pending_of("f-1")) == ["old"]
 
 
 def test_a_call_naming_its_replica_goes_there_alone_and_counts_no_load() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from ray.serve import Application
 
-from cluster.routing import routed_replicas
+from cluster.routing import board_fingerprints, routed_replicas
 from cluster.routing.kv_index.actor import IndexPublisherFactory
 from cluster.routing.router_kwargs import RouterSettings
 from cluster.serve.app_builder import build_app, build_app_from_config, build_pools_app
@@ -137,6 +137,8 @@ def test_the_pool_watch_knows_which_app_runs_each_fingerprint() -> None:
     assert watch.app_of("decode", "new") == "pdserve-next"
     assert watch.app_of("decode", "old") == "pdserve"
     assert watch.app_of("decode", "gone") is None and watch.app_of("prefill", "new") is None
+    # each replica's fingerprint is there for this process's routers before Serve polls it
+    assert (board_fingerprints.of("a"), board_fingerprints.of("b")) == ("old", "new")
 
 
 def test_a_fingerprint_both_apps_run_is_spread_over_them() -> None:
