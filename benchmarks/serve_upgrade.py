@@ -312,11 +312,12 @@ def replica_pids(details: Mapping[str, Any]) -> set[int]:
     }
 
 
-def metric(endpoint: str, name: str) -> float:
-    """The sum of ``name``'s samples on the ingress's ``/metrics``."""
+def metric(endpoint: str, name: str, label: str = "") -> float:
+    """The sum of ``name``'s samples on the ingress's ``/metrics`` (those naming ``label``,
+    e.g. ``reason="handed_off"``, when given)."""
     total = 0.0
     for line in httpx.get(f"{endpoint}/metrics", timeout=30).text.splitlines():
-        if line.startswith((name + "{", name + " ")):
+        if line.startswith((name + "{", name + " ")) and label in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -350,6 +351,10 @@ class Result:
     watch: PoolWatch
     kv_blocks_used_after: float
     migrations: float
+    handoffs: float
+    """Of the migrations, streams a leaving decode replica handed off."""
+    handoff_blocks_pulled: float
+    """KV blocks the replicas continuing handed-off streams pulled (not recomputed)."""
     shm_left_after_upgrade: set[str]
     shm_left_after_down: set[str]
     churn_s: float | None = None
@@ -407,6 +412,8 @@ class Result:
             "shm_segments_left": len(self.shm_left_after_upgrade | self.shm_left_after_down),
             "kv_blocks_used_after": self.kv_blocks_used_after,
             "request_migrations": self.migrations,
+            "request_handoffs": self.handoffs,
+            "handoff_blocks_pulled": self.handoff_blocks_pulled,
             "upgrade_rc": self.upgrade.returncode,
             "running_app_deployments_restarted": self.watch.restarted(),
             **peer,
@@ -524,6 +531,8 @@ def run_upgrade(scenario: Scenario, directory: Path, inspect: Inspect | None = N
             wait_for(lambda: metric(endpoint, "pdserve:kv_blocks_used") == 0, 60)
             kv_used = metric(endpoint, "pdserve:kv_blocks_used")
             migrations = metric(endpoint, "pdserve:request_migrations_total")
+            handoffs = metric(endpoint, "pdserve:request_migrations_total", 'reason="handed_off"')
+            pulled = metric(endpoint, "pdserve:decode_handoff_blocks_pulled_total")
 
             def left_by_gone_replicas() -> set[str]:
                 gone = watch.pids - replica_pids(rest.details())
@@ -535,6 +544,6 @@ def run_upgrade(scenario: Scenario, directory: Path, inspect: Inspect | None = N
             inspect(state, env)
     left_after_down = segments_of(shm_segments() - shm_before, watch.pids)
     return Result(
-        load.outcomes, references, upgrade, upgrade_s, watch, kv_used, migrations,
-        left_after_upgrade, left_after_down, churn_s,
+        load.outcomes, references, upgrade, upgrade_s, watch, kv_used, migrations, handoffs,
+        pulled, left_after_upgrade, left_after_down, churn_s,
     )  # fmt: skip

@@ -166,6 +166,10 @@ class DecodeRequest:
     kv_handle: KVHandle | None = None
     prompt_chunk_ends: tuple[int, ...] = ()
     """The prefill's chunk ends (``PrefillResult.prompt_chunk_ends``), for a recompute."""
+    warm_from: PrefixExport | None = None
+    """A request handed off by a leaving decode replica (a local prefill of its prompt and the
+    tokens so far): the blocks that replica exported, pulled into this one's cache before the
+    prefill, which then computes only what they miss (a failed pull: all of it)."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,10 @@ class TokenChunk:
     stage_times: StageTimes | None = None
     """On a stream's first chunk with tokens: a local prefill's queue and prefill time, or an
     import's transfer and first-decode time."""
+    handoff: PrefixExport | None = None
+    """On the aborted last chunk of a request its leaving replica handed off: its computed
+    blocks (prompt and tokens so far), exported for the replica that continues it
+    (``DecodeRequest.warm_from``); None: continue it by recompute."""
 
 
 @dataclass(frozen=True)

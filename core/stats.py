@@ -167,6 +167,10 @@ class ReplicaStats:
     """Speculative decoding's counters (all zero when the engine does not speculate)."""
     kv_block_bytes: int = 0
     """Bytes of one KV block on this replica (all layers, K and V)."""
+    handoffs_total: int = 0
+    """Decode: requests this replica stopped and handed off, their blocks exported, as it left."""
+    handoff_blocks_pulled_total: int = 0
+    """Decode: KV blocks this replica pulled for requests another one handed off."""
     # KV compatibility (rolling upgrades)
     kv_fingerprint: str = ""
     """``core.kv_compat.KVCompat.fingerprint()`` of this replica's KV: only replicas of one

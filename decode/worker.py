@@ -32,7 +32,7 @@ from core.config import KVFailurePolicy
 from core.errors import InvalidRequestError, PdserveError, TransferError
 from core.kv_compat import KVCompat
 from core.kv_handle import TransferFailure
-from core.messages import DecodeRequest, StageTimes, TokenChunk
+from core.messages import DecodeRequest, PrefixExport, StageTimes, TokenChunk
 from core.sampling import SamplingParams
 from core.stats import ReplicaStats
 from decode.token_chunks import aborted_chunk, error_chunk, token_chunk
@@ -41,6 +41,7 @@ from engine.kv_connector.base import ImportEnded, ImportResult
 from replica.kv_connector.kv_import import KVImport
 from replica.kv_connector.transport_connector import TransportKVConnector
 from replica.lora_adapters import ReplicaAdapters
+from replica.prefix_export import PrefixExporter
 from replica.transfer_stats import transport_metrics, with_transfer_stats
 from transfer import InMemoryTransferMetrics, KVTransport, TransferSide
 
@@ -75,6 +76,9 @@ class DecodeWorker:
         self._reserve_timeout_s = reserve_timeout_s
         self._lock = threading.Lock()
         self._imports: dict[str, KVImport] = {}
+        self._streaming: set[str] = set()  # requests whose stream is open
+        self._handoffs: dict[str, asyncio.Future[tuple[bool, PrefixExport | None]]] = {}
+        self._num_handoffs = 0
         self._connector = TransportKVConnector(transport)
         engine.attach_connector(self._connector)
 
@@ -91,6 +95,7 @@ class DecodeWorker:
     async def generate(self, request: DecodeRequest) -> AsyncGenerator[TokenChunk, None]:
         """Stream the request's tokens, one chunk per engine step; see the module docstring."""
         request_id = request.request_id
+        self._streaming.add(request_id)
         try:
             params = request.sampling
             handle = request.kv_handle
@@ -107,10 +112,50 @@ class DecodeWorker:
                 chunks = self._generate_imported(request, params)
             async with aclosing(chunks):  # a closed stream closes the inner one at once
                 async for chunk in chunks:
-                    yield chunk
+                    yield await self._with_handoff(chunk) if chunk.finished else chunk
         except PdserveError as e:
             logger.warning("request %s failed: %s: %s", request_id, e.error_type, e.message)
             yield error_chunk(request, e)
+        finally:
+            self._streaming.discard(request_id)
+
+    async def hand_off(self, exporter: PrefixExporter) -> int:
+        """This replica is leaving: stop every request decoding here and end its stream with
+        an aborted chunk carrying its computed blocks' export (``TokenChunk.handoff``), so the
+        ingress continues it on another replica, which pulls them instead of recomputing
+        them. Requests still queued or importing stay. Returns how many were handed off."""
+        num_handed_off = 0
+        for request_id in sorted(self._streaming - self._handoffs.keys()):
+            pending: asyncio.Future[tuple[bool, PrefixExport | None]]
+            pending = asyncio.get_running_loop().create_future()
+            self._handoffs[request_id] = pending  # its stream's abort waits for the export
+            try:
+                result = await exporter.hand_off(request_id)
+            except Exception as e:  # the engine stopped: whatever ended the stream, recompute
+                logger.warning("request %s: handoff failed: %s", request_id, e)
+                result = (True, None)
+            pending.set_result(result)
+            if not result[0] and self._handoffs.get(request_id) is pending:
+                del self._handoffs[request_id]  # not decoding yet: it stays here
+            num_handed_off += result[0]
+            self._num_handoffs += result[0]
+            if result[0]:
+                logger.info(
+                    "request %s: handed off (%s)",
+                    request_id,
+                    "no blocks" if result[1] is None else f"{result[1].handle.num_blocks} blocks",
+                )
+        return num_handed_off
+
+    async def _with_handoff(self, chunk: TokenChunk) -> TokenChunk:
+        """A stream's last chunk, with the export of its handoff when one stopped it."""
+        pending = self._handoffs.pop(chunk.request_id, None)
+        if pending is None:
+            return chunk
+        stopped, export = await pending
+        if not stopped or chunk.finish_reason != "abort":
+            return chunk
+        return dataclasses.replace(chunk, handoff=export)
 
     async def _generate_local(
         self, request: DecodeRequest, params: SamplingParams
@@ -239,6 +284,7 @@ class DecodeWorker:
         stats = dataclasses.replace(
             self._engine.kv_stats(),
             imports_in_progress=num_imports,
+            handoffs_total=self._num_handoffs,
             kv_fingerprint="" if self.kv_compat is None else self.kv_compat.fingerprint(),
         )
         return with_transfer_stats(stats, self._metrics, TransferSide.IMPORT)

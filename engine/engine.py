@@ -28,7 +28,7 @@ from engine.model_runner import ModelRunner, StepLogits
 from engine.output_processor import OutputProcessor, RequestState
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.prefill_rate import PrefillRate
-from engine.request import FinishReason, Request
+from engine.request import FinishReason, Request, RequestStatus
 from engine.sampling import Sampler, SamplingRow
 from engine.sampling.grammar import GrammarStates
 from engine.sampling.sampler import DeviceSample, SamplerOutput
@@ -180,6 +180,21 @@ class LLMEngine:
         self.parts.storage.stage_to_host(block_ids)
         return block_ids
 
+    def pin_request(self, request_id: str, pin_id: str) -> tuple[list[BlockHash], list[int]] | None:
+        """Pin, under ``pin_id``, the leading run of a decoding request's computed full blocks
+        (prompt and tokens so far) the prefix cache holds, staged for an export: its replica is
+        leaving and another one will continue it from them (the caller aborts it next). Returns
+        ``(block hashes, block ids)`` (both empty when no block is cached), or None for a
+        request that is unknown, finished or not decoding yet (still queued, importing or
+        loading: it has nothing worth pulling)."""
+        request = self.scheduler.get_request(request_id)
+        if request is None or request.status is not RequestStatus.RUNNING:
+            return None
+        kv = self.scheduler.kv
+        hashes = list(kv.block_hashes(request, request.num_computed_tokens // kv.block_size))
+        block_ids = self.pin_prefix(pin_id, hashes) if hashes else []
+        return hashes[: len(block_ids)], block_ids
+
     def unpin_prefix(self, pin_id: str) -> bool:
         """Release a :meth:`pin_prefix` pin; False when it holds nothing (already released)."""
         return self.scheduler.kv.unpin(pin_id)
@@ -189,13 +204,28 @@ class LLMEngine:
     ) -> int:
         """A prefix's blocks pulled from another replica (``uint8`` rows of the layout's
         ``block_bytes``, leading first) into this engine's host tier, where requests find them
-        as host hits; how many of a leading run it took (0 without a host tier). Their
-        ``BlockStored`` events are published at once: the routers learn of the copy without
-        waiting for a step, which an idle replica may not take for long."""
+        as host hits — without a host tier, into free device blocks of the prefix cache
+        (``KVCacheManager.admit_blocks``; not under tensor parallelism); how many of a leading
+        run it took. Their ``BlockStored`` events are published at once: the routers learn of
+        the copy without waiting for a step, which an idle replica may not take for long."""
         tiers = self.scheduler.tiers
-        if tiers is None:
-            return 0
-        num_admitted = tiers.admit(list(block_hashes), list(payloads))
+        if tiers is not None:
+            num_admitted = tiers.admit(list(block_hashes), list(payloads))
+        elif self.parts.layout.tp_size == 1:
+            rows = self.parts.storage.block_bytes_view()
+            num_bytes = int(rows.shape[1])
+
+            def write(index: int, block_id: int) -> None:
+                payload = payloads[index]
+                if payload.numel() != num_bytes:
+                    raise InvalidRequestError(
+                        f"a pulled KV block has {payload.numel()} bytes, this engine's {num_bytes}"
+                    )
+                rows[block_id].copy_(payload)
+
+            num_admitted = self.scheduler.kv.admit_blocks(block_hashes, write)
+        else:
+            return 0  # a gang's other ranks' KV is not reachable here
         self.scheduler.events.flush()
         return num_admitted
 

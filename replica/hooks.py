@@ -52,11 +52,13 @@ class LocalIdentity:
 
 
 class StatsReporter(Protocol):
-    """``reporter(role, stats_fn, on_faults, on_adapters) -> stop``: publishes the replica's
-    stats while it lives; ``on_faults`` receives the transfer faults the cluster asks this role
-    to inject (``/admin/faults``, off unless configured) and ``FaultInjection()`` when they
-    end; ``on_adapters`` is awaited with the LoRA adapters the cluster registered for this
-    replica's model (``/v1/load_lora_adapter``), after every report."""
+    """``reporter(role, stats_fn, on_faults, on_adapters, on_hand_off) -> stop``: publishes the
+    replica's stats while it lives; ``on_faults`` receives the transfer faults the cluster asks
+    this role to inject (``/admin/faults``, off unless configured) and ``FaultInjection()`` when
+    they end; ``on_adapters`` is awaited with the LoRA adapters the cluster registered for this
+    replica's model (``/v1/load_lora_adapter``), after every report; ``on_hand_off`` is awaited
+    after each report while the cluster asks the replica's pool to hand its requests off (a
+    rolling upgrade taking it away)."""
 
     def __call__(
         self,
@@ -64,6 +66,7 @@ class StatsReporter(Protocol):
         stats: Callable[[], ReplicaStats],
         on_faults: Callable[[FaultInjection], None] | None = None,
         on_adapters: Callable[[Sequence[RegisteredAdapter]], Awaitable[None]] | None = None,
+        on_hand_off: Callable[[], Awaitable[object]] | None = None,
     ) -> Callable[[], None]:
         """Start reporting; returns ``stop``."""
         ...

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from core.codec import from_plain, to_plain
@@ -38,6 +39,9 @@ from transfer import GrpcKVTransport, KVTransport
 from transfer.block_store import BlockStore
 
 logger = logging.getLogger(__name__)
+
+_EXPORT_DRAIN_POLL_S = 0.05
+"""How often a stopping replica checks its prefix exports (a bounded wait, not a request path)."""
 
 
 class RoleWorker(Protocol):
@@ -133,8 +137,9 @@ class RoleReplica(Generic[WorkerT]):
         if hooks.stats_reporter is not None:
             on_adapters = self.sync_adapters if self.spec.engine.enable_lora else None
             self._stop_reporting = hooks.stats_reporter(
-                self.role, self.replica_stats, self.fault_handler(), on_adapters
-            )
+                self.role, self.replica_stats, self.fault_handler(), on_adapters,
+                self.hand_off_handler(),
+            )  # fmt: skip
         self._stopped = False
 
     def build_worker(self, boot: WorkerBoot) -> WorkerT:
@@ -143,6 +148,11 @@ class RoleReplica(Generic[WorkerT]):
 
     def fault_handler(self) -> Callable[[FaultInjection], None] | None:
         """Where transfer faults the cluster injects go; None: this role has no such faults."""
+        return None
+
+    def hand_off_handler(self) -> Callable[[], Awaitable[object]] | None:
+        """What runs when the cluster asks this replica to hand its requests off before it
+        leaves (``StatsBoard.hand_off``); None: this role has nothing to hand off."""
         return None
 
     async def sync_adapters(self, registered: Sequence[RegisteredAdapter]) -> None:
@@ -251,6 +261,18 @@ class RoleReplica(Generic[WorkerT]):
             )
         return self._prefix_copies
 
+    async def _drain_prefix_exports(self, deadline_s: float) -> None:
+        """Until every prefix export of this replica (a hot prefix's copy, a handed-off
+        request's blocks) was pulled, released or expired, at most until ``deadline_s``."""
+        copies = self._prefix_copies
+        while copies is not None and copies.exporter.num_live_exports:
+            if time.monotonic() >= deadline_s:
+                logger.warning(
+                    "%d prefix exports not pulled before the stop", copies.exporter.num_live_exports
+                )
+                return
+            await asyncio.sleep(_EXPORT_DRAIN_POLL_S)
+
     def __del__(self) -> Coroutine[Any, Any, None] | None:
         """Serve calls this once when the replica stops (after the requests in flight ended or
         the pool's graceful shutdown timeout) and awaits the stop it returns: drain what others
@@ -268,7 +290,9 @@ class RoleReplica(Generic[WorkerT]):
         try:
             timeout_s = self.drain_timeout_s()
             if timeout_s > 0:
+                deadline_s = time.monotonic() + timeout_s
                 await self.worker.drain(timeout_s)
+                await self._drain_prefix_exports(deadline_s)
         finally:
             try:
                 if self._stop_reporting is not None:

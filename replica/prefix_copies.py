@@ -6,7 +6,8 @@ cached blocks through the worker's own transport (``replica.prefix_export``; the
 serve exports), as the target it pulls an export into a scratch store over a transport of the
 same transfer settings (``replica.prefix_pull``) and admits the blocks into the engine's host
 tier (``replica.prefix_admit``), checked and reported by a
-:class:`~replica.prefix_warming.PrefixWarmer`.
+:class:`~replica.prefix_warming.PrefixWarmer`. A request a leaving decode replica handed off
+arrives with its blocks' export, pulled the same way (:meth:`PrefixCopies.pull_handed_off`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,19 @@ class PrefixCopies:
         self._check(request, request.target_replica_id)
         warmer = PrefixWarmer(self.replica_id, request.pool, self._source, self._admitter)
         return await warmer.warm(request, export)
+
+    async def pull_handed_off(self, export: PrefixExport) -> WarmPrefixResult:
+        """As the replica continuing a request a leaving one handed off
+        (``DecodeRequest.warm_from``): pull the blocks it exported into this engine's cache
+        (refused across KV fingerprints; a failure is a result with its reason)."""
+        request = WarmPrefixRequest(
+            pool=self.role,
+            prefix_head=export.block_hashes[0],
+            block_hashes=export.block_hashes,
+            source_replica_id=export.handle.address,
+            target_replica_id=self.replica_id,
+        )
+        return await self.warm(request, export)
 
     def _check(self, request: WarmPrefixRequest, replica_id: str) -> None:
         role, _ = split_pool_key(request.pool)

@@ -1,5 +1,8 @@
 """A holder's side of a deliberate hot-prefix copy: export the blocks its prefix cache holds for a
-list of block hashes, so another replica of the pool pulls them (``replica.prefix_pull``).
+list of block hashes, so another replica of the pool pulls them (``replica.prefix_pull``). A
+leaving decode replica hands its running requests off the same way (:meth:`PrefixExporter.
+hand_off`): its computed blocks are pinned and exported, then it is aborted, and the replica that
+continues it pulls them.
 
 :meth:`PrefixExporter.export` runs one command on the engine thread: pin the leading run of the
 hashes the prefix cache holds (``LLMEngine.pin_prefix``, staged where the transfer layer reads
@@ -11,6 +14,7 @@ refuses is unpinned at once. Nothing is pinned for longer than one lease.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Sequence
@@ -48,6 +52,36 @@ class PrefixExporter:
         pin_id = new_request_id("prefix-export")
         return await self._engine.call(lambda engine: self._open(engine, pin_id, block_hashes))
 
+    async def hand_off(self, request_id: str) -> tuple[bool, PrefixExport | None]:
+        """Stop a decoding request of a leaving replica and export its computed blocks
+        (pinned by ``LLMEngine.pin_request``, then the request aborted): ``(stopped,
+        export)``. Not stopped when it was not decoding, or ended on its own meanwhile (its
+        export is released); no export when no block was cached or the transport refused
+        (the request then continues elsewhere by recompute)."""
+        pin_id = new_request_id("handoff")
+
+        def pin_and_export(engine: LLMEngine) -> tuple[bool, PrefixExport | None]:
+            pinned = engine.pin_request(request_id, pin_id)
+            if pinned is None:
+                return False, None
+            hashes, block_ids = pinned
+            if not block_ids:
+                return True, None
+            try:
+                return True, self._export_pinned(engine, pin_id, hashes, block_ids)
+            except TransferError as e:
+                logger.warning("request %s: its handoff export was refused: %s", request_id, e)
+                return True, None
+
+        stopping, export = await self._engine.call(pin_and_export)
+        if not stopping:
+            return False, None
+        if not await self._engine.abort(request_id):  # it finished on its own first
+            if export is not None:
+                await asyncio.to_thread(self._transport.release, export.handle)
+            return False, None
+        return True, export
+
     def _open(
         self, engine: LLMEngine, pin_id: str, block_hashes: Sequence[BlockHash]
     ) -> PrefixExport | None:
@@ -55,6 +89,17 @@ class PrefixExporter:
         block_ids = engine.pin_prefix(pin_id, block_hashes)
         if not block_ids:
             return None
+        return self._export_pinned(engine, pin_id, block_hashes, block_ids)
+
+    def _export_pinned(
+        self,
+        engine: LLMEngine,
+        pin_id: str,
+        block_hashes: Sequence[BlockHash],
+        block_ids: list[int],
+    ) -> PrefixExport:
+        """On the engine thread: export blocks pinned under ``pin_id`` (unpinned at once when
+        the transport refuses, raising its ``TransferError``)."""
         with self._lock:
             self._live.add(pin_id)
         try:

@@ -1,5 +1,6 @@
 """The running app's stats board, called from a CLI process attached to Ray: its reports
-(``pdserve status``, a rollout's pool health) and its cordons (a rollout taking a pool to 0)."""
+(``pdserve status``, a rollout's pool health), its cordons (a rollout taking a pool to 0) and
+its handoffs (the cordoned pool's streams that outlast the drain)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,15 @@ def board_cordon(app_name: str) -> Callable[[str, str, bool], None]:
         handle.cordon.remote(pools_app, deployment, cordoned).result(timeout_s=30)
 
     return cordon
+
+
+def board_hand_off(app_name: str) -> Callable[[str, str], None]:
+    """``StatsBoard.hand_off`` of ``app_name``'s board (needs an attached Ray driver)."""
+
+    def hand_off(pools_app: str, deployment: str) -> None:
+        from ray import serve
+
+        handle = serve.get_deployment_handle(BOARD_DEPLOYMENT, app_name)
+        handle.hand_off.remote(pools_app, deployment).result(timeout_s=30)
+
+    return hand_off

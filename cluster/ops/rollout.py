@@ -10,7 +10,11 @@ no new request on it) and set to 0 only once nothing has been in flight on it fo
 ``quiet_s``: Serve starts a replica for a pool at 0 while it still counts requests there (its
 cold start, which no autoscaling policy overrides), so a pool taken to 0 mid-request would
 start an old-version replica right after stopping its last one, and Serve would hold the next
-request for it. A pool coming back from 0 is uncordoned before it grows. Each version's
+request for it. A decode pool whose streams outlast that wait is asked to hand them off
+(``StatsBoard.hand_off``): each continues on another replica, which pulls the blocks of its
+prompt and tokens so far instead of recomputing them (same KV fingerprint; across two, the
+pull is refused and they are recomputed), and the wait runs once more. A pool coming back
+from 0 is uncordoned before it grows. Each version's
 pools therefore always hold the counts of some step, within one replica of the config's P:D
 ratio. Forward the new version gains; a rollback walks the same steps backwards, the old
 version gaining.
@@ -84,6 +88,11 @@ class RolloutFleet(Protocol):
 
     def cordon(self, version: Version, role: Role, cordoned: bool) -> None:
         """Whether the ingress must keep new requests off ``version``'s ``role`` pool."""
+        ...
+
+    def hand_off(self, version: Version, role: Role) -> None:
+        """Have cordoned ``version``'s ``role`` replicas hand their requests off (decode: each
+        stream continues on another replica, which pulls its blocks)."""
         ...
 
 
@@ -197,7 +206,9 @@ class RolloutDriver:
 
     def _wait_quiet(self, version: Version, role: Role) -> None:
         """Until nothing has been in flight on the cordoned pool for ``quiet_s``, or the drain
-        timeout (what is left migrates when the pool's replicas stop)."""
+        timeout; a decode pool's streams still running then are handed off (each continues
+        on another replica, pulling its blocks) and the wait runs once more (what is left
+        migrates when the pool's replicas stop)."""
         quiet_since: float | None = None
 
         def quiet(health: PoolHealth, now: float) -> bool:
@@ -208,8 +219,14 @@ class RolloutDriver:
             quiet_since = now if quiet_since is None else quiet_since
             return now - quiet_since >= self._timeouts.quiet_s
 
+        drained = self._drain(version, role, quiet, "the cordoned %s %s pool still had %d "
+                              "requests in flight after %g s")  # fmt: skip
+        if drained or role != "decode":
+            return  # a prefill's requests are short: what is left fails over when it stops
+        self._fleet.hand_off(version, role)
         self._drain(version, role, quiet, "the cordoned %s %s pool still had %d requests in "
-                    "flight after %g s; it goes to 0 now and they migrate")  # fmt: skip
+                    "flight %g s after it was asked to hand them off; it goes to 0 now and "
+                    "they migrate")  # fmt: skip
 
     def _wait_drained(self, version: Version, role: Role, after: int) -> None:
         """Until the pool is down to ``after`` replicas, or nothing is in flight on it, or the
@@ -228,22 +245,22 @@ class RolloutDriver:
         role: Role,
         done: Callable[[PoolHealth, float], bool],
         timed_out: str,
-    ) -> None:
+    ) -> bool:
         """Poll the pool until ``done(health, now)``, at most ``drain_timeout_s`` (then log
-        ``timed_out`` and count it in :attr:`num_drain_timeouts`)."""
+        ``timed_out``, count it in :attr:`num_drain_timeouts` and return False)."""
         deadline = self._clock() + self._timeouts.drain_timeout_s
         while True:
             now = self._clock()
             health = self._fleet.health(version, role)
             if done(health, now):
-                return
+                return True
             if now >= deadline:
                 self.num_drain_timeouts += 1
                 logger.warning(
                     timed_out, version.value, role, health.num_in_flight,
                     self._timeouts.drain_timeout_s,
                 )  # fmt: skip
-                return
+                return False
             self._sleep(self._timeouts.poll_s)
 
 

@@ -42,6 +42,8 @@ BoardReader = Callable[[], Mapping[str, list[dict[str, Any]]]]
 """The running app's stats board snapshot (``StatsBoard.snapshot``)."""
 BoardCordon = Callable[[str, str, bool], None]
 """``(app, deployment, cordoned)`` on the running app's stats board (``StatsBoard.cordon``)."""
+BoardHandOff = Callable[[str, str], None]
+"""``(app, deployment)`` on the running app's stats board (``StatsBoard.hand_off``)."""
 
 
 class ServeRolloutFleet:
@@ -54,9 +56,10 @@ class ServeRolloutFleet:
         apps: Mapping[Version, str],
         scope: str,
         cordon: BoardCordon,
+        hand_off: BoardHandOff,
     ) -> None:
         self._rest, self._board, self._apps, self._scope = rest, board, dict(apps), scope
-        self._cordon = cordon
+        self._cordon, self._hand_off = cordon, hand_off
 
     def set_replicas(self, version: Version, role: Role, num_replicas: int) -> None:
         """An in-place ``num_replicas`` update of ``version``'s ``role`` deployment."""
@@ -67,6 +70,10 @@ class ServeRolloutFleet:
     def cordon(self, version: Version, role: Role, cordoned: bool) -> None:
         """Keep the ingress's new requests off ``version``'s ``role`` pool (or stop to)."""
         self._cordon(self._apps[version], pool_deployment_name(role, self._scope), cordoned)
+
+    def hand_off(self, version: Version, role: Role) -> None:
+        """Have cordoned ``version``'s ``role`` replicas hand their requests off."""
+        self._hand_off(self._apps[version], pool_deployment_name(role, self._scope))
 
     def health(self, version: Version, role: Role) -> PoolHealth:
         """Serve's replicas of the deployment, joined with their board reports."""

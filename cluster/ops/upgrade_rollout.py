@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from cluster.ops import process_tree, rollout_state, run_state
-from cluster.ops.board_calls import board_cordon, board_snapshot
+from cluster.ops.board_calls import board_cordon, board_hand_off, board_snapshot
 from cluster.ops.deploy_schema import pools_app_schema
 from cluster.ops.live_pools import POOLS_APP_MARK
 from cluster.ops.ray_session import attached
@@ -226,6 +226,7 @@ def _drive_attached(
         {Version.OLD: state.old_app, Version.NEW: state.new_app},
         state.model,
         board_cordon(state.app_name),
+        board_hand_off(state.app_name),
     )
     driver = RolloutDriver(fleet, rollout_state.write_rollout, rollout_state.take_pause, timeouts)
     final = driver.run(state)

@@ -221,8 +221,11 @@ class IngressDeployment:
         self._ingress = self._build_ingress(cluster_config)
         self._asgi = SwappableAsgi(self._ingress.asgi)
 
-    def _build_ingress(self, cluster_config: ClusterConfig) -> IngressApp:
-        """The FastAPI app and its metrics for ``cluster_config`` over this replica's pools."""
+    def _build_ingress(
+        self, cluster_config: ClusterConfig, previous: IngressApp | None = None
+    ) -> IngressApp:
+        """The FastAPI app for ``cluster_config`` over this replica's pools, with ``previous``'s
+        metrics (an in-place rebuild: counters go on) or new ones."""
         pools, board = self._pools, self._board
         ingress = create_app(
             [
@@ -234,11 +237,13 @@ class IngressDeployment:
             gate=self._gate,
             fault_admin=ServeFaultAdmin(board) if cluster_config.server.fault_injection else None,
             lora_admin=lora_admin(board, cluster_config),
+            metrics=None if previous is None else previous.metrics,
         )
-        ingress.metrics.registry.register(RoutingCollector())
-        registry = ingress.metrics.registry
-        registry.register(ControlPlaneCollector(self._watch, self._controller))
-        ProcessCollector(registry=registry)  # process_start_time_seconds: this ingress's restarts
+        if previous is None:  # a rebuilt app keeps these, registered once
+            registry = ingress.metrics.registry
+            registry.register(RoutingCollector())
+            registry.register(ControlPlaneCollector(self._watch, self._controller))
+            ProcessCollector(registry=registry)  # process_start_time_seconds: restarts
         return ingress
 
     async def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -246,7 +251,7 @@ class IngressDeployment:
         ``cluster.serve.in_place``): rebuild the app from the deployed config overlaid with
         ``user_config`` and serve the next requests from it, and hand the routing knobs and
         the planner's settings on; requests in flight finish on the old app, and no replica
-        restarts. The rebuilt app starts its metrics from zero."""
+        restarts. The rebuilt app keeps the metrics: counters go on across it."""
         fields, pools_apps = split_user_config(user_config, self._app_name)
         config = with_in_place(self._base_config, fields)
         if config == self._config and pools_apps == self._pools_apps:
@@ -254,7 +259,7 @@ class IngressDeployment:
         live_settings.publish(self._app_name, LiveRouting.of(config.routing))
         self._publish_planner_settings(config)
         self._pools_apps = pools_apps
-        self._ingress = self._build_ingress(config)
+        self._ingress = self._build_ingress(config, previous=self._ingress)
         self._config = config
         self._asgi.swap(self._ingress.asgi)
         logger.info("ingress reconfigured in place: %s", ", ".join(sorted(user_config)))

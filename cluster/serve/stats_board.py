@@ -26,7 +26,10 @@ no HTTP route), and nothing logs it.
 
 And it holds the pools a stepped rollout cordoned (:meth:`StatsBoard.cordon`): a version's pool
 about to go to 0 takes no new request (the ingress's ``PoolWatch`` counts none of its replicas
-live) while its last ones finish; their reports stay on the board, for the rollout's drain.
+live) while its last ones finish; their reports stay on the board, for the rollout's drain. A
+cordoned pool whose streams outlast the drain is asked to hand them off
+(:meth:`StatsBoard.hand_off`): each report's answer (a :class:`BoardReply`) tells its replicas,
+which stop their decoding requests and export their blocks for the replicas that continue them.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from cluster.routing import routed_replicas
 from cluster.serve.pool_options import BOARD_DEPLOYMENT
 from core.codec import from_plain, to_plain
 from core.config import pool_key
@@ -56,6 +60,19 @@ logger = logging.getLogger(__name__)
 
 StatsFn = Callable[[], ReplicaStats]
 FaultsFn = Callable[[FaultInjection], None]
+HandOffFn = Callable[[], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class BoardReply:
+    """The board's answer to one report."""
+
+    faults: FaultInjection | None = None
+    """The transfer faults the replica's role injects now (None: none)."""
+    hand_off: bool = False
+    """The replica's pool is being taken away: hand the requests in flight off."""
+
+
 AdaptersFn = Callable[[Sequence[RegisteredAdapter]], Awaitable[None]]
 
 
@@ -78,21 +95,28 @@ class StatsBoard:
         self._adapters: dict[str, dict[str, str]] = {}  # model scope -> LoRA name -> path
         self._kv_token = kv_token
         self._cordoned: set[tuple[str, str]] = set()  # (app, deployment)
+        self._handing_off: set[tuple[str, str]] = set()  # cordoned pools asked to hand off
 
     def kv_token(self) -> str | None:
         """The app's generated KV transfer secret, for its rollout's second app (None: the app
         runs with a configured token)."""
         return None if self._kv_token is None else self._kv_token.value
 
-    def report(self, replica: dict[str, Any]) -> dict[str, Any] | None:
-        """Store one replica's report (a plain ``ReplicaReport``); answer the faults its role
-        should inject now (a plain ``FaultInjection``; None: none)."""
+    def report(self, replica: dict[str, Any]) -> dict[str, Any]:
+        """Store one replica's report (a plain ``ReplicaReport``); answer a plain
+        :class:`BoardReply`: the faults its role injects now, whether its pool hands off."""
         now = time.monotonic()
         self._reports[str(replica["replica_id"])] = {**replica, "received_s": now}
         faults = self._faults.get(str(replica["role"]))
-        if faults is None or faults[1] <= now:
-            return None
-        return faults[0]
+        pool = routed_replicas.deployment_of(str(replica.get("actor_name", "")))
+        reply = BoardReply(
+            faults=None
+            if faults is None or faults[1] <= now
+            else from_plain(FaultInjection, faults[0]),
+            hand_off=pool is not None and pool in self._handing_off,
+        )
+        plain: dict[str, Any] = to_plain(reply)
+        return plain
 
     def set_faults(self, role: str, faults: dict[str, Any], duration_s: float) -> None:
         """Have every replica of ``role`` inject ``faults`` (a plain ``FaultInjection``) for
@@ -124,6 +148,14 @@ class StatsBoard:
             self._cordoned.add((app_name, deployment))
         else:
             self._cordoned.discard((app_name, deployment))
+            self._handing_off.discard((app_name, deployment))
+
+    def hand_off(self, app_name: str, deployment: str) -> None:
+        """Have the replicas of cordoned ``app_name``'s ``deployment`` hand their requests off
+        (from their next report on, until the pool is uncordoned); no-op for a pool that is not
+        cordoned (its requests would come back to it)."""
+        if (app_name, deployment) in self._cordoned:
+            self._handing_off.add((app_name, deployment))
 
     def view(self) -> dict[str, Any]:
         """:meth:`snapshot` with this board's epoch and the cordoned pools:
@@ -169,13 +201,15 @@ class BoardReporter:
         stats: StatsFn,
         on_faults: FaultsFn | None = None,
         on_adapters: AdaptersFn | None = None,
+        on_hand_off: HandOffFn | None = None,
     ) -> Callable[[], None]:
         """Start reporting ``stats()`` as ``role`` in the background; returns ``stop``.
         ``on_faults`` gets the faults the board answers whenever they change; ``on_adapters``
-        is awaited with the model's registered LoRA adapters after every report."""
+        is awaited with the model's registered LoRA adapters after every report;
+        ``on_hand_off`` after every report whose answer asks the pool to hand off."""
         replica_id = serve.get_replica_context().replica_id.unique_id
         task = asyncio.get_running_loop().create_task(
-            self._report_forever(role, replica_id, stats, on_faults, on_adapters)
+            self._report_forever(role, replica_id, stats, on_faults, on_adapters, on_hand_off)
         )
 
         def stop() -> None:
@@ -194,6 +228,7 @@ class BoardReporter:
         stats: StatsFn,
         on_faults: FaultsFn | None,
         on_adapters: AdaptersFn | None,
+        on_hand_off: HandOffFn | None,
     ) -> None:
         context = ray.get_runtime_context()
         report = ReplicaReport(
@@ -207,17 +242,17 @@ class BoardReporter:
             model=self.model,
         )
         board = self._board()
-        applied: dict[str, Any] | None = None
+        applied: FaultInjection | None = None
         while True:
             try:
                 fresh = dataclasses.replace(report, stats=stats())
-                faults = await board.report.remote(to_plain(fresh))
-                if on_faults is not None and faults != applied:
-                    on_faults(
-                        FaultInjection() if faults is None else from_plain(FaultInjection, faults)
-                    )
-                    logger.warning("transfer faults of %s now %s", replica_id, faults)
-                    applied = faults
+                reply = from_plain(BoardReply, await board.report.remote(to_plain(fresh)))
+                if on_faults is not None and reply.faults != applied:
+                    on_faults(FaultInjection() if reply.faults is None else reply.faults)
+                    logger.warning("transfer faults of %s now %s", replica_id, reply.faults)
+                    applied = reply.faults
+                if on_hand_off is not None and reply.hand_off:
+                    await on_hand_off()
                 if on_adapters is not None:
                     registered = await board.adapters.remote(self.model)
                     await on_adapters([from_plain(RegisteredAdapter, a) for a in registered])

@@ -286,6 +286,37 @@ class KVCacheManager:
         for request_id, table in self._tables.items():
             self._num_offered_blocks[request_id] = len(table)
 
+    def admit_blocks(
+        self, block_hashes: Sequence[BlockHash], write: Callable[[int, int], None]
+    ) -> int:
+        """Blocks pulled from another replica (a handed-off request's, a hot prefix's) straight
+        into the prefix cache, for an engine without a host tier: for each hash in order, one
+        already cached counts as is, else a free block (never a held one; an evictable cached
+        one is evicted as by any allocation) takes ``write(index, block_id)`` and joins the
+        cache, unheld, under that hash. Stops at the first it cannot place (none free, caching
+        off); returns how many of the leading run are cached now. One ``BlockStored`` event
+        names the blocks added."""
+        if not self.enable_prefix_caching:
+            return 0
+        held: list[int] = []  # the run so far, held so that placing the next evicts none of it
+        added: list[BlockHash] = []
+        for index, block_hash in enumerate(block_hashes):
+            block_id = self.pool.lookup(block_hash)
+            if block_id is not None:
+                self.pool.touch([block_id])
+            elif self.pool.can_allocate(1):
+                (block_id,) = self.pool.allocate(1)
+                write(index, block_id)
+                self.pool.cache_block(block_id, block_hash)
+                added.append(block_hash)
+            else:
+                break
+            held.append(block_id)
+        self.pool.free(held[::-1])  # tail first: the prefix is evicted last
+        if added:
+            self._publisher.record(BlockStored(added, None, [], self.block_size))
+        return len(held)
+
     # -- pins of cached prefixes (a hot prefix's export) --------------------------------------
 
     def pin_cached(self, pin_id: str, block_hashes: Sequence[BlockHash]) -> list[int]:

@@ -3,10 +3,10 @@
 every step runs. Across a model revision (other weights) no request fails and every output is
 one version's own greedy output, the P:D ratio holds on Serve at every step, every KV block is
 released and no ``/dev/shm`` segment stays behind; across an engine-option change (same
-weights, same fingerprint) with a short drain under long streams, every output is the
-no-upgrade greedy output (a stream on a leaving decode finishes in its drain or migrates), and
-no deployment of the running app restarts (its ingress and stats board keep serving while its
-pools go to 0).
+weights, same fingerprint) with a short drain under long streams, the leaving decode replica
+hands its streams off (each continues on the new version from its pulled blocks), every
+output is the no-upgrade greedy output, and no deployment of the running app restarts (its
+ingress and stats board keep serving while its pools go to 0).
 
 The cluster, load, Serve watcher and checks are ``benchmarks/serve_upgrade.py`` (the
 benchmark's ``--serve`` mode runs the same upgrade)."""
@@ -90,10 +90,9 @@ def running_app_idle_then_serving(state: Mapping[str, Any], env: Mapping[str, st
 def test_long_streams_across_a_same_fingerprint_upgrade_are_token_identical(
     tmp_path: Path,
 ) -> None:
-    # same weights, another max_num_seqs: the pools are replaced, the fingerprint kept; a
-    # stopping decode replica gets half a second before Serve ends it, so a long stream still
-    # on it breaks and continues elsewhere (in the runs so far the leaving decode held none at
-    # its stop: the migration count is reported, not required)
+    # same weights, another max_num_seqs: the pools are replaced, the fingerprint kept; the
+    # cordoned decode pool gets a one-second drain, which long streams outlast: it hands them
+    # off and each continues on the new version's decode replica from its pulled blocks
     scenario = Scenario(
         other_weights=False,
         num_prefill=1,
@@ -110,5 +109,7 @@ def test_long_streams_across_a_same_fingerprint_upgrade_are_token_identical(
     if result.watch.restarted():
         # the streams on a restarted ingress break once its graceful shutdown is over
         found.append(f"the rollout restarted the running app's {result.watch.restarted()}")
+    if not result.handoffs or not result.handoff_blocks_pulled:
+        found.append("no stream was handed off by the leaving decode replica with its blocks")
     assert not found, (found, result.summary())
     assert "step 2/2: Prefill 0 old + 1 new, Decode 0 old + 1 new (done)" in result.upgrade.stdout

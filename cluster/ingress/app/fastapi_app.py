@@ -68,14 +68,16 @@ def create_app(
     gate: RequestGate | None = None,
     fault_admin: FaultAdmin | None = None,
     lora_admin: LoRAAdmin | None = None,
+    metrics: IngressMetrics | None = None,
 ) -> IngressApp:
     """The OpenAI-compatible ingress over ``models`` (the first answers requests naming no
-    model); ``gate`` defaults to one sized by the server settings."""
+    model); ``gate`` defaults to one sized by the server settings; ``metrics`` to new ones (an
+    app rebuilt in place passes its predecessor's: counters go on, the gauges follow it)."""
     settings = models[0].settings  # server, routing and API keys are the cluster's, shared
     gate = gate or RequestGate(
         settings.server.max_in_flight_requests, settings.server.retry_after_s
     )
-    metrics = IngressMetrics(settings.model_name)
+    metrics = metrics or IngressMetrics(settings.model_name)
     metrics.in_flight.labels(ROLE).set_function(lambda: float(gate.num_in_flight))
     table = ModelTable([build_route(m, metrics) for m in models], virtual_models, lora_admin)
 

@@ -2,7 +2,9 @@
 
 Every wait for a chunk is bounded by ``chunk_timeout_s``; a replica that dies surfaces as
 :class:`~core.errors.UnavailableError` (whatever it raised), and so does a stream that ends
-early or ends with a server-side abort, so the caller can migrate it. The stream is closed
+early or ends with a server-side abort, so the caller can migrate it (a
+:class:`~cluster.ingress.dispatch.migration.HandedOffError` when the abort carries a leaving
+replica's export of the request's blocks). The stream is closed
 however the read ends, which aborts the request on its replica and frees its blocks.
 """
 
@@ -13,7 +15,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from cluster.ingress.dispatch.deltas import Delta
-from cluster.ingress.dispatch.migration import ResumedText
+from cluster.ingress.dispatch.migration import HandedOffError, ResumedText
 from cluster.ingress.dispatch.open_decode import OpenDecode, close
 from cluster.ingress.dispatch.pool_clients import DecodeClient
 from cluster.ingress.dispatch.run_accounting import RunAccounting
@@ -55,6 +57,11 @@ class DecodeStream:
                 pending = None
                 if chunk.error is not None:
                     raise chunk.error.to_error()
+                if chunk.finished and chunk.finish_reason == "abort" and chunk.handoff:
+                    raise HandedOffError(
+                        f"request {self._request_id} was handed off by its leaving decode replica",
+                        chunk.handoff,
+                    )
                 if chunk.finished and chunk.finish_reason in _FAILED_FINISH_REASONS:
                     # NOTE: the ingress aborts only for a client that left; an abort seen here is
                     # the server's doing, so the client must not mistake it for a short answer.

@@ -13,6 +13,7 @@ from cluster.ingress.dispatch.decode_stream import DecodeStream
 from cluster.ingress.dispatch.deltas import Delta
 from cluster.ingress.dispatch.migration import (
     DetokenizerFactory,
+    HandedOffError,
     ResumedText,
     can_migrate,
     migrated_request,
@@ -69,8 +70,13 @@ class MigratingDecode:
                 if attempt >= limit or not can_migrate(e) or accounting.finish_reason is not None:
                     raise
                 attempt += 1
+                handed_off = isinstance(e, HandedOffError)
                 accounting.count_migration(
-                    "timeout" if isinstance(e, TimeoutError) else "replica_failed"
+                    "timeout"
+                    if isinstance(e, TimeoutError)
+                    else "handed_off"
+                    if handed_off
+                    else "replica_failed"
                 )
                 logger.warning(
                     "request %s: decode stream failed after %d tokens (%s); migrating (%d/%d)",
@@ -83,6 +89,7 @@ class MigratingDecode:
                     attempt,
                     block_size=self._settings.block_size,
                     hash_seed=self._settings.hash_seed,
+                    warm_from=e.export if isinstance(e, HandedOffError) else None,
                 )
                 if self._detokenizer is not None:
                     prompt_ids = list(self._prompt.prompt_token_ids)
@@ -91,5 +98,5 @@ class MigratingDecode:
                         accounting.sent_token_ids,
                         accounting.text_sent,
                     )
-                # let Serve drop the dead replica from its routing before the next try
-                await asyncio.sleep(min(_MIGRATION_BACKOFF_S * 2 ** (attempt - 1), 2.0))
+                if not handed_off:  # let Serve drop the dead replica from its routing first
+                    await asyncio.sleep(min(_MIGRATION_BACKOFF_S * 2 ** (attempt - 1), 2.0))

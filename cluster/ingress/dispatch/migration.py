@@ -19,6 +19,13 @@ During a rolling upgrade the continuation keeps the request's KV fingerprint: it
 replica of the version it ran on while one serves, else to the new version, which recomputes
 prompt and tokens so far under its own weights (identical output when the weights are).
 
+A leaving decode replica may hand a request off instead of letting it break
+(:class:`HandedOffError`, from ``TokenChunk.handoff``): it stops the request and exports the
+blocks of its prompt and tokens so far, and the continuation carries that export
+(``DecodeRequest.warm_from``): the new replica pulls the blocks and computes only the last,
+partial one. The pull is refused across KV fingerprints (the blocks are then recomputed), so
+only a replica of the same version takes the blocks as they are.
+
 Limits: a seeded sampled request continues with a fresh generator on the new replica (the same
 seed, restarted), so its continuation differs from a fault-free run; a stop string that would
 have spanned the break is matched only within the new replica's text.
@@ -32,7 +39,17 @@ from typing import Protocol
 
 from core.errors import PdserveError, TransferError, UnavailableError
 from core.hashing import hash_prompt_blocks
-from core.messages import DecodeRequest
+from core.messages import DecodeRequest, PrefixExport
+
+
+class HandedOffError(UnavailableError):
+    """The decode replica is leaving and stopped the request (``TokenChunk.handoff``): it
+    continues elsewhere, pulling ``export`` — the blocks of its prompt and tokens so far —
+    when the leaving replica exported any."""
+
+    def __init__(self, message: str, export: PrefixExport | None) -> None:
+        super().__init__(message)
+        self.export = export
 
 
 def can_migrate(error: BaseException) -> bool:
@@ -50,9 +67,11 @@ def migrated_request(
     *,
     block_size: int,
     hash_seed: int,
+    warm_from: PrefixExport | None = None,
 ) -> DecodeRequest:
     """The request that continues ``original`` after ``generated`` tokens reached the client:
-    a local prefill of prompt + generated tokens, for the tokens still owed."""
+    a local prefill of prompt + generated tokens, for the tokens still owed (pulling
+    ``warm_from`` first: the blocks a leaving replica handed off)."""
     prompt = [*original.prompt_token_ids, *generated]
     sampling = original.sampling
     owed = sampling.max_tokens - len(generated)
@@ -72,6 +91,7 @@ def migrated_request(
         routing=dataclasses.replace(
             routing, block_hashes=tuple(hashes), num_prompt_tokens=len(prompt)
         ),
+        warm_from=warm_from,
     )
 
 

@@ -79,7 +79,8 @@ class RunAccounting:
         self._metrics.count_decision(decision.label, decision.reason)
 
     def count_migration(self, reason: str) -> None:
-        """Count a migration of the decode stream (``timeout`` or ``replica_failed``)."""
+        """Count a migration of the decode stream (``timeout``, ``replica_failed``, or
+        ``handed_off`` by a leaving replica)."""
         self._metrics.migrations.labels(reason).inc()
 
     def count_handoff(self, pipelined: bool) -> None:

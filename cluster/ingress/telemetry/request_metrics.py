@@ -97,7 +97,7 @@ class IngressMetrics:
         self.migrations = Counter(
             "pdserve:request_migrations",
             "Requests moved to another decode replica mid-stream, by what ended the first "
-            "stream (replica_failed, timeout).",
+            "stream (replica_failed, timeout, handed_off: its replica was leaving).",
             ["reason"], registry=r,
         )  # fmt: skip
         self.model_routes = Counter(

@@ -82,6 +82,16 @@ _COUNTERS: tuple[_Family, ...] = (
     ),
     _Family("pdserve:transfers", "KV transfers finished.", lambda s: s.transfer.transfers_total),
     _Family(
+        "pdserve:decode_handoffs",
+        "Requests a leaving decode replica stopped and handed off, their blocks exported.",
+        lambda s: s.handoffs_total,
+    ),
+    _Family(
+        "pdserve:decode_handoff_blocks_pulled",
+        "KV blocks decode replicas pulled for requests another one handed off.",
+        lambda s: s.handoff_blocks_pulled_total,
+    ),
+    _Family(
         "pdserve:spec_decode_num_drafts",
         "Verify rows run by speculative decoding (vLLM's spec_decode_num_drafts).",
         lambda s: s.spec_decode.num_drafts,

@@ -75,7 +75,7 @@ def test_an_output_of_neither_version_is_mixed_and_failures_are_not() -> None:
     references = [{"old": "old text", "new": "new text"}, {"old": "x", "new": "y"}]
     result = Result(
         outcomes, references, subprocess.CompletedProcess([], 0), 1.0,
-        PoolWatch(details=dict, app_name="app", num_prefill=1, num_decode=1), 0.0, 0.0,
+        PoolWatch(details=dict, app_name="app", num_prefill=1, num_decode=1), 0.0, 0.0, 0.0, 0.0,
         set(), set(),
     )  # fmt: skip
     assert [o.text for o in result.mixed] == ["old prefix then new"]

@@ -114,7 +114,11 @@ class FakeDecode(RoleReplica[FakeWorker]):
 
 def reporter(events: list[str]) -> Any:
     def start(
-        role: str, stats: Callable[[], ReplicaStats], on_faults: Any = None, on_adapters: Any = None
+        role: str,
+        stats: Callable[[], ReplicaStats],
+        on_faults: Any = None,
+        on_adapters: Any = None,
+        on_hand_off: Any = None,
     ) -> Any:
         events.append(f"report {role} {stats().num_running}")
         on_faults(FaultInjection())

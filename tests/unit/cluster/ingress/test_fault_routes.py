@@ -4,12 +4,16 @@ its report answers until they expire."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 from fastapi import FastAPI
 
 from cluster.ingress.app.fault_routes import FAULTS_ROUTE, add_fault_routes
-from cluster.serve.stats_board import StatsBoard
+from cluster.serve.stats_board import BoardReply, StatsBoard
+from core.codec import from_plain
 from core.errors import UnavailableError
+from core.transfer_faults import FaultInjection
 from tests.unit.cluster.ingress.fakes import run
 from tests.waiting import wait_until
 
@@ -71,8 +75,12 @@ def test_faults_reach_the_admin_and_bad_bodies_are_named() -> None:
 def test_the_board_answers_faults_until_they_expire() -> None:
     board = StatsBoard()
     report = {"replica_id": "p1", "role": "prefill"}
-    assert board.report(report) is None
+
+    def faults(replica: dict[str, Any]) -> FaultInjection | None:
+        return from_plain(BoardReply, board.report(replica)).faults
+
+    assert faults(report) is None
     board.set_faults("prefill", {"fail_after_chunks": 0}, duration_s=0.2)
-    assert board.report(report) == {"fail_after_chunks": 0}
-    assert board.report({"replica_id": "d1", "role": "decode"}) is None  # another role
-    wait_until(lambda: board.report(report) is None, 5, "the faults expire")
+    assert faults(report) == FaultInjection(fail_after_chunks=0)
+    assert faults({"replica_id": "d1", "role": "decode"}) is None  # another role
+    wait_until(lambda: faults(report) is None, 5, "the faults expire")

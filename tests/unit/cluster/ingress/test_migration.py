@@ -3,14 +3,25 @@ already sent, nothing repeated or lost, counted by reason and bounded by migrati
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 
-from core.messages import DecodeRequest
+from cluster.ingress.app.fastapi_app import create_app
+from cluster.ingress.model_table import ModelEndpoint
+from core.kv_handle import KVHandle
+from core.messages import DecodeRequest, PrefixExport, TokenChunk
 from engine.tokenizer import Tokenizer
-from tests.unit.cluster.ingress.fakes import MODEL, FakeDecode, Harness, run, sse_payloads
+from tests.unit.cluster.ingress.fakes import (
+    MODEL,
+    FakeDecode,
+    Harness,
+    over_the_wire,
+    run,
+    settings_with,
+    sse_payloads,
+)
 
 LONG = "hello world, this is a long prompt"  # over the local-prefill threshold: remote
 
@@ -65,6 +76,41 @@ def test_a_dying_stream_continues_on_another_replica(
     assert 'reason="replica_failed"} 1.0' in metric(h, "pdserve:request_migrations_total")
 
 
+EXPORT = PrefixExport(
+    (11, 12),
+    KVHandle("handoff-1", "10.0.0.9:7000", 2, 64, "layout", 0, "epoch"),
+)
+
+
+class HandingOffOnce(FakeDecode):
+    """The first stream is handed off after two tokens: its leaving replica ends it with an
+    aborted chunk carrying the export of its blocks."""
+
+    async def _stream(self, request: DecodeRequest) -> AsyncIterator[TokenChunk]:
+        if len(self.requests) > 1:
+            async for chunk in super()._stream(request):
+                yield chunk
+            return
+        for token_id, text in self.steps[:2]:
+            yield self._chunk(request, [token_id], text)
+        aborted = TokenChunk(request.request_id, [], "", True, "abort", handoff=EXPORT)
+        yield over_the_wire(aborted)
+
+
+def test_a_handed_off_stream_continues_with_the_export_of_its_blocks(
+    make_harness: Callable[..., Harness],
+) -> None:
+    decode = HandingOffOnce(steps=[(101, "e"), (108, "l"), (109, "m"), (110, "n")])
+    h = make_harness(decode=decode)
+    r = post(h, {"prompt": LONG, "max_tokens": 5, "stream": True})
+    assert r.status_code == 200 and sse_payloads(r.text)[-1] == "[DONE]"
+    first, moved = decode.requests
+    assert first.warm_from is None and moved.warm_from == EXPORT  # pulled, not recomputed
+    assert moved.kv_handle is None  # a local prefill of prompt and tokens so far
+    assert moved.prompt_token_ids[len(first.prompt_token_ids) :] == moved.prompt_token_ids[-3:]
+    assert 'reason="handed_off"} 1.0' in metric(h, "pdserve:request_migrations_total")
+
+
 def test_migration_stops_at_the_limit_and_never_for_the_requests_own_errors(
     make_harness: Callable[..., Harness],
 ) -> None:
@@ -93,3 +139,18 @@ def test_resumed_text_keeps_a_character_split_by_the_break(tokenizer: Tokenizer)
     )
     rest = [resumed.render([t], i == len(output) - split - 1) for i, t in enumerate(output[split:])]
     assert text_sent + "".join(rest) == "café au lait"
+
+
+def test_an_app_rebuilt_in_place_keeps_counting_on_its_predecessors_metrics(
+    make_harness: Callable[..., Harness], tokenizer: Tokenizer
+) -> None:
+    """An in-place upgrade rebuilds the ingress app (``IngressDeployment.reconfigure``): its
+    counters go on from the old app's, not from zero."""
+    h = make_harness(decode=HandingOffOnce(steps=[(101, "e"), (108, "l"), (109, "m")]))
+    post(h, {"prompt": LONG, "max_tokens": 4})
+    endpoint = ModelEndpoint(tokenizer, h.prefill, FakeDecode(), settings_with())
+    rebuilt = Harness(create_app([endpoint], metrics=h.app.metrics), h.prefill, FakeDecode())
+    assert 'reason="handed_off"} 1.0' in metric(rebuilt, "pdserve:request_migrations_total")
+    post(rebuilt, {"prompt": LONG, "max_tokens": 4})
+    finished = metric(rebuilt, "pdserve:request_success_total")
+    assert finished.endswith(" 2.0"), finished  # one request on each app

@@ -33,6 +33,7 @@ class FakeFleet:
     start_polls: int = 1
     drain_polls: int = 1
     stuck_in_flight: int = 0
+    hand_off_moves_streams: bool = True
     failing: set[tuple[Version, Role]] = field(default_factory=set)
     sizes: dict[tuple[Version, Role], int] = field(default_factory=dict)
     replicas: dict[tuple[Version, Role], int] = field(default_factory=dict)
@@ -40,6 +41,7 @@ class FakeFleet:
     calls: list[tuple[Version, Role, int]] = field(default_factory=list)
     deviations: list[float] = field(default_factory=list)
     cordoned: set[tuple[Version, Role]] = field(default_factory=set)
+    handed_off: set[tuple[Version, Role]] = field(default_factory=set)
     log: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -78,7 +80,14 @@ class FakeFleet:
             self.replicas[key] = live = target
         idle = live > target or key in self.cordoned
         in_flight = self.stuck_in_flight if idle else 1
+        if key in self.handed_off and self.hand_off_moves_streams:
+            in_flight = 0
         return PoolHealth(live, min(live, target), 0, in_flight)
+
+    def hand_off(self, version: Version, role: Role) -> None:
+        assert (version, role) in self.cordoned, "only a cordoned pool hands off"
+        self.log.append(f"hand off {version.value} {role}")
+        self.handed_off.add((version, role))
 
     def cordon(self, version: Version, role: Role, cordoned: bool) -> None:
         self.log.append(f"{'cordon' if cordoned else 'uncordon'} {version.value} {role}")
@@ -214,13 +223,26 @@ def test_rollback_walks_the_same_steps_backwards() -> None:
 
 
 def test_a_drain_timeout_moves_on_and_is_counted() -> None:
-    fleet, clock = FakeFleet(1, 1, stuck_in_flight=2), FakeClock()
+    fleet = FakeFleet(1, 1, stuck_in_flight=2, hand_off_moves_streams=False)
+    clock = FakeClock()
     walk = driver(fleet, clock, drain_timeout_s=5.0, poll_s=1.0)
     final = walk.run(start(1, 1))
     assert final.phase is RolloutPhase.DONE
-    # two per step: the cordoned pool never went quiet, then its stopping replica never emptied
-    assert walk.num_drain_timeouts == 4
-    assert clock.now_s >= 20.0
+    # prefill: the cordoned pool never went quiet, then its stopping replica never emptied;
+    # decode: the same, and once more after it was asked to hand its streams off
+    assert walk.num_drain_timeouts == 5
+    assert clock.now_s >= 25.0
+
+
+def test_a_cordoned_decode_pool_hands_off_the_streams_that_outlast_the_drain() -> None:
+    fleet, clock = FakeFleet(1, 1, stuck_in_flight=2), FakeClock()
+    walk = driver(fleet, clock, drain_timeout_s=5.0, quiet_s=1.0, poll_s=1.0)
+    assert walk.run(start(1, 1)).phase is RolloutPhase.DONE
+    decode = fleet.log[fleet.log.index("cordon old decode") :]
+    assert decode == ["cordon old decode", "hand off old decode", "old decode 0"]
+    assert "hand off old prefill" not in fleet.log  # a prefill's requests fail over
+    # prefill's two waits and decode's first ran out; after the handoff decode went quiet
+    assert walk.num_drain_timeouts == 3
 
 
 def test_a_failed_new_replica_stops_the_rollout_with_the_old_version_serving() -> None:

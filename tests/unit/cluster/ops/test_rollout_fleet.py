@@ -50,17 +50,31 @@ def no_cordon(app: str, deployment: str, cordoned: bool) -> None:
     raise AssertionError(f"unexpected cordon of {app}/{deployment}")
 
 
-def test_a_cordon_names_the_versions_app_and_the_models_deployment() -> None:
+def no_hand_off(app: str, deployment: str) -> None:
+    raise AssertionError(f"unexpected handoff of {app}/{deployment}")
+
+
+def test_a_cordon_or_handoff_names_the_versions_app_and_the_models_deployment() -> None:
     cordons: list[tuple[str, str, bool]] = []
-    fleet = ServeRolloutFleet(FakeRest({}), dict, APPS, "qwen", lambda *c: cordons.append(c))
+    handoffs: list[tuple[str, str]] = []
+    fleet = ServeRolloutFleet(
+        FakeRest({}),
+        dict,
+        APPS,
+        "qwen",
+        lambda *c: cordons.append(c),
+        lambda *h: handoffs.append(h),
+    )
     fleet.cordon(Version.OLD, "decode", True)
     fleet.cordon(Version.NEW, "prefill", False)
+    fleet.hand_off(Version.OLD, "decode")
     assert cordons == [("pdserve", "Decode-qwen", True), ("pdserve-next", "Prefill-qwen", False)]
+    assert handoffs == [("pdserve", "Decode-qwen")]
 
 
 def test_a_step_scales_one_deployment_of_the_versions_app() -> None:
     rest = FakeRest({})
-    fleet = ServeRolloutFleet(rest, dict, APPS, "", no_cordon)
+    fleet = ServeRolloutFleet(rest, dict, APPS, "", no_cordon, no_hand_off)
     fleet.set_replicas(Version.NEW, "decode", 2)
     fleet.set_replicas(Version.OLD, "prefill", 0)
     assert rest.scaled == [("pdserve-next", {"Decode": 2}), ("pdserve", {"Prefill": 0})]
@@ -68,7 +82,9 @@ def test_a_step_scales_one_deployment_of_the_versions_app() -> None:
 
 def test_a_scoped_model_scales_its_own_pool() -> None:
     rest = FakeRest({})
-    ServeRolloutFleet(rest, dict, APPS, "qwen", no_cordon).set_replicas(Version.NEW, "decode", 1)
+    ServeRolloutFleet(rest, dict, APPS, "qwen", no_cordon, no_hand_off).set_replicas(
+        Version.NEW, "decode", 1
+    )
     assert rest.scaled == [("pdserve-next", {"Decode-qwen": 1})]
 
 
@@ -81,7 +97,7 @@ def test_health_counts_running_replicas_that_report_and_their_requests() -> None
         }
     )  # fmt: skip
     board = {"decode": [report("a", num_running=2, num_waiting=1), report("b", num_running=3)]}
-    fleet = ServeRolloutFleet(rest, lambda: board, APPS, "", no_cordon)
+    fleet = ServeRolloutFleet(rest, lambda: board, APPS, "", no_cordon, no_hand_off)
     assert fleet.health(Version.OLD, "decode") == PoolHealth(3, 1, 0, 6)
 
 
@@ -89,13 +105,13 @@ def test_a_running_replica_not_yet_on_the_board_is_not_healthy() -> None:
     rest = FakeRest(
         {"pdserve-next": {"deployments": {"Decode": deployment("HEALTHY", ("n", "RUNNING"))}}}
     )
-    fleet = ServeRolloutFleet(rest, dict, APPS, "", no_cordon)
+    fleet = ServeRolloutFleet(rest, dict, APPS, "", no_cordon, no_hand_off)
     assert fleet.health(Version.NEW, "decode") == PoolHealth(1, 0, 0, 0)
 
 
 def test_a_failed_deployment_counts_as_a_failed_replica() -> None:
     rest = FakeRest({"pdserve-next": {"deployments": {"Prefill": deployment("DEPLOY_FAILED")}}})
-    fleet = ServeRolloutFleet(rest, dict, APPS, "", no_cordon)
+    fleet = ServeRolloutFleet(rest, dict, APPS, "", no_cordon, no_hand_off)
     assert fleet.health(Version.NEW, "prefill") == PoolHealth(0, 0, 1, 0)
     assert fleet.health(Version.OLD, "prefill") == PoolHealth(0, 0, 0, 0)  # app not deployed
 

@@ -56,7 +56,7 @@ def fleets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[InstantFleet
     made: list[InstantFleet] = []
 
     def fleet(
-        rest: Any, board: Any, apps: dict[Version, str], scope: str, cordon: Any
+        rest: Any, board: Any, apps: dict[Version, str], scope: str, cordon: Any, hand_off: Any
     ) -> InstantFleet:
         made.append(InstantFleet(apps, scope))
         return made[-1]

@@ -74,6 +74,9 @@ class InstantFleet:
     def cordon(self, version: Version, role: Role, cordoned: bool) -> None:
         pass  # nothing in flight here: the driver's quiet wait ends at once
 
+    def hand_off(self, version: Version, role: Role) -> None:
+        raise AssertionError("nothing is in flight: the driver never asks for a handoff")
+
 
 def offline_upgrade(
     module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rest: FakeRest | None

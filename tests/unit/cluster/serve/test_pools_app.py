@@ -17,8 +17,8 @@ from cluster.serve.app_builder import build_app, build_app_from_config, build_po
 from cluster.serve.clients import PoolWatch
 from cluster.serve.config_file import config_to_mapping, load_cluster_config
 from cluster.serve.rollout_pools import FOLLOW_KEY, ROLLOUT_ROOT_DEPLOYMENT, split_user_config
-from cluster.serve.stats_board import BoardReporter, StatsBoard
-from core.codec import to_plain
+from cluster.serve.stats_board import BoardReply, BoardReporter, StatsBoard
+from core.codec import from_plain, to_plain
 from core.errors import ConfigError
 from core.stats import ReplicaReport, ReplicaStats
 from replica import ReplicaHooks
@@ -177,3 +177,21 @@ def test_a_cordoned_pool_takes_no_new_request_but_stays_on_the_board() -> None:
     board.cordon("pdserve", "Decode", False)
     asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
     assert watch.app_of("decode", "old") == "pdserve"
+
+
+def test_only_a_cordoned_pool_is_asked_to_hand_off_and_only_its_replicas_hear_it() -> None:
+    board, _ = two_apps()
+
+    def hears(replica_id: str, app: str) -> bool:
+        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
+        report = ReplicaReport("decode", replica_id, actor, "n", "ip", 1, ReplicaStats())
+        return from_plain(BoardReply, board.report(to_plain(report))).hand_off
+
+    board.hand_off("pdserve", "Decode")  # not cordoned: its requests would come back to it
+    assert not hears("a", "pdserve")
+    board.cordon("pdserve", "Decode", True)
+    board.hand_off("pdserve", "Decode")
+    assert hears("a", "pdserve") and hears("a", "pdserve")  # at every report until uncordoned
+    assert not hears("b", "pdserve-next")
+    board.cordon("pdserve", "Decode", False)
+    assert not hears("a", "pdserve")

@@ -222,3 +222,28 @@ def test_a_pinned_prefix_holds_its_cached_leading_run_until_unpinned() -> None:
     assert manager.pool.evictable_order() == [2, 1]  # freed tail first: the prefix goes last
     assert manager.num_pinned_prefix_blocks == 0
     manager.check_integrity()
+
+
+def test_admitted_blocks_join_the_cache_as_a_leading_run_while_blocks_are_free() -> None:
+    manager, publisher, batches = make_manager(num_blocks=4)  # 3 usable blocks
+    request = make_request("a", PROMPT)
+    compute_prompt(manager, request)  # holds 3 blocks, the first 2 cached
+    cached = hash_prompt_blocks(PROMPT, BLOCK_SIZE, seed=SEED)
+    manager.free("a")
+    events(publisher, batches)
+    batches.clear()  # the prompt's own events
+    written: list[tuple[int, int]] = []
+
+    def write(index: int, block_id: int) -> None:
+        written.append((index, block_id))
+
+    # the 2 cached blocks count as they are; 2 more take the free block and evict nothing of
+    # the run: the second new one finds no block left and ends it
+    assert manager.admit_blocks([*cached, 901, 902], write) == 3
+    assert written == [(2, 3)]
+    assert manager.pool.lookup(901) == 3 and manager.pool.lookup(902) is None
+    assert manager.pool.evictable_order() == [3, 2, 1]  # unheld, the tail evicted first
+    assert events(publisher, batches) == [BlockStored([901], None, [], BLOCK_SIZE)]
+    manager.check_integrity()
+    disabled, _, _ = make_manager(caching=False)
+    assert disabled.admit_blocks([901], write) == 0 and written == [(2, 3)]
