@@ -12,6 +12,7 @@ model is under way its driver owns the sizes and a scale is refused.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cluster.ops import run_state
@@ -26,6 +27,17 @@ from cluster.serve.pool_options import (
 from core.errors import ConfigError
 
 
+@dataclass(frozen=True)
+class Scaled:
+    """What a scale asked Serve for."""
+
+    app_name: str
+    """The app whose pools were resized: the one serving the model now (after a finished
+    stepped rollout, the rollout's)."""
+    replicas: dict[str, int]
+    """Deployment -> replica count."""
+
+
 def scale(
     app_name: str,
     num_prefill: int | None,
@@ -33,10 +45,10 @@ def scale(
     dashboard_url: str | None = None,
     ray_address: str = "auto",
     model: str | None = None,
-) -> dict[str, int]:
+) -> Scaled:
     """Set one model's pools' replica counts in place (``model``: its served name; needed
-    when the app serves several), in the app that serves that model now; returns the
-    deployments and counts asked for."""
+    when the app serves several), in the app that serves that model now; returns that app and
+    the deployments and counts asked for."""
     counts = {"prefill": num_prefill, "decode": num_decode}
     if all(count is None for count in counts.values()):
         raise ConfigError("give --prefill N and/or --decode M", param="scale")
@@ -54,7 +66,7 @@ def scale(
             if count is not None
         }
         rest.scale(live_app, replicas)
-    return replicas
+    return Scaled(live_app, replicas)
 
 
 def model_scope(app_name: str, deployed: Mapping[str, Any], model: str | None) -> str:

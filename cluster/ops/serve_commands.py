@@ -142,12 +142,12 @@ def scale_command(
     from cluster.ops import scaling
 
     try:
-        replicas = scaling.scale(app_name, prefill, decode, dashboard, address, model)
+        scaled = scaling.scale(app_name, prefill, decode, dashboard, address, model)
     except PdserveError as e:
         fail(e.message)
         return
-    asked = ", ".join(f"{name} -> {count}" for name, count in replicas.items())
-    console.print(f"scaling {app_name}: {asked}")
+    asked = ", ".join(f"{name} -> {count}" for name, count in scaled.replicas.items())
+    console.print(f"scaling {scaled.app_name}: {asked}")
 
 
 def upgrade_command(

@@ -132,7 +132,7 @@ def test_scaling_one_model_leaves_the_other_alone(
 ) -> None:
     small_before = replica_ids(serving_app, "Decode-tiny-llama")
     asked = scale(APP, None, 2, dashboard_url=sim_cluster.dashboard_url, model=LARGE)
-    assert asked == {"Decode-tiny-moe": 2}
+    assert asked.replicas == {"Decode-tiny-moe": 2} and asked.app_name == APP
     wait_until(lambda: len(replica_ids(serving_app, "Decode-tiny-moe")) == 2, 180, "2 decode")
     assert replica_ids(serving_app, "Decode-tiny-llama") == small_before
     metrics = httpx.get(f"{endpoint}/metrics", timeout=30).text

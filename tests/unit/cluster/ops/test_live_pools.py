@@ -110,7 +110,7 @@ def test_down_without_a_rollout_removes_only_the_app(serve: ServeApps) -> None:
 
 def test_scale_after_a_finished_rollout_resizes_the_live_pools_app(serve: ServeApps) -> None:
     write_rollout(rollout(RolloutPhase.DONE))
-    assert scaling.scale(APP, 2, 3) == {"Prefill": 2, "Decode": 3}
+    assert scaling.scale(APP, 2, 3) == scaling.Scaled(POOLS_APP, {"Prefill": 2, "Decode": 3})
     assert serve.calls == [("scale", (POOLS_APP, {"Prefill": 2, "Decode": 3}))]
     serve.calls.clear()
     write_rollout(rollout(RolloutPhase.ROLLED_BACK, step=0))
