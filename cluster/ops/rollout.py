@@ -107,6 +107,22 @@ class RolloutTimeouts:
     poll_s: float = POLL_S
 
 
+class QuietFor:
+    """A drain's test: True once a pool has had nothing in flight for ``quiet_s`` (called with
+    its health and the time, at each poll)."""
+
+    def __init__(self, quiet_s: float) -> None:
+        self.quiet_s = quiet_s
+        self._since: float | None = None
+
+    def __call__(self, health: PoolHealth, now: float) -> bool:
+        if health.num_in_flight:
+            self._since = None
+            return False
+        self._since = now if self._since is None else self._since
+        return now - self._since >= self.quiet_s
+
+
 class RolloutDriver:
     """Walks a rollout's steps over a :class:`RolloutFleet`, saving the step reached."""
 
@@ -209,16 +225,7 @@ class RolloutDriver:
         timeout; a decode pool's streams still running then are handed off (each continues
         on another replica, pulling its blocks) and the wait runs once more (what is left
         migrates when the pool's replicas stop)."""
-        quiet_since: float | None = None
-
-        def quiet(health: PoolHealth, now: float) -> bool:
-            nonlocal quiet_since
-            if health.num_in_flight:
-                quiet_since = None
-                return False
-            quiet_since = now if quiet_since is None else quiet_since
-            return now - quiet_since >= self._timeouts.quiet_s
-
+        quiet = QuietFor(self._timeouts.quiet_s)
         drained = self._drain(version, role, quiet, "the cordoned %s %s pool still had %d "
                               "requests in flight after %g s")  # fmt: skip
         if drained or role != "decode":

@@ -77,18 +77,30 @@ class ServeRolloutFleet:
 
     def health(self, version: Version, role: Role) -> PoolHealth:
         """Serve's replicas of the deployment, joined with their board reports."""
-        app = self._rest.app_details(self._apps[version]) or {}
-        details = app.get("deployments", {}).get(pool_deployment_name(role, self._scope), {})
-        replicas: list[dict[str, Any]] = details.get("replicas", [])
-        reports = {str(r["replica_id"]): r for pool in self._board().values() for r in pool}
-        num_healthy, num_in_flight = 0, 0
-        for replica in replicas:
-            report = reports.get(str(replica.get("replica_id")))
-            if report is None:
-                continue
-            stats: Mapping[str, Any] = report.get("stats") or {}
-            num_in_flight += sum(int(stats.get(name, 0)) for name in IN_FLIGHT_FIELDS)
-            if replica.get("state") == "RUNNING":
-                num_healthy += 1
-        failed = details.get("status") in FAILED_DEPLOYMENT_STATUSES
-        return PoolHealth(len(replicas), num_healthy, int(failed), num_in_flight)
+        deployment = pool_deployment_name(role, self._scope)
+        return pool_health(self._rest, self._board(), self._apps[version], deployment)
+
+
+def pool_health(
+    rest: ServeApps,
+    board: Mapping[str, list[dict[str, Any]]],
+    app_name: str,
+    deployment: str,
+) -> PoolHealth:
+    """Serve's replicas of ``app_name``'s ``deployment``, joined with their reports on
+    ``board`` (a ``StatsBoard.snapshot``)."""
+    app = rest.app_details(app_name) or {}
+    details = app.get("deployments", {}).get(deployment, {})
+    replicas: list[dict[str, Any]] = details.get("replicas", [])
+    reports = {str(r["replica_id"]): r for pool in board.values() for r in pool}
+    num_healthy, num_in_flight = 0, 0
+    for replica in replicas:
+        report = reports.get(str(replica.get("replica_id")))
+        if report is None:
+            continue
+        stats: Mapping[str, Any] = report.get("stats") or {}
+        num_in_flight += sum(int(stats.get(name, 0)) for name in IN_FLIGHT_FIELDS)
+        if replica.get("state") == "RUNNING":
+            num_healthy += 1
+    failed = details.get("status") in FAILED_DEPLOYMENT_STATUSES
+    return PoolHealth(len(replicas), num_healthy, int(failed), num_in_flight)

@@ -7,24 +7,41 @@ not touched). The counts become fixed ones (an autoscaling pool is pinned to the
 After a finished stepped rollout a model's pools serve from another app (``cluster.ops.
 live_pools``): those are resized, not the superseded ones held at 0; while a rollout of the
 model is under way its driver owns the sizes and a scale is refused.
+
+A pool set to 0 (``--prefill 0``) is cordoned on the app's stats board first — the ingress pairs
+no new request with it — and set to 0 once nothing has been in flight on it for ``QUIET_S``
+(at most ``ZERO_DRAIN_TIMEOUT_S``), as a stepped rollout does: Serve starts a replica for a
+pool at 0 while it still counts requests there (its cold start), and a request paired with it
+would wait for that start. A pool scaled up again is uncordoned first.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cluster.ops import run_state
+from cluster.ops.board_calls import board_cordon, board_snapshot
 from cluster.ops.live_pools import model_pools
 from cluster.ops.ray_session import attached
 from cluster.ops.rest import ServeRest
+from cluster.ops.rollout import POLL_S, QuietFor
+from cluster.ops.rollout_fleet import pool_health
 from cluster.serve.pool_options import (
     DECODE_DEPLOYMENT,
     pool_deployment_name,
     pool_of_deployment,
 )
+from cluster.serve.pool_scaling import QUIET_S
 from core.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+ZERO_DRAIN_TIMEOUT_S = 30.0
+"""How long a pool going to 0 may take to go quiet before it is set to 0 anyway."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +82,33 @@ def scale(
             for role, count in counts.items()
             if count is not None
         }
+        cordon = board_cordon(app_name)
+        for deployment, count in replicas.items():
+            if count:
+                cordon(live_app, deployment, False)  # back from 0: paired with again
+        for deployment, count in replicas.items():
+            if not count:
+                cordon(live_app, deployment, True)
+                _wait_quiet(rest, app_name, live_app, deployment)
         rest.scale(live_app, replicas)
     return Scaled(live_app, replicas)
+
+
+def _wait_quiet(rest: ServeRest, app_name: str, live_app: str, deployment: str) -> None:
+    """Until nothing has been in flight on the cordoned pool for ``QUIET_S``, at most
+    ``ZERO_DRAIN_TIMEOUT_S`` (then it goes to 0 anyway: its requests fail over)."""
+    quiet = QuietFor(QUIET_S)
+    deadline_s = time.monotonic() + ZERO_DRAIN_TIMEOUT_S
+    while not quiet(
+        pool_health(rest, board_snapshot(app_name), live_app, deployment), time.monotonic()
+    ):
+        if time.monotonic() >= deadline_s:
+            logger.warning(
+                "%s of %s still had requests in flight after %g s; it goes to 0 now",
+                deployment, live_app, ZERO_DRAIN_TIMEOUT_S,
+            )  # fmt: skip
+            return
+        time.sleep(POLL_S)
 
 
 def model_scope(app_name: str, deployed: Mapping[str, Any], model: str | None) -> str:

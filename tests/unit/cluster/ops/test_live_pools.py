@@ -32,6 +32,7 @@ class ServeApps(FakeRest):
     def __init__(self, apps: dict[str, dict[str, Any]]) -> None:
         super().__init__(None)
         self.apps = apps
+        self.board: dict[str, list[dict[str, Any]]] = {}  # the running app's board snapshot
 
     def details(self) -> dict[str, Any]:
         return {"applications": self.apps}
@@ -78,6 +79,14 @@ def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ServeApps:
     )
     for module in (launcher, scaling):
         offline_upgrade(module, tmp_path, monkeypatch, rest)  # type: ignore[arg-type]
+
+    def cordon(app: str) -> Any:
+        return lambda pools_app, deployment, on: rest.calls.append(
+            ("cordon" if on else "uncordon", (app, pools_app, deployment))
+        )
+
+    monkeypatch.setattr(scaling, "board_cordon", cordon)
+    monkeypatch.setattr(scaling, "board_snapshot", lambda app: rest.board)
     monkeypatch.setattr(index_actor, "kill_index_actor", lambda app: True)
     monkeypatch.setattr(
         "ray.experimental.internal_kv._internal_kv_del", lambda key: rest.calls.append(("del", key))
@@ -111,11 +120,38 @@ def test_down_without_a_rollout_removes_only_the_app(serve: ServeApps) -> None:
 def test_scale_after_a_finished_rollout_resizes_the_live_pools_app(serve: ServeApps) -> None:
     write_rollout(rollout(RolloutPhase.DONE))
     assert scaling.scale(APP, 2, 3) == scaling.Scaled(POOLS_APP, {"Prefill": 2, "Decode": 3})
-    assert serve.calls == [("scale", (POOLS_APP, {"Prefill": 2, "Decode": 3}))]
+    assert serve.calls[-1] == ("scale", (POOLS_APP, {"Prefill": 2, "Decode": 3}))
     serve.calls.clear()
     write_rollout(rollout(RolloutPhase.ROLLED_BACK, step=0))
     scaling.scale(APP, None, 4)
-    assert serve.calls == [("scale", (APP, {"Decode": 4}))]
+    assert serve.calls == [("uncordon", (APP, APP, "Decode")), ("scale", (APP, {"Decode": 4}))]
+
+
+def test_a_pool_scaled_to_0_is_cordoned_and_quiet_first(
+    serve: ServeApps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scaling, "QUIET_S", 0.0)
+    monkeypatch.setattr(scaling, "POLL_S", 0.0)
+    del serve.apps[POOLS_APP]
+    serve.apps[APP] = deployments("Ingress", "StatsBoard", "Prefill", "Decode")
+    busy = {"replica_id": "Prefill-0", "stats": {"num_running": 1}}
+    serve.board = {"prefill": [busy]}
+    polls: list[int] = []
+
+    def snapshot(app: str) -> dict[str, list[dict[str, Any]]]:
+        polls.append(1)
+        if len(polls) == 3:  # its last request ended
+            busy["stats"] = {"num_running": 0}
+        return serve.board
+
+    monkeypatch.setattr(scaling, "board_snapshot", snapshot)
+    scaling.scale(APP, 0, 2)
+    assert serve.calls == [
+        ("uncordon", (APP, APP, "Decode")),
+        ("cordon", (APP, APP, "Prefill")),  # the ingress pairs nothing new with it
+        ("scale", (APP, {"Prefill": 0, "Decode": 2})),  # once nothing was in flight
+    ]
+    assert len(polls) == 3
 
 
 @pytest.mark.parametrize("phase", [RolloutPhase.RUNNING, RolloutPhase.PAUSED, RolloutPhase.FAILED])
@@ -134,7 +170,7 @@ def test_a_rollout_of_another_model_leaves_this_models_pools_in_the_app(
     serve.apps[APP] = deployments("Ingress", "Decode-a", "Decode-b")
     write_rollout(rollout(RolloutPhase.RUNNING, model="b"))
     scaling.scale(APP, None, 2, model="a")
-    assert serve.calls == [("scale", (APP, {"Decode-a": 2}))]
+    assert serve.calls[-1] == ("scale", (APP, {"Decode-a": 2}))
     with pytest.raises(ConfigError, match="rollout of b is running"):
         scaling.scale(APP, None, 2, model="b")
 
