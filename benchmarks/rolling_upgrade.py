@@ -105,6 +105,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--drain-timeout-s", type=float, default=30.0, help="A leaving replica's drain.")
     p.add_argument("--seed", type=int, default=5, help="Prompt seed.")
     p.add_argument(
+        "--same-weights", action="store_true",
+        help="--serve: upgrade to another max_num_seqs (the same weights and KV fingerprint: "
+        "streams a leaving decode hands off continue from their pulled blocks) instead of "
+        "other weights.",
+    )  # fmt: skip
+    p.add_argument(
         "--serve", action="store_true", help="Through a local Ray Serve cluster and the CLI."
     )
     return p.parse_args(argv)
@@ -371,7 +377,7 @@ def main_serve(args: argparse.Namespace) -> int:
     from benchmarks.serve_upgrade import Scenario, run_upgrade
 
     scenario = Scenario(
-        other_weights=True, num_prefill=args.prefill, num_decode=args.decode,
+        other_weights=not args.same_weights, num_prefill=args.prefill, num_decode=args.decode,
         clients=args.clients, max_tokens=args.max_tokens,
         warmup_requests=args.warmup_requests, baseline_requests=args.baseline_requests,
         drain_timeout_s=args.drain_timeout_s, churn=not args.no_churn, seed=args.seed,
