@@ -18,14 +18,14 @@ from core.messages import DecodeRequest, TokenChunk
 from core.sampling import SamplingParams
 from decode.worker import DecodeWorker
 from engine.async_engine import AsyncEngine
-from engine.engine_builder import build_async_engine
 from replica.prefix_copies import PrefixCopies
 from replica.prefix_export import PrefixExporter
 from tests.unit.engine.async_engine.tiny_engine import (
-    MODEL,
     PROMPTS,
     check_integrity,
+    num_pinned_prefix_blocks,
     reset_prefix_cache,
+    two_engines,
 )
 from tests.waiting import async_wait_until
 from transfer import InProcKVHub, InProcKVTransport
@@ -41,21 +41,12 @@ LONG = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[tuple[AsyncEngine, AsyncEngine]]:
-    holder = build_async_engine(MODEL, ENGINE)
-    target = build_async_engine(MODEL, ENGINE)
-    try:
-        yield holder, target
-    finally:
-        holder.shutdown()
-        target.shutdown()
+    with two_engines(ENGINE) as both:
+        yield both
 
 
 async def _run(stream: AsyncGenerator[TokenChunk, None]) -> list[TokenChunk]:
     return [chunk async for chunk in stream]
-
-
-async def _pinned(engine: AsyncEngine) -> int:
-    return await engine.call(lambda llm: llm.scheduler.kv.num_pinned_prefix_blocks)
 
 
 def test_a_handed_off_stream_continues_on_another_replica_from_its_pulled_blocks(
@@ -103,7 +94,9 @@ def test_a_handed_off_stream_continues_on_another_replica_from_its_pulled_blocks
         pulled = await copies.pull_handed_off(export)
         assert pulled.failure is None and pulled.num_blocks_admitted == export.handle.num_blocks
         await async_wait_until(lambda: exporter.num_live_exports == 0, timeout_s=10.0)
-        assert await _pinned(holder_engine) == 0  # the pull released the holder's pin
+        assert (
+            await num_pinned_prefix_blocks(holder_engine) == 0
+        )  # the pull released the holder's pin
         owed = LONG.max_tokens - len(sent)
         rest = SamplingParams(max_tokens=owed, temperature=0.0, ignore_eos=True)
         continued = await _run(target.generate(DecodeRequest("cont", PROMPT + sent, rest)))

@@ -17,7 +17,6 @@ from core.config import (
     EngineConfig,
     HostTierConfig,
     KVTiersConfig,
-    ModelConfig,
     TransferConfig,
 )
 from core.errors import MessageError, TransferError
@@ -25,20 +24,24 @@ from core.hashing import hash_block, root_hash
 from core.ids import new_request_id
 from core.messages import PrefixExport, WarmPrefixRequest
 from engine.async_engine import AsyncEngine
-from engine.engine_builder import build_async_engine
 from replica.prefix_admit import EnginePrefixAdmitter
 from replica.prefix_copies import PrefixCopies
 from replica.prefix_export import PrefixExporter
 from replica.prefix_pull import TransportPrefixSource
 from replica.prefix_warming import PrefixWarmer, WarmPrefixResult
-from tests.unit.engine.async_engine.tiny_engine import GREEDY, check_integrity, random_prompt
+from tests.unit.engine.async_engine.tiny_engine import (
+    GREEDY,
+    check_integrity,
+    num_pinned_prefix_blocks,
+    random_prompt,
+    two_engines,
+)
 from tests.waiting import async_wait_until
 from transfer import FaultInjection, GrpcKVTransport, InProcKVHub, InProcKVTransport
 from transfer.block_store import BlockStore
 
 pytestmark = pytest.mark.timeout(120)
 
-MODEL = ModelConfig(name="builtin:tiny-llama")
 ENGINE = EngineConfig(
     max_model_len=512,
     kv_cache_memory_bytes=16 << 20,
@@ -50,13 +53,8 @@ PROMPT = random_prompt(4 * BLOCK + 7, seed=45)  # 4 full blocks and a partial on
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[tuple[AsyncEngine, AsyncEngine]]:
-    holder = build_async_engine(MODEL, ENGINE)
-    target = build_async_engine(MODEL, ENGINE)
-    try:
-        yield holder, target
-    finally:
-        holder.shutdown()
-        target.shutdown()
+    with two_engines(ENGINE) as both:
+        yield both
 
 
 async def _generate(engine: AsyncEngine, prompt: list[int]) -> list[int]:
@@ -72,10 +70,6 @@ async def _prompt_hashes(engine: AsyncEngine, prompt: list[int]) -> tuple[int, .
         parent = hash_block(parent, prompt[start : start + BLOCK])
         hashes.append(parent)
     return tuple(hashes)
-
-
-async def _pinned(engine: AsyncEngine) -> int:
-    return await engine.call(lambda llm: llm.scheduler.kv.num_pinned_prefix_blocks)
 
 
 def _request(hashes: tuple[int, ...]) -> WarmPrefixRequest:
@@ -99,7 +93,7 @@ def test_a_copied_prefix_is_a_host_hit_with_the_holders_output(
         exporter = PrefixExporter(holder, holder_transport)
         export = await exporter.export(hashes)
         assert export is not None and export.block_hashes == hashes
-        assert await _pinned(holder) == 4 and exporter.num_live_exports == 1
+        assert await num_pinned_prefix_blocks(holder) == 4 and exporter.num_live_exports == 1
         source = TransportPrefixSource(
             target.engine.parts.layout, scratch_transport, timeout_s=10.0
         )
@@ -109,7 +103,7 @@ def test_a_copied_prefix_is_a_host_hit_with_the_holders_output(
         assert result == WarmPrefixResult(4, 4, 4 * block_bytes, None)
         # the completed pull released the export: the holder's pins are gone
         await async_wait_until(lambda: exporter.num_live_exports == 0, timeout_s=10.0)
-        assert await _pinned(holder) == 0
+        assert await num_pinned_prefix_blocks(holder) == 0
         tiers = target.engine.scheduler.tiers
         assert tiers is not None
         assert await target.call(lambda _: tiers.find(list(hashes))) == 4
@@ -146,7 +140,7 @@ def _end_export(holder: AsyncEngine, end: str) -> None:
         await _generate(holder, PROMPT)
         hashes = await _prompt_hashes(holder, PROMPT)
         export = await exporter.export(hashes)
-        assert export is not None and await _pinned(holder) == len(hashes)
+        assert export is not None and await num_pinned_prefix_blocks(holder) == len(hashes)
         if end == "released":  # the target gave up before pulling
             transport.release(export.handle)
         elif end == "faulty":  # the pull fails mid-stream
@@ -158,7 +152,7 @@ def _end_export(holder: AsyncEngine, end: str) -> None:
             with pytest.raises(TransferError):
                 await source.pull(_request(hashes), export)
         await async_wait_until(lambda: exporter.num_live_exports == 0, timeout_s=10.0)
-        assert await _pinned(holder) == 0
+        assert await num_pinned_prefix_blocks(holder) == 0
         await check_integrity(holder)
 
     try:
@@ -188,7 +182,7 @@ def test_an_uncached_prefix_or_a_refused_export_pins_nothing(
         assert await exporter.export((12345, *hashes)) is None  # the first block is not cached
         with pytest.raises(TransferError, match="shutting down"):
             await exporter.export(hashes)
-        assert exporter.num_live_exports == 0 and await _pinned(holder) == 0
+        assert exporter.num_live_exports == 0 and await num_pinned_prefix_blocks(holder) == 0
         await check_integrity(holder)
 
     try:
@@ -266,7 +260,7 @@ def test_a_prefix_copy_over_grpc(engines: tuple[AsyncEngine, AsyncEngine]) -> No
         block_bytes = target.engine.parts.layout.block_bytes
         assert result == WarmPrefixResult(4, 4, 4 * block_bytes, None)
         await async_wait_until(lambda: at_holder.exporter.num_live_exports == 0, timeout_s=10.0)
-        assert await _pinned(holder) == 0
+        assert await num_pinned_prefix_blocks(holder) == 0
         await check_integrity(holder)
 
     try:

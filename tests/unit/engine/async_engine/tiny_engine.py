@@ -5,11 +5,14 @@ reference they are checked against, and the checks run on an ``AsyncEngine``'s t
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from core.config import EngineConfig, ModelConfig
 from core.sampling import SamplingParams
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
+from engine.engine_builder import build_async_engine
 from engine.llm import LLM
 
 MODEL = ModelConfig(name="builtin:tiny-llama")
@@ -61,3 +64,21 @@ async def check_integrity(engine: AsyncEngine) -> None:
 async def reset_prefix_cache(engine: AsyncEngine) -> None:
     """Forget every cached block on ``engine`` (the next import pulls every block)."""
     await engine.call(lambda e: e.scheduler.reset_prefix_cache())
+
+
+async def num_pinned_prefix_blocks(engine: AsyncEngine) -> int:
+    """Blocks held by prefix pins (exports of cached prefixes, handoffs) on ``engine``."""
+    return await engine.call(lambda llm: llm.scheduler.kv.num_pinned_prefix_blocks)
+
+
+@contextmanager
+def two_engines(engine: EngineConfig) -> Iterator[tuple[AsyncEngine, AsyncEngine]]:
+    """Two engines of the tiny model with ``engine``'s settings (a holder and a target),
+    shut down on the way out."""
+    holder = build_async_engine(MODEL, engine)
+    target = build_async_engine(MODEL, engine)
+    try:
+        yield holder, target
+    finally:
+        holder.shutdown()
+        target.shutdown()
