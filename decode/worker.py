@@ -118,6 +118,7 @@ class DecodeWorker:
             yield error_chunk(request, e)
         finally:
             self._streaming.discard(request_id)
+            self._handoffs.pop(request_id, None)  # a stream closed while handed off
 
     async def hand_off(self, exporter: PrefixExporter) -> int:
         """This replica is leaving: stop every request decoding here and end its stream with
