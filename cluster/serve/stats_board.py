@@ -61,6 +61,7 @@ logger = logging.getLogger(__name__)
 StatsFn = Callable[[], ReplicaStats]
 FaultsFn = Callable[[FaultInjection], None]
 HandOffFn = Callable[[], Awaitable[object]]
+AdaptersFn = Callable[[Sequence[RegisteredAdapter]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,16 @@ class BoardReply:
     hand_off: bool = False
     """The replica's pool is being taken away: hand the requests in flight off."""
 
-
-AdaptersFn = Callable[[Sequence[RegisteredAdapter]], Awaitable[None]]
+    @classmethod
+    def of(cls, answer: Mapping[str, Any] | None) -> BoardReply:
+        """A report's plain answer as a reply; a board of an earlier pdserve (a rolling
+        upgrade of pdserve itself reports to the running app's board) answered the faults
+        alone, or None."""
+        if answer is None:
+            return cls()
+        if set(answer) <= {"faults", "hand_off"}:
+            return from_plain(cls, answer)
+        return cls(faults=from_plain(FaultInjection, answer))
 
 
 def decode_reports(snapshot: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[ReplicaReport]]:
@@ -246,7 +255,7 @@ class BoardReporter:
         while True:
             try:
                 fresh = dataclasses.replace(report, stats=stats())
-                reply = from_plain(BoardReply, await board.report.remote(to_plain(fresh)))
+                reply = BoardReply.of(await board.report.remote(to_plain(fresh)))
                 if on_faults is not None and reply.faults != applied:
                     on_faults(FaultInjection() if reply.faults is None else reply.faults)
                     logger.warning("transfer faults of %s now %s", replica_id, reply.faults)

@@ -84,3 +84,12 @@ def test_the_board_answers_faults_until_they_expire() -> None:
     assert faults(report) == FaultInjection(fail_after_chunks=0)
     assert faults({"replica_id": "d1", "role": "decode"}) is None  # another role
     wait_until(lambda: faults(report) is None, 5, "the faults expire")
+
+
+def test_a_reply_of_an_earlier_board_is_read_as_its_faults() -> None:
+    """A rolling upgrade of pdserve itself: new replicas report to the running app's board,
+    whose answer was the faults alone (or None)."""
+    assert BoardReply.of(None) == BoardReply()
+    legacy = {"fail_after_chunks": 2, "corrupt_chunk_seq": None, "delay_per_chunk_s": 0.0}
+    assert BoardReply.of(legacy) == BoardReply(faults=FaultInjection(fail_after_chunks=2))
+    assert BoardReply.of({"faults": None, "hand_off": True}) == BoardReply(hand_off=True)
