@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from cluster.serve.pool_options import (
     pool_of_deployment,
 )
 from cluster.serve.pool_scaling import QUIET_S
-from core.errors import ConfigError
+from core.errors import ConfigError, UnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def scale(
             for role, count in counts.items()
             if count is not None
         }
-        cordon = board_cordon(app_name)
+        cordon = _typed(board_cordon(app_name), app_name)
         for deployment, count in replicas.items():
             if count:
                 cordon(live_app, deployment, False)  # back from 0: paired with again
@@ -92,6 +92,25 @@ def scale(
                 _wait_quiet(rest, app_name, live_app, deployment)
         rest.scale(live_app, replicas)
     return Scaled(live_app, replicas)
+
+
+def _typed(
+    cordon: Callable[[str, str, bool], None], app_name: str
+) -> Callable[[str, str, bool], None]:
+    """``cordon`` raising :class:`UnavailableError` when the app's stats board does not answer
+    (a pool left cordoned would take no request: the scale stops before resizing)."""
+
+    def call(pools_app: str, deployment: str, cordoned: bool) -> None:
+        try:
+            cordon(pools_app, deployment, cordoned)
+        except Exception as e:
+            raise UnavailableError(
+                f"the stats board of app {app_name} did not answer ({type(e).__name__}: {e}); "
+                "nothing was resized: try again once the app is healthy",
+                param="scale",
+            ) from e
+
+    return call
 
 
 def _wait_quiet(rest: ServeRest, app_name: str, live_app: str, deployment: str) -> None:

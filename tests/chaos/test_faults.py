@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from cluster.ops.drills import replica_actor_names, run_drill
-from cluster.ops.scaling import scale
+from cluster.ops.scaling import Scaled, scale
 from cluster.serve.pool_options import BOARD_DEPLOYMENT, DECODE_DEPLOYMENT, PREFILL_DEPLOYMENT
 from core.sampling import SamplingParams
 from engine import LLM
@@ -177,7 +177,7 @@ def test_killed_serve_controller(app: ServingApp, sim_cluster: SimCluster, offli
     prompts = [prompt("kill-controller", i, long=True) for i in range(4 * SCALE)]
     refs = references(offline, prompts)
     before = controller_restarts(app)
-    scaled: list[dict[str, int]] = []
+    scaled: list[Scaled] = []
 
     async def killer(http: httpx.AsyncClient) -> None:
         await asyncio.to_thread(run_drill, APP_NAME, "serve_controller")
@@ -190,7 +190,7 @@ def test_killed_serve_controller(app: ServingApp, sim_cluster: SimCluster, offli
 
     half = len(prompts) // 2
     outcomes = gather([*calls(app, prompts[:half]), killer, *calls(app, prompts[half:])], cap(app))
-    assert scaled == [{PREFILL_DEPLOYMENT: 1}]
+    assert scaled == [Scaled(APP_NAME, {PREFILL_DEPLOYMENT: 1})]
     judge(app, "Serve controller killed", outcomes, refs, "serve_controller_restarts_total >= 1",
           1.0, lambda: min(1.0, controller_restarts(app) - before))  # fmt: skip
 

@@ -17,7 +17,7 @@ from cluster.ops.status_view import collect_pools, render_status
 from cluster.planner.decisions import decisions_key
 from cluster.routing.kv_index import actor as index_actor
 from cluster.serve.planner_settings import settings_key
-from core.errors import ConfigError
+from core.errors import ConfigError, UnavailableError
 from tests.unit.cluster.ops.upgrade_fakes import FakeRest, offline_upgrade
 
 pytestmark = pytest.mark.timeout(30)
@@ -213,3 +213,19 @@ def test_pools_app_names() -> None:
     assert not live_pools.is_pools_app(APP, "pdserve-rollouts")
     assert not live_pools.is_pools_app(APP, "pdserve")
     assert not live_pools.is_pools_app("other", "pdserve-rollout")
+
+
+def test_a_board_that_does_not_answer_stops_the_scale_with_a_typed_error(
+    serve: ServeApps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(app: str) -> Any:
+        def cordon(pools_app: str, deployment: str, on: bool) -> None:
+            raise TimeoutError("no answer in 30 s")
+
+        return cordon
+
+    monkeypatch.setattr(scaling, "board_cordon", unreachable)
+    del serve.apps[POOLS_APP]
+    with pytest.raises(UnavailableError, match="stats board of app pdserve did not answer"):
+        scaling.scale(APP, None, 2)
+    assert serve.calls == []  # nothing resized
