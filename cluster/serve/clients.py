@@ -7,7 +7,8 @@ once by the ingress), which the pools' request routers read. Serve's own failure
 backpressure (``max_queued_requests``) -> ``OverloadedError`` (429), a dead or missing replica ->
 ``UnavailableError`` (the ingress then prefills locally or fails cleanly). Pool health comes from
 the :class:`PoolWatch`, which mirrors the stats board: a pool is healthy while at least one of
-its replicas reports.
+its replicas reports. The watch also asks a decode replica Serve is stopping to hand its streams
+off (``cluster.serve.leaving_replicas``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ray.serve.exceptions import (
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from cluster.routing import board_fingerprints, routed_replicas
+from cluster.serve.leaving_replicas import LeavingDecodes
 from cluster.serve.stats_board import decode_reports
 from core.codec import from_plain, to_plain
 from core.errors import OverloadedError, UnavailableError
@@ -91,6 +93,8 @@ class PoolWatch:
         """Refreshes that found the board unreachable (the last counts were kept)."""
         self.restarts_total = 0
         """Times the board answered as a new instance (Serve replaced it)."""
+        self.leaving = LeavingDecodes(self._ask_hand_off)
+        """Asks decode replicas Serve is stopping to hand their streams off."""
 
     def start(self) -> None:
         """Begin refreshing on the running event loop."""
@@ -101,6 +105,9 @@ class PoolWatch:
         """Stop refreshing."""
         if self._task is not None:
             self._task.cancel()
+
+    async def _ask_hand_off(self, replica_id: str) -> None:
+        await self._board.hand_off_replica.remote(replica_id)
 
     def num_live(self, pool: str) -> int:
         """Replicas of ``pool`` that reported within the board's staleness bound."""
@@ -139,6 +146,7 @@ class PoolWatch:
         self._cordoned = frozenset((app, name) for app, name in view.get("cordoned", ()))
         self._reports_seq += 1
         self._recount()
+        await self.leaving.check(self._reports, self._fingerprints)
         return self._live
 
     def _recount(self) -> None:

@@ -30,6 +30,9 @@ live) while its last ones finish; their reports stay on the board, for the rollo
 cordoned pool whose streams outlast the drain is asked to hand them off
 (:meth:`StatsBoard.hand_off`): each report's answer (a :class:`BoardReply`) tells its replicas,
 which stop their decoding requests and export their blocks for the replicas that continue them.
+A single replica Serve is stopping while its pool stays (a scale-down, a rollout step that keeps
+the pool above 0) is asked the same, once, by the ingress that saw it leave its routers
+(:meth:`StatsBoard.hand_off_replica`).
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ class StatsBoard:
         self._kv_token = kv_token
         self._cordoned: set[tuple[str, str]] = set()  # (app, deployment)
         self._handing_off: set[tuple[str, str]] = set()  # cordoned pools asked to hand off
+        self._hand_off_once: set[str] = set()  # replicas to hand off at their next report
 
     def kv_token(self) -> str | None:
         """The app's generated KV transfer secret, for its rollout's second app (None: the app
@@ -115,14 +119,17 @@ class StatsBoard:
         """Store one replica's report (a plain ``ReplicaReport``); answer a plain
         :class:`BoardReply`: the faults its role injects now, whether its pool hands off."""
         now = time.monotonic()
-        self._reports[str(replica["replica_id"])] = {**replica, "received_s": now}
+        replica_id = str(replica["replica_id"])
+        self._reports[replica_id] = {**replica, "received_s": now}
         faults = self._faults.get(str(replica["role"]))
         pool = routed_replicas.deployment_of(str(replica.get("actor_name", "")))
+        once = replica_id in self._hand_off_once
+        self._hand_off_once.discard(replica_id)
         reply = BoardReply(
             faults=None
             if faults is None or faults[1] <= now
             else from_plain(FaultInjection, faults[0]),
-            hand_off=pool is not None and pool in self._handing_off,
+            hand_off=once or (pool is not None and pool in self._handing_off),
         )
         plain: dict[str, Any] = to_plain(reply)
         return plain
@@ -149,6 +156,7 @@ class StatsBoard:
     def forget(self, replica_id: str) -> None:
         """Drop a replica's report at once (it is shutting down)."""
         self._reports.pop(replica_id, None)
+        self._hand_off_once.discard(replica_id)
 
     def cordon(self, app_name: str, deployment: str, cordoned: bool) -> None:
         """Whether new requests must keep off ``app_name``'s ``deployment`` (a pool a stepped
@@ -166,6 +174,12 @@ class StatsBoard:
         if (app_name, deployment) in self._cordoned:
             self._handing_off.add((app_name, deployment))
 
+    def hand_off_replica(self, replica_id: str) -> None:
+        """Have replica ``replica_id`` hand off the requests it decodes at its next report,
+        once: Serve is stopping it (a router saw it leave its set), so no new one reaches it."""
+        if replica_id in self._reports:
+            self._hand_off_once.add(replica_id)
+
     def view(self) -> dict[str, Any]:
         """:meth:`snapshot` with this board's epoch and the cordoned pools:
         ``{"epoch": str, "pools": ..., "cordoned": [[app, deployment], ...]}``."""
@@ -179,6 +193,7 @@ class StatsBoard:
         stale = [k for k, r in self._reports.items() if now - r["received_s"] > self._stale_after_s]
         for replica_id in stale:
             del self._reports[replica_id]
+            self._hand_off_once.discard(replica_id)
         reports = sorted(self._reports.values(), key=lambda r: str(r["replica_id"]))
         scoped = any(r.get("model") for r in reports)  # several models: no unscoped pools
         grouped: dict[str, list[dict[str, Any]]] = {} if scoped else {"prefill": [], "decode": []}

@@ -271,14 +271,34 @@ def test_a_restarted_prefill_replica_serves_the_next_turn_from_its_disk_tier(
     wait_until(lambda: _kv_idle(app), 60, "KV gauges back to 0 after the restart")
 
 
-def _migrations(app: ServingApp) -> float:
+def _migrations(app: ServingApp, reason: str = "") -> float:
     metrics = httpx.get(app.url("/metrics"), timeout=30).text
     values = [
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()
-        if line.startswith("pdserve:request_migrations_total")
+        if line.startswith("pdserve:request_migrations_total") and f'reason="{reason}' in line
     ]
     return sum(values)
+
+
+def _stream_text(app: ServingApp, body: dict[str, Any], out: dict[str, str]) -> None:
+    """Stream ``body``; ``out["text"]`` its text, ``out["error"]`` whatever failed."""
+    texts: list[str] = []
+    try:
+        with httpx.stream(
+            "POST", app.url("/v1/completions"), json={**body, "stream": True}, timeout=120
+        ) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                payload = json.loads(line[6:])
+                if "error" in payload:
+                    out["error"] = str(payload["error"])
+                else:
+                    texts.append(payload["choices"][0]["text"])
+    except httpx.HTTPError as e:
+        out["error"] = repr(e)
+    out["text"] = "".join(texts)
 
 
 def test_killed_decode_replica_mid_stream_migrates_the_stream(
@@ -325,3 +345,47 @@ def test_killed_decode_replica_mid_stream_migrates_the_stream(
     assert "".join(texts) == reference.json()["choices"][0]["text"]  # nothing lost or repeated
     assert _migrations(app) == before + 1
     wait_until(lambda: _kv_idle(app), 60, "KV gauges back to 0 after the migration")
+
+
+def test_a_decode_replica_scaled_away_hands_its_streams_off(
+    app: ServingApp, sim_cluster: SimCluster
+) -> None:
+    scale(APP_NAME, None, 2, dashboard_url=sim_cluster.dashboard_url)
+    wait_until(lambda: _scaled(app, "Decode", "decode", 2), 120, "Decode=2")
+    bodies = [
+        {
+            "model": SERVED_NAME,
+            "prompt": f"Stream number {i}: " + PROMPTS[0],
+            "max_tokens": 320,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for i in range(4)
+    ]
+    before = _migrations(app, "handed_off")
+    outs: list[dict[str, str]] = [{} for _ in bodies]
+    threads = [
+        threading.Thread(target=_stream_text, args=(app, body, out))
+        for body, out in zip(bodies, outs, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(
+            lambda: all(d["stats"]["num_running"] > 0 for d in app.board()["decode"]),
+            60,
+            "both decode replicas streaming",
+        )
+        scale(APP_NAME, None, 1, dashboard_url=sim_cluster.dashboard_url)
+    finally:
+        for thread in threads:
+            thread.join(timeout=150)
+    assert not any(t.is_alive() for t in threads), "a stream hung"
+    assert not [out["error"] for out in outs if "error" in out]
+    # the stopped replica's streams went on elsewhere at once, not after its graceful shutdown
+    assert _migrations(app, "handed_off") >= before + 1
+    for body, out in zip(bodies, outs, strict=True):
+        reference = httpx.post(app.url("/v1/completions"), json=body, timeout=120)
+        assert out["text"] == reference.json()["choices"][0]["text"]  # nothing lost or repeated
+    wait_until(lambda: _scaled(app, "Decode", "decode", 1), 120, "Decode=1")
+    wait_until(lambda: _kv_idle(app), 60, "KV gauges back to 0 after the handoffs")

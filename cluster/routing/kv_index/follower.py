@@ -178,7 +178,7 @@ class ActorIndexSource:
     async def _poll(self, shard: int) -> UpdatesReply:
         if self._actors[shard] is None:
             self._actors[shard] = await asyncio.to_thread(
-                get_or_create_index_actor,
+                _index_actor_while_connected,
                 self.app_name,
                 namespace=self.namespace,
                 shard=shard,
@@ -223,3 +223,12 @@ class ActorIndexSource:
                 )
             backoff_s = min(self.poll_interval_s * 2 ** min(num_failures, 10), _MAX_BACKOFF_S)
             await asyncio.sleep(backoff_s)
+
+
+def _index_actor_while_connected(app_name: str, **kwargs: Any) -> Any:
+    """The shard's index actor, looked up only while this process is connected to Ray: any Ray
+    call made after ``ray.shutdown()`` would start (or join) a Ray of its own, and a poller
+    of a router whose driver disconnected must end instead."""
+    if not ray.is_initialized():
+        raise ConnectionError(f"Ray is not connected: KV index of app {app_name} not looked up")
+    return get_or_create_index_actor(app_name, **kwargs)

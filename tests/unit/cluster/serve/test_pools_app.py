@@ -5,6 +5,7 @@ that index; the running app's own pools are built as before."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -110,24 +111,40 @@ def test_the_ingress_user_config_splits_into_fields_and_followed_apps() -> None:
         split_user_config({FOLLOW_KEY: ["pdserve-next"]}, "pdserve")
 
 
+class BoardMethod:
+    def __init__(self, method: Callable[..., Any]) -> None:
+        self.method = method
+
+    async def remote(self, *args: Any) -> Any:
+        return self.method(*args)
+
+
 class BoardHandle:
+    """The board's Serve handle, as the pool watch calls it."""
+
     def __init__(self, board: StatsBoard) -> None:
-        self.board = board
-        self.view = self
-
-    async def remote(self) -> dict[str, Any]:
-        return self.board.view()
+        self.view = BoardMethod(board.view)
+        self.hand_off_replica = BoardMethod(board.hand_off_replica)
 
 
-def two_apps(fingerprints: tuple[str, str] = ("old", "new")) -> tuple[StatsBoard, PoolWatch]:
+def report(
+    board: StatsBoard, replica_id: str, app: str, fingerprint: str, num_running: int = 0
+) -> BoardReply:
+    stats = ReplicaStats(kv_fingerprint=fingerprint, num_running=num_running)
+    actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
+    plain = to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats))
+    return BoardReply.of(board.report(plain))
+
+
+def two_apps(
+    fingerprints: tuple[str, str] = ("old", "new"), num_running: int = 0
+) -> tuple[StatsBoard, PoolWatch]:
     """A board with decode replica ``a`` of ``pdserve`` and ``b`` of ``pdserve-next`` (of
-    ``fingerprints``), and a pool watch over it."""
+    ``fingerprints``, each running ``num_running`` requests), and a pool watch over it."""
     board = StatsBoard()
     apps = ("pdserve", "pdserve-next")
     for replica_id, app, fingerprint in zip("ab", apps, fingerprints, strict=True):
-        stats = ReplicaStats(kv_fingerprint=fingerprint)
-        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
-        board.report(to_plain(ReplicaReport("decode", replica_id, actor, "n", "ip", 1, stats)))
+        report(board, replica_id, app, fingerprint, num_running)
     return board, PoolWatch(BoardHandle(board))  # type: ignore[arg-type]
 
 
@@ -195,3 +212,28 @@ def test_only_a_cordoned_pool_is_asked_to_hand_off_and_only_its_replicas_hear_it
     assert not hears("b", "pdserve-next")
     board.cordon("pdserve", "Decode", False)
     assert not hears("a", "pdserve")
+
+
+@pytest.mark.parametrize(
+    ("fingerprints", "num_running", "asked"),
+    [
+        (("same", "same"), 2, True),  # a live replica can pull its streams' blocks
+        (("old", "new"), 2, False),  # only the other version is live: they finish in place
+        (("same", "same"), 0, False),  # nothing to hand off
+    ],
+)
+def test_a_decode_replica_that_left_its_routers_is_asked_once_to_hand_its_streams_off(
+    fingerprints: tuple[str, str], num_running: int, asked: bool
+) -> None:
+    board, watch = two_apps(fingerprints, num_running)
+    routed_replicas.hold("pdserve", "Decode", ["a"])
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert watch.leaving.asked_total == 0  # held: serving
+    routed_replicas.hold("pdserve", "Decode", [])  # Serve is stopping it
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert watch.leaving.asked_total == int(asked)
+    assert report(board, "a", "pdserve", fingerprints[0], num_running).hand_off is asked
+    assert not report(board, "a", "pdserve", fingerprints[0], num_running).hand_off  # once
+    assert not report(board, "b", "pdserve-next", fingerprints[1], num_running).hand_off
+    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    assert watch.leaving.asked_total == int(asked)  # not again before ``reask_s``

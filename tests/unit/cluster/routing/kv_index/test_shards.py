@@ -234,3 +234,13 @@ def test_a_restarted_shard_is_reloaded_and_counted() -> None:
 
     asyncio.run(body())
     assert metrics.snapshot().index_restarts_total == 1
+
+
+def test_a_router_not_connected_to_ray_does_not_start_one_to_look_its_index_up() -> None:
+    import ray
+
+    assert not ray.is_initialized()
+    source = ActorIndexSource("test-app", namespace="pdserve", metrics=RoutingMetrics())
+    with pytest.raises(ConnectionError, match="not connected"):
+        asyncio.run(source.sync_once())
+    assert not ray.is_initialized()  # a lookup by name would have started a local Ray
