@@ -29,7 +29,8 @@ about to go to 0 takes no new request (the ingress's ``PoolWatch`` counts none o
 live) while its last ones finish; their reports stay on the board, for the rollout's drain. A
 cordoned pool whose streams outlast the drain is asked to hand them off
 (:meth:`StatsBoard.hand_off`): each report's answer (a :class:`BoardReply`) tells its replicas,
-which stop their decoding requests and export their blocks for the replicas that continue them.
+which stop their decoding requests and export their blocks for the replicas that continue them
+(only while a replica of their KV fingerprint serves to continue them: never across versions).
 A single replica Serve is stopping while its pool stays (a scale-down, a rollout step that keeps
 the pool above 0) is asked the same, once, by the ingress that saw it leave its routers
 (:meth:`StatsBoard.hand_off_replica`).
@@ -129,7 +130,8 @@ class StatsBoard:
             faults=None
             if faults is None or faults[1] <= now
             else from_plain(FaultInjection, faults[0]),
-            hand_off=once or (pool is not None and pool in self._handing_off),
+            hand_off=once
+            or (pool is not None and pool in self._handing_off and self._can_continue(replica)),
         )
         plain: dict[str, Any] = to_plain(reply)
         return plain
@@ -170,9 +172,29 @@ class StatsBoard:
     def hand_off(self, app_name: str, deployment: str) -> None:
         """Have the replicas of cordoned ``app_name``'s ``deployment`` hand their requests off
         (from their next report on, until the pool is uncordoned); no-op for a pool that is not
-        cordoned (its requests would come back to it)."""
+        cordoned (its requests would come back to it). A replica no live replica of its own KV
+        fingerprint could continue keeps its requests (:meth:`_can_continue`)."""
         if (app_name, deployment) in self._cordoned:
             self._handing_off.add((app_name, deployment))
+
+    def _can_continue(self, replica: Mapping[str, Any]) -> bool:
+        """Whether a replica of ``replica``'s pool outside any cordoned pool reports its KV
+        fingerprint: one that pulls its requests' blocks and continues them under the same
+        weights. Without one they stay where they are until Serve stops the replica (its
+        graceful shutdown), rather than be recomputed under another version's weights and
+        mix two versions' tokens in one output."""
+        fingerprint = replica["stats"].get("kv_fingerprint")
+        for other in self._reports.values():
+            if (
+                other["replica_id"] != replica["replica_id"]
+                and other["role"] == replica["role"]
+                and other.get("model", "") == replica.get("model", "")
+                and other["stats"].get("kv_fingerprint") == fingerprint
+                and routed_replicas.deployment_of(str(other.get("actor_name", "")))
+                not in self._cordoned
+            ):
+                return True
+        return False
 
     def hand_off_replica(self, replica_id: str) -> None:
         """Have replica ``replica_id`` hand off the requests it decodes at its next report,

@@ -19,7 +19,7 @@ from cluster.serve.clients import PoolWatch
 from cluster.serve.config_file import config_to_mapping, load_cluster_config
 from cluster.serve.rollout_pools import FOLLOW_KEY, ROLLOUT_ROOT_DEPLOYMENT, split_user_config
 from cluster.serve.stats_board import BoardReply, BoardReporter, StatsBoard
-from core.codec import from_plain, to_plain
+from core.codec import to_plain
 from core.errors import ConfigError
 from core.stats import ReplicaReport, ReplicaStats
 from replica import ReplicaHooks
@@ -197,12 +197,10 @@ def test_a_cordoned_pool_takes_no_new_request_but_stays_on_the_board() -> None:
 
 
 def test_only_a_cordoned_pool_is_asked_to_hand_off_and_only_its_replicas_hear_it() -> None:
-    board, _ = two_apps()
+    board, _ = two_apps(("same", "same"))
 
     def hears(replica_id: str, app: str) -> bool:
-        actor = f"SERVE_REPLICA::{app}#Decode#{replica_id}"
-        report = ReplicaReport("decode", replica_id, actor, "n", "ip", 1, ReplicaStats())
-        return from_plain(BoardReply, board.report(to_plain(report))).hand_off
+        return report(board, replica_id, app, "same").hand_off
 
     board.hand_off("pdserve", "Decode")  # not cordoned: its requests would come back to it
     assert not hears("a", "pdserve")
@@ -212,6 +210,17 @@ def test_only_a_cordoned_pool_is_asked_to_hand_off_and_only_its_replicas_hear_it
     assert not hears("b", "pdserve-next")
     board.cordon("pdserve", "Decode", False)
     assert not hears("a", "pdserve")
+
+
+def test_a_cordoned_pool_keeps_its_streams_when_only_another_version_could_continue_them() -> None:
+    board, _ = two_apps(("old", "new"))
+    board.cordon("pdserve", "Decode", True)
+    board.hand_off("pdserve", "Decode")
+    assert not report(board, "a", "pdserve", "old").hand_off  # "new" would recompute them
+    report(board, "c", "pdserve", "old")  # another old replica, but cordoned as well
+    assert not report(board, "a", "pdserve", "old").hand_off
+    report(board, "b", "pdserve-next", "old")  # the new app runs the same KV (same weights)
+    assert report(board, "a", "pdserve", "old").hand_off
 
 
 @pytest.mark.parametrize(
