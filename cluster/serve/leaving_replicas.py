@@ -39,6 +39,7 @@ class LeavingDecodes:
         self._reask_s = reask_s
         self._clock = clock
         self._asked_s: dict[str, float] = {}
+        self._failed: set[str] = set()  # replicas whose ask failed (logged once)
         self.asked_total = 0
         """Handoffs asked of leaving replicas."""
 
@@ -69,7 +70,9 @@ class LeavingDecodes:
                 try:
                     await self._ask(r.replica_id)
                 except Exception as e:  # the board restarting: its streams drain as before
-                    logger.warning("asking leaving replica %s to hand off: %s", r.replica_id, e)
+                    log = logger.debug if r.replica_id in self._failed else logger.warning
+                    self._failed.add(r.replica_id)  # a board of an earlier pdserve fails each
+                    log("asking leaving replica %s to hand off: %s", r.replica_id, e)
                     continue
                 self.asked_total += 1
                 logger.info(
@@ -79,3 +82,4 @@ class LeavingDecodes:
                 )
         for replica_id in [k for k in self._asked_s if k not in reporting]:
             del self._asked_s[replica_id]  # gone from the board: stopped
+            self._failed.discard(replica_id)
