@@ -3,6 +3,7 @@ prefill replica killed while requests flow. Nothing may fail, hang or leak KV.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -352,30 +353,37 @@ def test_a_decode_replica_scaled_away_hands_its_streams_off(
 ) -> None:
     scale(APP_NAME, None, 2, dashboard_url=sim_cluster.dashboard_url)
     wait_until(lambda: _scaled(app, "Decode", "decode", 2), 120, "Decode=2")
-    bodies = [
-        {
-            "model": SERVED_NAME,
-            "prompt": f"Stream number {i}: " + PROMPTS[0],
-            "max_tokens": 320,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-        for i in range(4)
-    ]
     before = _migrations(app, "handed_off")
-    outs: list[dict[str, str]] = [{} for _ in bodies]
-    threads = [
-        threading.Thread(target=_stream_text, args=(app, body, out))
-        for body, out in zip(bodies, outs, strict=True)
-    ]
-    for thread in threads:
-        thread.start()
+    bodies: list[dict[str, Any]] = []
+    outs: list[dict[str, str]] = []
+    threads: list[threading.Thread] = []
+
+    def both_streaming() -> bool:
+        return all(d["stats"]["num_running"] > 0 for d in app.board()["decode"])
+
+    def start_streams(count: int) -> None:
+        for _ in range(count):
+            body = {
+                "model": SERVED_NAME,
+                "prompt": f"Stream number {len(bodies)}: " + PROMPTS[0],
+                "max_tokens": 320,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            bodies.append(body)
+            outs.append({})
+            threads.append(threading.Thread(target=_stream_text, args=(app, body, outs[-1])))
+            threads[-1].start()
+
     try:
-        wait_until(
-            lambda: all(d["stats"]["num_running"] > 0 for d in app.board()["decode"]),
-            60,
-            "both decode replicas streaming",
-        )
+        # more streams while only one replica holds any: the ingress's router may take a
+        # moment to list the replica Serve restarted in the test before
+        for _ in range(3):
+            start_streams(4)
+            with contextlib.suppress(AssertionError):
+                wait_until(both_streaming, 10, "both decode replicas streaming")
+                break
+        assert both_streaming(), "the streams never reached both decode replicas"
         scale(APP_NAME, None, 1, dashboard_url=sim_cluster.dashboard_url)
     finally:
         for thread in threads:
