@@ -146,8 +146,13 @@ class PoolWatch:
         self._cordoned = frozenset((app, name) for app, name in view.get("cordoned", ()))
         self._reports_seq += 1
         self._recount()
-        await self.leaving.check(self._reports, self._fingerprints)
         return self._live
+
+    async def refresh(self) -> None:
+        """One background refresh: :meth:`snapshot`, then ask the decode replicas Serve is
+        stopping for their handoffs (here, not in ``snapshot``, which ``/metrics`` calls too)."""
+        await self.snapshot()
+        await self.leaving.check(self._reports, self._fingerprints)
 
     def _recount(self) -> None:
         """Count again when the board or a router's replica set changed since the last count
@@ -186,7 +191,7 @@ class PoolWatch:
     async def _refresh_forever(self) -> None:
         while True:
             try:
-                await self.snapshot()
+                await self.refresh()
             except Exception as e:  # keep the last counts; the board may be restarting
                 self.unavailable_total += 1
                 logger.warning("stats board unavailable: %s: %s", type(e).__name__, e)

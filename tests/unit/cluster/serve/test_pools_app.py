@@ -236,13 +236,13 @@ def test_a_decode_replica_that_left_its_routers_is_asked_once_to_hand_its_stream
 ) -> None:
     board, watch = two_apps(fingerprints, num_running)
     routed_replicas.hold("pdserve", "Decode", ["a"])
-    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    asyncio.run(asyncio.wait_for(watch.refresh(), timeout=5))
     assert watch.leaving.asked_total == 0  # held: serving
     routed_replicas.hold("pdserve", "Decode", [])  # Serve is stopping it
-    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    asyncio.run(asyncio.wait_for(watch.refresh(), timeout=5))
     assert watch.leaving.asked_total == int(asked)
     assert report(board, "a", "pdserve", fingerprints[0], num_running).hand_off is asked
     assert not report(board, "a", "pdserve", fingerprints[0], num_running).hand_off  # once
     assert not report(board, "b", "pdserve-next", fingerprints[1], num_running).hand_off
-    asyncio.run(asyncio.wait_for(watch.snapshot(), timeout=5))
+    asyncio.run(asyncio.wait_for(watch.refresh(), timeout=5))
     assert watch.leaving.asked_total == int(asked)  # not again before ``reask_s``
