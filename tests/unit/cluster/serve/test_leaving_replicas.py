@@ -28,15 +28,24 @@ class Asks:
         self.asked.append(replica_id)
 
 
-def test_a_leaving_replica_is_asked_again_while_requests_still_run_there() -> None:
-    asks, now = Asks(), [0.0]
-    leaving = LeavingDecodes(asks, reask_s=2.0, clock=lambda: now[0])
-    live = {"decode": {"fp": 1}}
+def a_left(now: list[float]) -> tuple[Asks, LeavingDecodes]:
+    """Replica ``a`` of ``app``'s decode pool left its router (``b`` stays); the asks and a
+    ``LeavingDecodes`` on clock ``now[0]`` that re-asks after 2 s."""
+    asks = Asks()
     routed_replicas.hold("app", "Decode", ["a", "b"])
     routed_replicas.hold("app", "Decode", ["b"])
+    return asks, LeavingDecodes(asks, reask_s=2.0, clock=lambda: now[0])
+
+
+LIVE = {"decode": {"fp": 1}}
+
+
+def test_a_leaving_replica_is_asked_again_while_requests_still_run_there() -> None:
+    now = [0.0]
+    asks, leaving = a_left(now)
 
     def check(*reports: ReplicaReport) -> None:
-        asyncio.run(leaving.check({"decode": list(reports)}, live))
+        asyncio.run(leaving.check({"decode": list(reports)}, LIVE))
 
     check(decode("a", 2), decode("b", 1))
     assert asks.asked == ["a"]  # b is still held: it serves
@@ -52,19 +61,16 @@ def test_a_leaving_replica_is_asked_again_while_requests_still_run_there() -> No
 
 
 def test_an_ask_the_board_missed_is_retried_and_a_replica_gone_is_forgotten() -> None:
-    asks, now = Asks(), [0.0]
-    leaving = LeavingDecodes(asks, reask_s=2.0, clock=lambda: now[0])
-    live = {"decode": {"fp": 1}}
-    routed_replicas.hold("app", "Decode", ["a", "b"])
-    routed_replicas.hold("app", "Decode", ["b"])
+    now = [0.0]
+    asks, leaving = a_left(now)
     asks.down = True
-    asyncio.run(leaving.check({"decode": [decode("a", 1)]}, live))
+    asyncio.run(leaving.check({"decode": [decode("a", 1)]}, LIVE))
     assert asks.asked == [] and leaving.asked_total == 0
     asks.down = False
     now[0] = 2.0
-    asyncio.run(leaving.check({"decode": [decode("a", 1)]}, live))
+    asyncio.run(leaving.check({"decode": [decode("a", 1)]}, LIVE))
     assert asks.asked == ["a"]
-    asyncio.run(leaving.check({"decode": [decode("b", 1)]}, live))  # a stopped: off the board
+    asyncio.run(leaving.check({"decode": [decode("b", 1)]}, LIVE))  # a stopped: off the board
     assert leaving._asked_s == {}
 
 
